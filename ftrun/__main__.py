@@ -1,0 +1,3 @@
+from ftrun.cli.app import main
+
+main()

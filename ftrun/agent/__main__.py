@@ -1,0 +1,25 @@
+"""`python -m ftrun.agent`: reads its Bootstrap as one JSON line on stdin, then runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from ftrun.agent.agent import Agent, Bootstrap
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s agent %(levelname)s %(message)s")
+    line = sys.stdin.buffer.readline()
+    try:
+        boot = Bootstrap.from_json(line.decode())
+    except (ValueError, TypeError) as e:
+        print(f"ftrun agent: bad bootstrap on stdin: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(Agent(boot).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""The agent's supervise loop: one connection to the controller, one generation at a time.
+
+    controller ──launch G──▶ agent ──▶ rank_shim torchrun ──▶ torchrun ──▶ rank_shim rank ×N ──▶ ranks
+    controller ◀─rank_exited / progress / log / gen_exited── agent ◀─datagrams + log files── shims
+
+If the controller goes silent for fence_timeout_s, or its connection or our stdin closes, the
+agent kills everything it started and exits: a partitioned host never trains on as a zombie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftrun.agent import procs
+from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
+from ftrun.errors import ProtocolError
+from ftrun.protocol import Channel, open_channel
+
+log = logging.getLogger("ftrun.agent")
+
+SHIM = str(Path(__file__).with_name("rank_shim.py"))
+TAIL_INTERVAL_S = 0.05
+PROGRESS_FLUSH_INTERVAL_S = 0.5
+EXIT_FENCED = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bootstrap:
+    """What the controller hands an agent on stdin (never on a command line: it holds the secret)."""
+
+    controller_host: str
+    controller_port: int
+    secret: str
+    job_id: str
+    agent_id: str
+    host: str
+    heartbeat_interval_s: float
+    fence_timeout_s: float
+    warm_start: bool
+    python: str = sys.executable
+
+    @classmethod
+    def from_json(cls, text: str) -> "Bootstrap":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class GenerationRun:
+    number: int
+    directory: Path
+    logs: GenerationLogs
+    proc: asyncio.subprocess.Process | None = None
+    pgids: set[int] = field(default_factory=set)
+    steps: dict[int, int] = field(default_factory=dict)
+    steps_dirty: bool = False
+    exited_ranks: set[int] = field(default_factory=set)
+    torchrun_tail: list[str] = field(default_factory=list)
+
+
+class Agent:
+    def __init__(self, boot: Bootstrap) -> None:
+        self.boot = boot
+        self.work = Path(tempfile.mkdtemp(prefix="ftrun-agent-"))
+        self.sock_path = str(self.work / "agent.sock")
+        self.zygote: asyncio.subprocess.Process | None = None
+        self.chan: Channel | None = None
+        self.gen: GenerationRun | None = None
+        self.last_heard = time.monotonic()
+        self.exit_code: int | None = None
+        self.done = asyncio.Event()
+        self.force_stop = asyncio.Event()
+        self.datagrams = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    # ---- life cycle -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        try:
+            self.datagrams.bind(self.sock_path)
+            self.datagrams.setblocking(False)
+            loop.add_reader(self.datagrams.fileno(), self._on_datagrams)
+            if self.boot.warm_start:
+                await self._start_zygote()
+            self.chan = await open_channel(self.boot.controller_host, self.boot.controller_port,
+                                           self.boot.secret, timeout_s=self.boot.fence_timeout_s)
+            self.chan.send("hello", agent_id=self.boot.agent_id, host=self.boot.host,
+                           pid=os.getpid())
+            self.last_heard = time.monotonic()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
+            tasks = [asyncio.create_task(c) for c in
+                     (self._receive_loop(), self._heartbeat_loop(), self._tail_loop())]
+            _watch_stdin(loop, self)
+            await self.done.wait()
+            for task in tasks:
+                task.cancel()
+        except (OSError, asyncio.TimeoutError) as e:
+            log.error("cannot reach the controller at %s:%s: %s", self.boot.controller_host,
+                      self.boot.controller_port, e)
+            self.exit_code = EXIT_FENCED
+        finally:
+            await self._kill_generation()
+            if self.zygote is not None and self.zygote.returncode is None:
+                self.zygote.kill()
+                await self.zygote.wait()
+            self.datagrams.close()
+            shutil.rmtree(self.work, ignore_errors=True)
+            if self.chan is not None:
+                self.chan.close()
+        return self.exit_code or 0
+
+    def _finish(self, code: int, reason: str) -> None:
+        if self.exit_code is None:
+            self.exit_code = code
+            if code:
+                log.warning("fencing: %s; killing every process of this job on %s",
+                            reason, self.boot.host)
+        self.done.set()
+
+    async def _start_zygote(self) -> None:
+        path = self.work / "zygote.sock"
+        self.zygote = await asyncio.create_subprocess_exec(
+            self.boot.python, "-m", "ftrun.agent.zygote", str(path), stdin=asyncio.subprocess.PIPE,
+            start_new_session=True, env={**os.environ, "FTRUN_AGENT_ID": self.boot.agent_id})
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline and self.zygote.returncode is None:
+            await asyncio.sleep(0.01)
+
+    # ---- control connection -----------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        assert self.chan is not None
+        while True:
+            try:
+                msg = await self.chan.receive()
+            except ProtocolError as e:
+                log.warning("dropped a message from the controller: %s", e)
+                continue
+            except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+                self._finish(EXIT_FENCED, f"lost the controller connection ({e.__class__.__name__})")
+                return
+            self.last_heard = time.monotonic()
+            kind = msg["kind"]
+            if kind == "launch":
+                await self._launch(msg)
+            elif kind == "stop":
+                if msg.get("grace_s", 0) <= 0:
+                    self.force_stop.set()
+                asyncio.create_task(self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+            elif kind == "shutdown":
+                self._finish(0, "shutdown")
+                return
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.chan is not None
+        while True:
+            self.chan.send("heartbeat", gen=self.gen.number if self.gen else None)
+            silent = time.monotonic() - self.last_heard
+            if silent > self.boot.fence_timeout_s:
+                self._finish(EXIT_FENCED, f"no word from the controller for {silent:.1f} s")
+                return
+            await asyncio.sleep(self.boot.heartbeat_interval_s)
+
+    def _send(self, kind: str, **fields: Any) -> None:
+        if self.chan is not None:
+            self.chan.send(kind, **fields)
+
+    # ---- generations ------------------------------------------------------------------------
+
+    async def _launch(self, msg: dict[str, Any]) -> None:
+        await self._kill_generation()
+        number = int(msg["gen"])
+        directory = self.work / f"g{number}"
+        directory.mkdir()
+        run = GenerationRun(number, directory, GenerationLogs(directory, msg.get("progress_regex")))
+        self.gen = run
+        self.force_stop.clear()
+        if self.boot.warm_start and (self.zygote is None or self.zygote.returncode is not None):
+            log.warning("the warm interpreter is gone; starting a new one")
+            await self._start_zygote()
+        env = {**os.environ, **msg.get("env", {}),
+               "FTRUN_JOB_ID": self.boot.job_id, "FTRUN_GENERATION": str(number),
+               "FTRUN_HOST": self.boot.host, "FTRUN_AGENT_ID": self.boot.agent_id,
+               "FTRUN_AGENT_SOCK": self.sock_path, "FTRUN_RANK_LOG_DIR": str(directory)}
+        if self.boot.warm_start:
+            env["FTRUN_ZYGOTE_SOCK"] = str(self.work / "zygote.sock")
+        cmd = [self.boot.python, "-u", SHIM, "torchrun",
+               "--nnodes", str(msg["nnodes"]), "--node-rank", str(msg["node_rank"]),
+               "--nproc-per-node", str(msg["nproc_per_node"]),
+               "--master-addr", msg["master_addr"], "--master-port", str(msg["master_port"]),
+               "--max-restarts", "0", "--monitor-interval", "0.1",
+               SHIM, "rank", *msg["entrypoint"]]
+        try:
+            run.proc = await asyncio.create_subprocess_exec(
+                *cmd, cwd=msg.get("cwd"), env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True)
+        except OSError as e:
+            self._send("gen_exited", gen=number, exit_code=127, tail=[f"cannot start torchrun: {e}"])
+            return
+        run.pgids.add(run.proc.pid)
+        asyncio.create_task(self._follow_torchrun(run))
+
+    async def _follow_torchrun(self, run: GenerationRun) -> None:
+        assert run.proc is not None and run.proc.stdout is not None
+        while True:
+            line = await run.proc.stdout.readline()
+            if not line:
+                break
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            run.torchrun_tail = (run.torchrun_tail + [text])[-40:]
+            self._send("log", gen=run.number, rank=None, lines=[text])
+        code = await run.proc.wait()
+        self._flush_logs(run)
+        if self.gen is run:
+            self._send("gen_exited", gen=run.number, exit_code=code, tail=run.torchrun_tail)
+
+    async def _stop(self, number: int | None, grace_s: float) -> None:
+        run = self.gen
+        if run is not None and run.number == number and grace_s > 0 and run.proc is not None:
+            for pgid in run.pgids:
+                procs.killpg_quietly(pgid, signal.SIGTERM)
+            try:
+                waits = [asyncio.create_task(run.proc.wait()),
+                         asyncio.create_task(self.force_stop.wait())]
+                await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        if self.gen is run:
+            survivors = await self._kill_generation()
+        else:
+            survivors = []
+        self._send("stopped", gen=number, survivors=survivors)
+
+    async def _kill_generation(self) -> list[int]:
+        run, self.gen = self.gen, None
+        if run is None:
+            return []
+        exclude = [self.zygote.pid] if self.zygote is not None else []
+        survivors = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: procs.kill_all(run.pgids, self.boot.agent_id, exclude=exclude))
+        if run.proc is not None:
+            try:
+                await asyncio.wait_for(run.proc.wait(), 5)
+            except asyncio.TimeoutError:
+                survivors.append(run.proc.pid)
+        if survivors:
+            log.error("processes survived SIGKILL: %s", survivors)
+        return survivors
+
+    # ---- ranks: datagrams from shims and the runtime library, and their log files ----------
+
+    def _on_datagrams(self) -> None:
+        while True:
+            try:
+                data = self.datagrams.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            try:
+                event = json.loads(data)
+                self._on_rank_event(event)
+            except (ValueError, TypeError, KeyError) as e:
+                log.warning("dropped a malformed datagram from a rank: %s", e)
+
+    def _on_rank_event(self, event: dict[str, Any]) -> None:
+        run = self.gen
+        if run is None or event.get("g") != run.number:
+            return  # a stale generation's news
+        kind, rank = event["e"], int(event["r"])
+        if kind == "step":
+            self._on_step(run, rank, int(event["s"]))
+        elif kind == "started":
+            run.pgids.add(int(event["pid"]))
+            if event.get("shim"):
+                run.pgids.add(int(event["shim"]))
+            if rank >= 0:
+                self._send("rank_started", gen=run.number, rank=rank, pid=event["pid"])
+        elif kind == "exited" and rank >= 0:
+            run.exited_ranks.add(rank)
+            self._flush_logs(run)
+            tail = run.logs.tail(rank)
+            traceback = extract_traceback(tail)
+            self._send("rank_exited", gen=run.number, rank=rank, pid=event.get("pid"),
+                       exit_code=event.get("code"), signal=_signal_name(event.get("sig")),
+                       t_exit=event.get("t"), step=self._job_step(run), tail=tail[-20:],
+                       traceback=traceback, exception=exception_line(traceback),
+                       usage_error=event.get("code") == 2 and any("usage:" in l for l in tail))
+
+    def _on_step(self, run: GenerationRun, rank: int, step: int) -> None:
+        first = rank not in run.steps
+        if first or step > run.steps[rank]:
+            run.steps[rank] = step
+            run.steps_dirty = True
+        if first:
+            self._send("progress", gen=run.number, rank=rank, step=step, first=True, t=time.time())
+
+    def _job_step(self, run: GenerationRun) -> int | None:
+        return max(run.steps.values()) if run.steps else None
+
+    async def _tail_loop(self) -> None:
+        last_progress = 0.0
+        while True:
+            run = self.gen
+            if run is not None:
+                self._flush_logs(run)
+                now = time.monotonic()
+                if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
+                    run.steps_dirty = False
+                    last_progress = now
+                    self._send("progress", gen=run.number, rank=None, step=self._job_step(run),
+                               first=False, t=time.time())
+            await asyncio.sleep(TAIL_INTERVAL_S)
+
+    def _flush_logs(self, run: GenerationRun) -> None:
+        for rank, lines in run.logs.poll().items():
+            self._send("log", gen=run.number, rank=rank, lines=lines)
+            step = run.logs.last_step(lines)
+            if step is not None:
+                self._on_step(run, rank, step)
+
+
+def _signal_name(sig: int | None) -> str | None:
+    if not sig:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def _watch_stdin(loop: asyncio.AbstractEventLoop, agent: Agent) -> None:
+    """EOF on stdin means the process that started us (controller, ssh, srun) is gone."""
+
+    def wait_eof() -> None:
+        try:
+            while sys.stdin.buffer.read1(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        loop.call_soon_threadsafe(agent._finish, EXIT_FENCED, "stdin closed: the launcher is gone")
+
+    threading.Thread(target=wait_eof, name="stdin-watch", daemon=True).start()

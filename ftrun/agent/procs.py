@@ -1,0 +1,56 @@
+"""Process-group hygiene for the agent: signal whole groups, escalate to SIGKILL, make sure.
+
+Everything the agent starts carries FTRUN_AGENT_ID in its environment (forks of the zygote keep
+the zygote's original environment block, which has it too), so a final sweep finds anything that
+escaped its process group, such as a grandchild that called setsid().
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Iterable
+
+import psutil
+
+
+def killpg_quietly(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tagged_processes(agent_id: str, *, exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """Processes whose environment carries FTRUN_AGENT_ID=agent_id."""
+    skip = {os.getpid(), *exclude}
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in skip:
+            continue
+        try:
+            if proc.environ().get("FTRUN_AGENT_ID") == agent_id:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_all(pgids: Iterable[int], agent_id: str, *, exclude: Iterable[int] = (),
+             timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL the groups and every tagged straggler; wait until they are gone.
+    Returns the pids still alive at the deadline (empty when all is well)."""
+    for pgid in set(pgids):
+        killpg_quietly(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    survivors = tagged_processes(agent_id, exclude=exclude)
+    while survivors and time.monotonic() < deadline:
+        for proc in survivors:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        _, survivors = psutil.wait_procs(survivors, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        survivors = [p for p in survivors if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p.pid for p in survivors]

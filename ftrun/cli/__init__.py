@@ -1,0 +1,1 @@
+"""The command line: the only package that imports typer and rich. One module per command."""

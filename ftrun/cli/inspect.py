@@ -1,0 +1,77 @@
+"""`ftrun inspect JOB`: the timeline of a job, its generations and incidents with their phases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from ftrun.cli.render import clock, print_job, secs
+from ftrun.config import resolve_run_dir
+from ftrun.jobview import JobView, load_job
+from ftrun.journal import find_job_dir
+
+console = Console(highlight=False)
+
+
+def inspect(
+    job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+                                           help="Where job directories are [default: ~/.ftrun/runs]."),
+) -> int:
+    """Show what happened: generations, incidents and their phases, the root cause, the logs."""
+    view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
+    if as_json:
+        out = view.to_json(detail=True)
+        out["events"] = view.events
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print_job(console, view)
+    console.print()
+    console.print(Text("timeline", style="bold"))
+    print_timeline(view)
+    logs = view.job_dir / "logs"
+    if logs.is_dir():
+        console.print(f"\n[dim]logs: {logs}/g<generation>/rank<rank>.log[/]")
+    return 0
+
+
+def print_timeline(view: JobView) -> None:
+    incidents = {i.generation: i for i in view.incidents}
+    for g in view.generations:
+        first = f", first step after {secs(g.first_step_t - g.launched_t)}" if g.first_step_t else ""
+        console.print(f"  {clock(g.launched_t)}  generation {g.number} launched on "
+                      f"{', '.join(g.hosts)} ({g.world_size} ranks){first}; "
+                      f"{g.outcome or 'running'}"
+                      + (f" at step {g.last_step}" if g.last_step is not None else ""))
+        inc = incidents.get(g.number)
+        if inc is None:
+            continue
+        who = f"rank {inc.rank}" if inc.rank is not None else "torchrun"
+        evidence = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
+        console.print(Text.assemble("    ", (f"incident {inc.id}: {inc.kind}", "bold yellow"),
+                                    f" — {who} on {inc.host}, "
+                                    + (evidence if inc.kind != "host-lost" else "heartbeat/connection lost")
+                                    + f" → {inc.tier or '?'}"), soft_wrap=True)
+        if inc.reason:
+            console.print(f"      decision: {inc.reason}", soft_wrap=True)
+        base = inc.fault_t if inc.fault_t is not None else inc.detected_t
+        for name, t in inc.phases():
+            rel = "" if t is None else f"  (+{t - base:.3f}s)"
+            console.print(f"      {name:<17} {clock(t)}{rel}")
+        if inc.lost_steps is not None:
+            console.print(f"      steps lost: {inc.lost_steps} (failed at step {inc.step_at_fault}, "
+                          f"resumed at step {inc.step_resumed})")
+        if inc.traceback:
+            console.print(Text("      " + inc.traceback.replace("\n", "\n      "), style="red"))
+    if view.ended_t:
+        console.print(f"  {clock(view.ended_t)}  job {view.state}: {view.reason}", soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(inspect)

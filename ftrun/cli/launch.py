@@ -1,0 +1,145 @@
+"""`ftrun launch`: where users typed torchrun. Flags → LaunchConfig → Supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from ftrun.cli.render import ConsoleReporter, print_root_cause
+from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
+from ftrun.errors import UsageError
+
+console = Console(stderr=True, highlight=False)
+
+
+def launch(
+    script: str = typer.Argument(..., metavar="SCRIPT", help="The training script (or module with -m)."),
+    script_args: Optional[List[str]] = typer.Argument(None, metavar="[ARGS]...",
+                                                      help="Arguments for the script."),
+    nproc_per_node: int = typer.Option(1, "--nproc-per-node", "--nproc_per_node",
+                                       help="Ranks per host."),
+    max_restarts: int = typer.Option(3, "--max-restarts", "--max_restarts",
+                                     help="Job-wide restart budget."),
+    job_name: Optional[str] = typer.Option(None, "--job-name", help="Name shown by status."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+                                           help="Where job directories go [default: ~/.ftrun/runs]."),
+    module: bool = typer.Option(False, "-m", "--module", help="Run SCRIPT as a Python module."),
+    no_python: bool = typer.Option(False, "--no-python", "--no_python",
+                                   help="Run SCRIPT as an executable, not with python."),
+    master_port: Optional[int] = typer.Option(None, "--master-port", "--master_port",
+                                              help="Rendezvous port [default: a free one per generation]."),
+    progress_regex: Optional[str] = typer.Option(
+        None, "--progress-regex", help="Derive step progress from output, e.g. 'step (\\d+)'."),
+    grace_period: float = typer.Option(5.0, "--grace-period",
+                                       help="Seconds between SIGTERM and SIGKILL on stop."),
+    warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
+                                    help="Fork ranks from a pre-imported interpreter."),
+) -> int:
+    """Run SCRIPT under torchrun on this host; restart it in place when a rank fails."""
+    problems = _check_entrypoint(script, module=module, no_python=no_python)
+    if master_port is not None and 0 < master_port < 65536 and _port_busy(master_port):
+        problems.append(f"--master-port {master_port} is already in use")
+    resolved_run_dir = resolve_run_dir(run_dir)
+    name = job_name or Path(script).stem or script
+    try:
+        config = LaunchConfig(job_id=new_job_id(name), job_name=name, run_dir=resolved_run_dir,
+                              script=script, script_args=tuple(script_args or ()), module=module,
+                              no_python=no_python, nproc_per_node=nproc_per_node,
+                              max_restarts=max_restarts, master_port=master_port,
+                              progress_regex=progress_regex, grace_period_s=grace_period,
+                              warm_start=warm_start)
+    except UsageError as e:
+        problems.insert(0, e.message)
+    if problems:
+        raise UsageError("; ".join(problems), hint=_hint(problems))
+    _check_run_dir(resolved_run_dir)
+    return run(config)
+
+
+def run(config: LaunchConfig) -> int:
+    from ftrun.controller.supervisor import Supervisor
+    from ftrun.journal import Journal
+    from ftrun.transport.local import LocalTransport
+
+    journal = Journal(config.job_dir)
+    journal.write_config(config.to_json())
+    handler = logging.FileHandler(config.job_dir / "controller.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("ftrun").addHandler(handler)
+    logging.getLogger("ftrun").setLevel(logging.INFO)
+    reporter = ConsoleReporter(console)
+    reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
+    try:
+        supervisor = Supervisor(config, journal=journal, transport=LocalTransport(config.python),
+                                reporter=reporter)
+        outcome = asyncio.run(supervisor.run())
+    finally:
+        journal.close()
+        logging.getLogger("ftrun").removeHandler(handler)
+        handler.close()
+    level = {"succeeded": "info", "stopped": "warning"}.get(outcome.state, "error")
+    reporter.notice(f"job {config.job_id} {outcome.state}: {outcome.reason}", level=level)
+    print_root_cause(console, outcome.root_cause)
+    if outcome.state != "succeeded":
+        run_dir_flag = ("" if config.run_dir == resolve_run_dir(None)
+                        else f" --run-dir {config.run_dir}")
+        reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
+    return outcome.exit_code
+
+
+def _check_entrypoint(script: str, *, module: bool, no_python: bool) -> list[str]:
+    if module and no_python:
+        return ["-m and --no-python cannot be used together"]
+    if module:
+        return []
+    if no_python:
+        if os.sep in script:
+            ok = os.path.isfile(script) and os.access(script, os.X_OK)
+        else:
+            ok = shutil.which(script) is not None
+        return [] if ok else [f"{script!r} is not an executable file"]
+    if not os.path.isfile(script):
+        return [f"no such script: {script!r}"]
+    return []
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE or e.errno == errno.EACCES
+    return False
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".ftrun-write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"the run directory {run_dir} is not writable: {e.strerror or e}",
+                         hint="pass a writable --run-dir or set FTRUN_RUN_DIR") from None
+
+
+def _hint(problems: list[str]) -> str:
+    if any("in use" in p for p in problems):
+        return "pick another --master-port, or leave it out to get a free port per generation"
+    if any("script" in p or "executable" in p for p in problems):
+        return "check the path; use -m for a module or --no-python for an executable"
+    return "see `ftrun launch --help`"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": False})(launch)

@@ -1,0 +1,48 @@
+"""`ftrun status [JOB]`: what is running and what ran. Reads only job directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ftrun.cli.render import jobs_table, print_job
+from ftrun.config import resolve_run_dir
+from ftrun.jobview import load_job
+from ftrun.journal import find_job_dir, list_job_dirs
+
+console = Console(highlight=False)
+
+
+def status(
+    job: Optional[str] = typer.Argument(None, help="A job id (or a unique prefix); all jobs if left out."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+                                           help="Where job directories are [default: ~/.ftrun/runs]."),
+) -> int:
+    """List jobs, or show one job with its incidents."""
+    directory = resolve_run_dir(run_dir)
+    if job is None:
+        views = sorted((load_job(d) for d in list_job_dirs(directory)),
+                       key=lambda v: v.started_t or 0.0, reverse=True)
+        if as_json:
+            print(json.dumps([v.to_json() for v in views], indent=2))
+        elif not views:
+            console.print(f"no jobs in {directory}")
+        else:
+            console.print(jobs_table(views))
+        return 0
+    view = load_job(find_job_dir(directory, job))
+    if as_json:
+        print(json.dumps(view.to_json(detail=True), indent=2))
+    else:
+        print_job(console, view)
+        console.print(f"\n[dim]more: ftrun inspect {view.job_id}[/]")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(status)

@@ -1,0 +1,101 @@
+"""Launch configuration: one frozen, keyword-only dataclass, validated on creation.
+
+Values flow one way: CLI flags → LaunchConfig → components built as Thing(config, ...).
+An explicit value beats an FTRUN_* environment variable beats the default, resolved here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ftrun.errors import UsageError
+
+DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
+
+
+def resolve_run_dir(explicit: str | os.PathLike[str] | None,
+                    environ: Mapping[str, str] = os.environ) -> Path:
+    """--run-dir beats FTRUN_RUN_DIR beats ~/.ftrun/runs (the same rule for every command)."""
+    chosen = explicit if explicit else environ.get("FTRUN_RUN_DIR") or DEFAULT_RUN_DIR
+    return Path(chosen).expanduser().resolve()
+
+
+def new_job_id(name: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "job"
+    return f"{slug}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """Everything one `ftrun launch` needs; written to <job dir>/config.json."""
+
+    job_id: str
+    job_name: str
+    run_dir: Path
+    script: str
+    script_args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+    nproc_per_node: int = 1
+    max_restarts: int = 3
+    master_port: int | None = None
+    progress_regex: str | None = None
+    # Start ranks by forking a pre-imported interpreter (see ftrun/agent/zygote.py).
+    warm_start: bool = True
+    cwd: str = field(default_factory=os.getcwd)
+    python: str = sys.executable
+    grace_period_s: float = 5.0
+    heartbeat_interval_s: float = 0.25
+    host_lost_timeout_s: float = 1.0
+    fence_timeout_s: float = 3.0
+    agent_start_timeout_s: float = 30.0
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 30.0
+    hosts: tuple[str, ...] = ("localhost",)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.nproc_per_node < 1:
+            problems.append(f"--nproc-per-node must be at least 1 (got {self.nproc_per_node})")
+        if self.max_restarts < 0:
+            problems.append(f"--max-restarts must be 0 or more (got {self.max_restarts})")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            problems.append(f"--master-port must be in 1..65535 (got {self.master_port})")
+        if self.grace_period_s < 0:
+            problems.append(f"--grace-period must be 0 or more (got {self.grace_period_s})")
+        if self.progress_regex is not None:
+            try:
+                compiled = re.compile(self.progress_regex)
+            except re.error as e:
+                problems.append(f"--progress-regex is not a valid regular expression: {e}")
+            else:
+                if compiled.groups < 1:
+                    problems.append("--progress-regex needs one group that captures the step number")
+        if problems:
+            raise UsageError("; ".join(problems), hint="see `ftrun launch --help`")
+
+    @property
+    def job_dir(self) -> Path:
+        return self.run_dir / self.job_id
+
+    def entrypoint(self) -> list[str]:
+        """What each rank runs, in torchrun's terms (python is prepended unless --no-python)."""
+        if self.no_python:
+            return [self.script, *self.script_args]
+        if self.module:
+            return [self.python, "-u", "-m", self.script, *self.script_args]
+        return [self.python, "-u", self.script, *self.script_args]
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["run_dir"] = str(self.run_dir)
+        out["script_args"] = list(self.script_args)
+        out["hosts"] = list(self.hosts)
+        return out

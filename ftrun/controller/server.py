@@ -1,0 +1,135 @@
+"""The controller's end of the control plane: accepts agents, authenticates them, keeps their
+heartbeats, and turns everything they say into (agent_id, message) items on one inbox queue.
+
+A connection that closes, or an agent silent for host_lost_timeout_s, becomes an `agent_lost`
+item: the supervisor treats both as evidence that the host is gone. A message that fails
+authentication or parsing is dropped and logged; it never takes the controller down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ftrun.errors import ProtocolError
+from ftrun.protocol import Channel, accept_channel
+
+log = logging.getLogger("ftrun.controller")
+
+HELLO_TIMEOUT_S = 5.0
+LOSS_CHECK_INTERVAL_S = 0.05
+
+
+@dataclass
+class AgentLink:
+    agent_id: str
+    host: str
+    pid: int
+    channel: Channel
+    last_seen: float
+    lost: bool = False
+
+
+class ControlServer:
+    def __init__(self, secret: str, *, expected_agents: set[str], heartbeat_interval_s: float,
+                 host_lost_timeout_s: float) -> None:
+        self.secret = secret
+        self.expected = expected_agents
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.host_lost_timeout_s = host_lost_timeout_s
+        self.inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.links: dict[str, AgentLink] = {}
+        self.dropped_messages = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._heartbeats: asyncio.Task[None] | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+        return self._server.sockets[0].getsockname()[1]
+
+    def send(self, agent_id: str, kind: str, **fields: Any) -> None:
+        link = self.links.get(agent_id)
+        if link is not None and not link.lost:
+            link.channel.send(kind, **fields)
+
+    def broadcast(self, kind: str, **fields: Any) -> None:
+        for agent_id in list(self.links):
+            self.send(agent_id, kind, **fields)
+
+    async def close(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+        for link in self.links.values():
+            link.channel.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            channel = await accept_channel(reader, writer, self.secret)
+            hello = await asyncio.wait_for(channel.receive(), HELLO_TIMEOUT_S)
+            agent_id = hello.get("agent_id")
+            if hello["kind"] != "hello" or agent_id not in self.expected or (
+                    agent_id in self.links and not self.links[agent_id].lost):
+                raise ProtocolError(f"unexpected first message {hello['kind']!r} from {agent_id!r}")
+        except (ProtocolError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                ConnectionError, OSError) as e:
+            self.dropped_messages += 1
+            log.warning("refused a connection from %s: %s", peer, e)
+            writer.close()
+            return
+        link = AgentLink(agent_id, str(hello.get("host")), int(hello.get("pid", 0)), channel,
+                         time.monotonic())
+        self.links[agent_id] = link
+        await self.inbox.put((agent_id, hello))
+        await self._read(link)
+
+    async def _read(self, link: AgentLink) -> None:
+        reason = "its connection closed"
+        while not link.lost:
+            try:
+                msg = await link.channel.receive()
+            except ProtocolError as e:
+                self.dropped_messages += 1
+                log.warning("dropped a message from %s: %s", link.host, e)
+                continue
+            except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+                reason = f"its connection closed ({e.__class__.__name__})"
+                break
+            link.last_seen = time.monotonic()
+            if msg["kind"] != "heartbeat":
+                await self.inbox.put((link.agent_id, msg))
+        self._lose(link, reason)
+
+    def _lose(self, link: AgentLink, reason: str) -> None:
+        if link.lost:
+            return
+        link.lost = True
+        link.channel.close()
+        self.inbox.put_nowait((link.agent_id, {"kind": "agent_lost", "reason": reason,
+                                               "host": link.host, "t": time.time()}))
+
+    async def _heartbeat_loop(self) -> None:
+        # Check silence more often than we send, so detection is bounded by the timeout plus one
+        # short tick rather than plus a whole heartbeat interval.
+        next_send = 0.0
+        while True:
+            now = time.monotonic()
+            send = now >= next_send
+            if send:
+                next_send = now + self.heartbeat_interval_s
+            for link in list(self.links.values()):
+                if link.lost:
+                    continue
+                silent = now - link.last_seen
+                if silent > self.host_lost_timeout_s:
+                    self._lose(link, f"no heartbeat for {silent:.2f} s")
+                elif send:
+                    link.channel.send("heartbeat")
+            await asyncio.sleep(LOSS_CHECK_INTERVAL_S)

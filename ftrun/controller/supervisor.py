@@ -1,0 +1,361 @@
+"""The supervise loop: launch a generation, watch it, classify what went wrong, act, repeat.
+
+    start agents ─▶ launch G ─▶ watch ─┬─ all hosts exited 0 ───────────────▶ succeeded
+                      ▲                ├─ Ctrl-C / SIGTERM ─▶ graceful stop ─▶ stopped
+                      │                └─ fault ─▶ classify ─▶ tear down (SIGKILL: it is broken)
+                      │                              ├─ fatal / no replacement ──▶ failed
+                      └──── backoff ◀────────────────┘ restart in place (G+1)
+
+Every decision is an event in the journal; `status` and `inspect` read nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psutil
+
+from ftrun.agent.agent import Bootstrap
+from ftrun.config import LaunchConfig
+from ftrun.controller.policy import Evidence, History, Tier, backoff_s, classify
+from ftrun.controller.server import ControlServer
+from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
+from ftrun.journal import Journal
+from ftrun.protocol import new_secret
+from ftrun.transport.base import AgentHandle, Transport
+
+log = logging.getLogger("ftrun.controller")
+
+PROGRESS_EVENT_INTERVAL_S = 5.0
+TEARDOWN_MARGIN_S = 10.0
+
+
+class Reporter(Protocol):
+    """Where the controller's output goes for people (the CLI renders it)."""
+
+    def rank_output(self, rank: int, lines: list[str]) -> None: ...
+    def torchrun_output(self, host: str, lines: list[str]) -> None: ...
+    def notice(self, text: str, *, level: str = "info") -> None: ...
+
+
+@dataclass
+class JobOutcome:
+    state: str  # succeeded | failed | stopped
+    exit_code: int
+    reason: str
+    root_cause: dict[str, Any] | None = None
+
+
+@dataclass
+class _GenWatch:
+    number: int
+    agents: set[str]
+    done: set[str] = field(default_factory=set)
+    max_step: int | None = None
+    first_step_seen: bool = False
+    last_progress_event: float = 0.0
+
+
+@dataclass
+class _Result:
+    kind: str  # succeeded | stopped | fault
+    evidence: Evidence | None = None
+    fault_t: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(self, config: LaunchConfig, *, journal: Journal, transport: Transport,
+                 reporter: Reporter) -> None:
+        self.config = config
+        self.journal = journal
+        self.transport = transport
+        self.reporter = reporter
+        self.secret = new_secret()
+        self.agent_hosts = {f"{host}#{i}": host for i, host in enumerate(config.hosts)}
+        self.server = ControlServer(self.secret, expected_agents=set(self.agent_hosts),
+                                    heartbeat_interval_s=config.heartbeat_interval_s,
+                                    host_lost_timeout_s=config.host_lost_timeout_s)
+        self.handles: list[AgentHandle] = []
+        self.signals = 0
+        self.generation = 0
+        self.restarts = 0
+        self.ever_progressed = False
+
+    # ---- top level --------------------------------------------------------------------------
+
+    async def run(self) -> JobOutcome:
+        cfg = self.config
+        port = await self.server.start(host="127.0.0.1")
+        me = psutil.Process()
+        self.journal.record("job_started", job_id=cfg.job_id, name=cfg.job_name,
+                            controller_pid=me.pid, controller_create_time=me.create_time(),
+                            hosts=list(cfg.hosts), nproc_per_node=cfg.nproc_per_node,
+                            max_restarts=cfg.max_restarts, entrypoint=cfg.entrypoint())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            outcome = await self._start_agents(port)
+            if outcome is None:
+                outcome = await self._supervise()
+        except FtrunError as e:
+            outcome = JobOutcome("failed", e.exit_code, e.message, {"hint": e.hint})
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await self._stop_agents()
+            await self.server.close()
+        self.journal.record("job_finished", state=outcome.state, exit_code=outcome.exit_code,
+                            reason=outcome.reason, root_cause=outcome.root_cause,
+                            restarts=self.restarts, generation=self.generation)
+        return outcome
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        self.journal.record("stop_requested", signal=sig.name, count=self.signals)
+        if self.signals == 1:
+            self.reporter.notice(f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
+                                 f"{self.config.grace_period_s:g} s (again to kill now)",
+                                 level="warning")
+        else:
+            self.reporter.notice("killing now", level="warning")
+            self.server.broadcast("stop", gen=self.generation, grace_s=0)
+        self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
+
+    async def _start_agents(self, port: int) -> JobOutcome | None:
+        cfg = self.config
+        for agent_id, host in self.agent_hosts.items():
+            boot = Bootstrap(controller_host=self.transport.controller_address(),
+                             controller_port=port, secret=self.secret, job_id=cfg.job_id,
+                             agent_id=agent_id, host=host,
+                             heartbeat_interval_s=cfg.heartbeat_interval_s,
+                             fence_timeout_s=cfg.fence_timeout_s, warm_start=cfg.warm_start,
+                             python=cfg.python)
+            self.handles.append(await self.transport.start_agent(
+                boot, log_path=self.journal.job_dir / "agents" / f"{host}.log"))
+        waiting = set(self.agent_hosts)
+        deadline = time.monotonic() + cfg.agent_start_timeout_s
+        while waiting:
+            try:
+                agent_id, msg = await asyncio.wait_for(self.server.inbox.get(),
+                                                       max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise FtrunError(f"agents did not connect within {cfg.agent_start_timeout_s:g} s: "
+                                 f"{', '.join(self.agent_hosts[a] for a in sorted(waiting))}",
+                                 hint=f"see {self.journal.job_dir / 'agents'}") from None
+            if msg["kind"] == "stop_requested":
+                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped before the job started")
+            if msg["kind"] == "hello":
+                waiting.discard(agent_id)
+                self.journal.record("agent_connected", host=msg.get("host"), pid=msg.get("pid"))
+        return None
+
+    async def _stop_agents(self) -> None:
+        self.server.broadcast("shutdown")
+        await asyncio.gather(*(h.terminate(timeout_s=5.0) for h in self.handles),
+                             return_exceptions=True)
+
+    # ---- generations ------------------------------------------------------------------------
+
+    async def _supervise(self) -> JobOutcome:
+        cfg = self.config
+        previous: Evidence | None = None
+        failures_in_row = 0
+        incident = 0
+        while True:
+            self.generation += 1
+            watch = self._launch(self.generation)
+            result = await self._watch(watch)
+            if result.kind == "succeeded":
+                self.journal.record("generation_ended", gen=watch.number, outcome="succeeded")
+                return JobOutcome("succeeded", EXIT_OK, "every rank exited 0")
+            if result.kind == "stopped":
+                await self._teardown(watch.number, graceful=self.signals < 2)
+                self.journal.record("generation_ended", gen=watch.number, outcome="stopped")
+                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+
+            ev = result.evidence
+            assert ev is not None
+            incident += 1
+            progressed = watch.max_step is not None and (
+                previous is None or previous.step is None or watch.max_step > previous.step)
+            self.ever_progressed |= watch.first_step_seen
+            self.journal.record("fault_detected", incident=incident, gen=watch.number,
+                                fault=ev.kind, host=ev.host, rank=ev.rank, fault_t=result.fault_t,
+                                exit_code=ev.exit_code, signal=ev.signal, step=ev.step,
+                                exception=ev.exception, **result.detail)
+            decision = classify(ev, History(restarts_used=self.restarts,
+                                            ever_progressed=self.ever_progressed,
+                                            previous=previous, progressed_since_previous=progressed),
+                                max_restarts=cfg.max_restarts)
+            if decision.tier is Tier.REPLACE_NODE:
+                decision = type(decision)(Tier.FATAL, decision.reason + ", and this job has no "
+                                          "spare host to take its place")
+            self.journal.record("fault_classified", incident=incident, tier=decision.tier.value,
+                                decision="stop" if decision.tier is Tier.FATAL else "restart",
+                                reason=decision.reason)
+            await self._teardown(watch.number, graceful=False)
+            self.journal.record("torn_down", incident=incident, gen=watch.number)
+            self.journal.record("generation_ended", gen=watch.number, outcome="failed")
+            if decision.tier is Tier.FATAL:
+                self.reporter.notice(f"fatal: {decision.reason}", level="error")
+                return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
+                                  self._root_cause(ev, watch.number, result))
+            failures_in_row = 1 if progressed else failures_in_row + 1
+            delay = backoff_s(failures_in_row, base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s)
+            self.restarts += 1
+            previous = ev
+            self.journal.record("restart", incident=incident, next_gen=self.generation + 1,
+                                backoff_s=delay, restarts=self.restarts)
+            self.reporter.notice(f"{decision.reason} (restart {self.restarts}/{cfg.max_restarts}"
+                                 + (f", after {delay:g} s" if delay else "") + ")", level="warning")
+            if delay and await self._stop_requested_within(delay):
+                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+
+    def _launch(self, number: int) -> _GenWatch:
+        cfg = self.config
+        agents = [a for a in self.agent_hosts if not self.server.links[a].lost]
+        port = cfg.master_port or _free_port()
+        for node_rank, agent_id in enumerate(agents):
+            self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
+                             node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,
+                             master_addr="127.0.0.1", master_port=port,
+                             entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
+                             progress_regex=cfg.progress_regex,
+                             env={"FTRUN_JOB_DIR": str(self.journal.job_dir)})
+        hosts = [self.agent_hosts[a] for a in agents]
+        world = len(agents) * cfg.nproc_per_node
+        self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
+                            master_port=port)
+        self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
+        return _GenWatch(number, set(agents))
+
+    async def _watch(self, watch: _GenWatch) -> _Result:
+        while True:
+            agent_id, msg = await self.server.inbox.get()
+            kind = msg["kind"]
+            if kind == "stop_requested":
+                return _Result("stopped")
+            host = self.agent_hosts.get(agent_id, "?")
+            if kind == "agent_lost":
+                if agent_id in watch.agents:
+                    return _Result("fault", Evidence(kind="host-lost", host=host,
+                                                     step=watch.max_step),
+                                   detail={"evidence": msg.get("reason")})
+                continue
+            if msg.get("gen") != watch.number:
+                continue  # stale: from an older generation
+            if self._record_output(watch, host, msg):
+                continue
+            if kind == "rank_exited" and msg.get("step") is not None:
+                watch.max_step = max(watch.max_step or 0, msg["step"])
+            if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
+                self.journal.record("rank_exited", gen=watch.number, host=host,
+                                    **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
+                                                               "t_exit", "step", "traceback")})
+                return _Result("fault", Evidence(
+                    kind="crash", host=host, rank=msg.get("rank"), exit_code=msg.get("exit_code"),
+                    signal=msg.get("signal"), exception=msg.get("exception"),
+                    usage_error=bool(msg.get("usage_error")), step=watch.max_step),
+                    fault_t=msg.get("t_exit"),
+                    detail={"traceback": msg.get("traceback"), "tail": msg.get("tail")})
+            if kind == "gen_exited":
+                if msg.get("exit_code") == 0:
+                    watch.done.add(agent_id)
+                    if watch.done >= watch.agents:
+                        return _Result("succeeded")
+                else:
+                    tail = msg.get("tail") or []
+                    return _Result("fault", Evidence(kind="crash", host=host,
+                                                     exit_code=msg.get("exit_code"),
+                                                     exception=tail[-1] if tail else None,
+                                                     step=watch.max_step),
+                                   fault_t=time.time(), detail={"tail": tail})
+
+    def _record_output(self, watch: _GenWatch, host: str, msg: dict[str, Any]) -> bool:
+        """Handle logs and progress; True when the message was one of those."""
+        kind = msg["kind"]
+        if kind == "log":
+            rank, lines = msg.get("rank"), msg.get("lines") or []
+            if rank is None:
+                self.journal.append_log(watch.number, f"{host}.torchrun", lines)
+                self.reporter.torchrun_output(host, lines)
+            else:
+                self.journal.append_log(watch.number, f"rank{rank}", lines)
+                self.reporter.rank_output(rank, lines)
+            return True
+        if kind == "progress":
+            step = msg.get("step")
+            if step is not None:
+                watch.max_step = step if watch.max_step is None else max(watch.max_step, step)
+            now = time.monotonic()
+            if msg.get("first") and not watch.first_step_seen:
+                watch.first_step_seen = True
+                self.journal.record("first_step", gen=watch.number, host=host,
+                                    rank=msg.get("rank"), step=step, rank_t=msg.get("t"))
+                watch.last_progress_event = now
+            elif now - watch.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
+                self.journal.record("progress", gen=watch.number, step=watch.max_step)
+                watch.last_progress_event = now
+            return True
+        if kind == "rank_started":
+            return True
+        return False
+
+    async def _teardown(self, number: int, *, graceful: bool) -> None:
+        grace = self.config.grace_period_s if graceful else 0.0
+        pending = {a for a, link in self.server.links.items() if not link.lost}
+        self.server.broadcast("stop", gen=number, grace_s=grace)
+        watch = _GenWatch(number, set(pending))
+        deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
+        while pending:
+            try:
+                agent_id, msg = await asyncio.wait_for(self.server.inbox.get(),
+                                                       max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                log.error("agents did not confirm the stop of generation %s: %s", number, pending)
+                return
+            if msg["kind"] in ("agent_lost",) or (msg["kind"] == "stopped" and msg.get("gen") == number):
+                pending.discard(agent_id)
+                if msg.get("survivors"):
+                    self.reporter.notice(f"processes survived SIGKILL on "
+                                         f"{self.agent_hosts[agent_id]}: {msg['survivors']}",
+                                         level="error")
+            elif msg.get("gen") == number:
+                self._record_output(watch, self.agent_hosts.get(agent_id, "?"), msg)
+        self.journal.close_generation_logs(number)
+
+    async def _stop_requested_within(self, delay_s: float) -> bool:
+        deadline = time.monotonic() + delay_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                _, msg = await asyncio.wait_for(self.server.inbox.get(), left)
+            except asyncio.TimeoutError:
+                return False
+            if msg["kind"] == "stop_requested":
+                return True
+        return False
+
+    def _root_cause(self, ev: Evidence, number: int, result: _Result) -> dict[str, Any]:
+        stream = f"rank{ev.rank}" if ev.rank is not None else f"{ev.host}.torchrun"
+        return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
+                "signal": ev.signal, "exception": ev.exception, "generation": number,
+                "traceback": result.detail.get("traceback"),
+                "tail": (result.detail.get("tail") or [])[-15:],
+                "log": str(self.journal.log_path(number, stream))}
+
+
+def _free_port() -> int:
+    """A port for the next generation's rendezvous, picked before it is needed so a restart
+    never waits on a port still in TIME_WAIT from the generation it replaces."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

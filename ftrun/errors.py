@@ -1,0 +1,50 @@
+"""The FtrunError hierarchy: every error a user can cause carries a message, a hint and an exit code.
+
+The CLI catches FtrunError at its boundary, prints message and hint on one screen line each and
+exits with the code; a traceback appears only with FTRUN_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Exit codes. 2 is "you asked for something wrong" (as click/argparse use it); the job exit
+# codes below mirror what a batch system should read from a finished job.
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class FtrunError(Exception):
+    """An error with a user-facing message, a hint for what to do next, and an exit code."""
+
+    exit_code: int = EXIT_JOB_FAILED
+
+    def __init__(self, message: str, *, hint: str = "", data: dict[str, Any] | None = None,
+                 exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.data = data or {}
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(FtrunError):
+    """Bad input: a wrong flag, a missing script, an unknown job id, a busy port."""
+
+    exit_code = EXIT_USAGE
+
+
+class JobFailed(FtrunError):
+    """The job ended as fatal or ran out of restarts; data holds the root cause."""
+
+    exit_code = EXIT_JOB_FAILED
+
+
+class ProtocolError(Exception):
+    """A control-plane message that is malformed, unauthenticated, oversized or stale.
+
+    Not an FtrunError: it never reaches a user. Receivers drop the message and log why.
+    """

@@ -1,0 +1,73 @@
+"""The local transport: the agent is a subprocess of the controller on this machine.
+
+It is still its own process in its own session, reached over the same authenticated TCP
+connection as a remote agent, so multi-host is another transport, not another design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ftrun.agent import procs
+from ftrun.agent.agent import Bootstrap
+
+
+class LocalAgent:
+    def __init__(self, host: str, agent_id: str, proc: asyncio.subprocess.Process) -> None:
+        self.host = host
+        self.agent_id = agent_id
+        self.proc = proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def terminate(self, timeout_s: float) -> None:
+        # The agent was told to shut down; if it does not, closing its stdin makes it fence
+        # itself (kill its processes and exit); if even that fails, SIGKILL.
+        for nudge in (None, self._close_stdin):
+            if nudge is not None:
+                nudge()
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout_s / 2)
+                break
+            except asyncio.TimeoutError:
+                continue
+        else:
+            procs.killpg_quietly(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+        self._close_stdin()
+        # Whatever the agent could not kill (it was SIGKILLed, say), we do.
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: procs.kill_all([], self.agent_id, timeout_s=timeout_s))
+
+
+    def _close_stdin(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+
+
+class LocalTransport:
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+
+    def controller_address(self) -> str:
+        return "127.0.0.1"
+
+    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> LocalAgent:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
+                stderr=log, start_new_session=True,
+                env={**os.environ, "FTRUN_AGENT_ID": boot.agent_id})
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(asdict(boot)).encode() + b"\n")
+        await proc.stdin.drain()
+        return LocalAgent(boot.host, boot.agent_id, proc)
