@@ -15,6 +15,7 @@ Lifetime: the zygote dies when the agent does (EOF on stdin), and every fork die
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import json
@@ -150,6 +151,7 @@ class Zygote:
             code = 1
         finally:
             try:
+                atexit._run_exitfuncs()  # as a normal exit would; C++ static teardown is skipped
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:

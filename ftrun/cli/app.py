@@ -27,29 +27,26 @@ def _register() -> None:
 def main() -> None:
     _register()
     try:
-        code = app(standalone_mode=False)
+        # Standalone mode: typer reports its own usage errors (unknown option...) with exit 2.
+        app()
     except FtrunError as e:
         report_error(e)
         sys.exit(e.exit_code)
-    except SystemExit:
-        raise
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as e:  # click's usage errors and anything unexpected
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users
         if os.environ.get("FTRUN_DEBUG") == "1":
             raise
         err_console.print(f"[bold red]error:[/] internal error: {e.__class__.__name__}: {e}")
         err_console.print("[dim]hint: run again with FTRUN_DEBUG=1 for the traceback, "
                           "and report it[/]")
         sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+
+
+def exit_with(code: int) -> None:
+    """Commands end here, so that their exit code survives typer's standalone mode."""
+    if code:
+        raise typer.Exit(code)
 
 
 def report_error(e: FtrunError) -> None:

@@ -23,14 +23,14 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
                                            help="Where job directories are [default: ~/.ftrun/runs]."),
-) -> int:
+) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
     view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
     if as_json:
         out = view.to_json(detail=True)
         out["events"] = view.events
         print(json.dumps(out, indent=2, default=str))
-        return 0
+        return
     print_job(console, view)
     console.print()
     console.print(Text("timeline", style="bold"))
@@ -38,7 +38,6 @@ def inspect(
     logs = view.job_dir / "logs"
     if logs.is_dir():
         console.print(f"\n[dim]logs: {logs}/g<generation>/rank<rank>.log[/]")
-    return 0
 
 
 def print_timeline(view: JobView) -> None:

@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from ftrun.cli.app import exit_with
 from ftrun.cli.render import ConsoleReporter, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
 from ftrun.errors import UsageError
@@ -43,7 +44,7 @@ def launch(
                                        help="Seconds between SIGTERM and SIGKILL on stop."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
-) -> int:
+) -> None:
     """Run SCRIPT under torchrun on this host; restart it in place when a rank fails."""
     problems = _check_entrypoint(script, module=module, no_python=no_python)
     if master_port is not None and 0 < master_port < 65536 and _port_busy(master_port):
@@ -62,7 +63,7 @@ def launch(
     if problems:
         raise UsageError("; ".join(problems), hint=_hint(problems))
     _check_run_dir(resolved_run_dir)
-    return run(config)
+    exit_with(run(config))
 
 
 def run(config: LaunchConfig) -> int:

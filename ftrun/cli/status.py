@@ -22,7 +22,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
                                            help="Where job directories are [default: ~/.ftrun/runs]."),
-) -> int:
+) -> None:
     """List jobs, or show one job with its incidents."""
     directory = resolve_run_dir(run_dir)
     if job is None:
@@ -34,14 +34,13 @@ def status(
             console.print(f"no jobs in {directory}")
         else:
             console.print(jobs_table(views))
-        return 0
+        return
     view = load_job(find_job_dir(directory, job))
     if as_json:
         print(json.dumps(view.to_json(detail=True), indent=2))
     else:
         print_job(console, view)
         console.print(f"\n[dim]more: ftrun inspect {view.job_id}[/]")
-    return 0
 
 
 def register(app: typer.Typer) -> None:

@@ -97,6 +97,7 @@ class Supervisor:
         me = psutil.Process()
         self.journal.record("job_started", job_id=cfg.job_id, name=cfg.job_name,
                             controller_pid=me.pid, controller_create_time=me.create_time(),
+                            control_port=port,
                             hosts=list(cfg.hosts), nproc_per_node=cfg.nproc_per_node,
                             max_restarts=cfg.max_restarts, entrypoint=cfg.entrypoint())
         loop = asyncio.get_running_loop()

@@ -73,5 +73,10 @@ for step in range(start + 1, args.steps + 1):
     if ckpt and step % args.ckpt_every == 0:
         dist.barrier()
 
+dist.barrier()
 dist.destroy_process_group()
 print(f"done rank {rank}", flush=True)
+# torch 2.13 + gloo: a DDP process sometimes aborts in interpreter teardown ("terminate called
+# without an active exception", ~1 run in 5 under plain torchrun here). Skip the teardown.
+sys.stdout.flush()
+os._exit(0)

@@ -1,0 +1,2 @@
+import os
+import no_such_module_for_ftrun_tests  # noqa: F401

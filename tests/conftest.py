@@ -1,0 +1,128 @@
+"""Shared fixtures: run `ftrun` as a real subprocess, and prove no process outlives a test.
+
+Every process a test starts carries FTRUN_TEST_ID in its environment (forks of the warm
+interpreter keep their parent's environment block, so they carry it too); after each test the
+`no_survivors` fixture finds any that are still alive, kills them, and fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+BIN = Path(__file__).parent / "bin"
+
+
+def tagged(test_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FTRUN_TEST_ID") == test_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Ftrun:
+    """Runs the real `ftrun` CLI in a subprocess with a per-test run dir and tag."""
+
+    def __init__(self, run_dir: Path, test_id: str) -> None:
+        self.run_dir = run_dir
+        self.env = {**os.environ, "FTRUN_TEST_ID": test_id, "FTRUN_RUN_DIR": str(run_dir),
+                    "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+
+    def run(self, *args: str, timeout: float = 90, cwd: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ftrun", *args], capture_output=True,
+                              text=True, timeout=timeout, env={**self.env, **(env or {})}, cwd=cwd)
+
+    def start(self, *args: str, cwd: str | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "ftrun", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=self.env, cwd=cwd,
+                                start_new_session=True)
+
+    def status_json(self, job: str | None = None) -> Any:
+        result = self.run("status", *([job] if job else []), "--json", timeout=30)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def only_job(self) -> dict[str, Any]:
+        jobs = self.status_json()
+        assert len(jobs) == 1, jobs
+        return self.status_json(jobs[0]["job_id"])
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        path = self.run_dir / job_id / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def test_id() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def ftrun(tmp_path: Path, test_id: str, no_survivors: None) -> Ftrun:
+    return Ftrun(tmp_path / "runs", test_id)
+
+
+@pytest.fixture
+def no_survivors(test_id: str):
+    yield
+    try:
+        wait_for(lambda: not tagged(test_id), 5.0, "the test's processes to exit")
+    except AssertionError:
+        left = tagged(test_id)
+        desc = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in left]
+        for p in left:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        pytest.fail(f"processes survived the test: {desc}")
+
+
+class Output:
+    """Collects a Popen's output on a thread so a test can wait for a line without blocking."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        import threading
+
+        self.proc = proc
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, timeout_s: float = 60) -> None:
+        wait_for(lambda: any(text in line for line in self.lines), timeout_s,
+                 f"{text!r} in the output (so far: {''.join(self.lines)[-2000:]})")
+
+    def text(self) -> str:
+        self._thread.join(timeout=10)
+        return "".join(self.lines)

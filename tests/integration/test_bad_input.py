@@ -1,0 +1,60 @@
+"""Bad input gets one clear message with a hint and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.conftest import BIN
+
+TOY = str(BIN / "train_toy.py")
+
+
+def assert_clean_usage_error(result, *needles):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "error:" in result.stderr and "hint:" in result.stderr
+    for needle in needles:
+        assert needle in result.stderr
+
+
+def test_missing_script(ftrun):
+    assert_clean_usage_error(ftrun.run("launch", "no/such/train.py"), "no such script")
+
+
+def test_zero_ranks(ftrun):
+    assert_clean_usage_error(ftrun.run("launch", "--nproc-per-node", "0", TOY),
+                             "--nproc-per-node must be at least 1")
+
+
+def test_all_problems_reported_at_once(ftrun):
+    assert_clean_usage_error(ftrun.run("launch", "--nproc-per-node", "0", "nope.py"),
+                             "--nproc-per-node", "no such script")
+
+
+def test_unwritable_run_dir(ftrun, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert_clean_usage_error(ftrun.run("launch", "--run-dir", str(blocker / "runs"), TOY),
+                             "not writable")
+
+
+def test_master_port_in_use(ftrun):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert_clean_usage_error(ftrun.run("launch", "--master-port", str(port), TOY), "in use")
+
+
+@pytest.mark.parametrize("command", ["status", "inspect"])
+def test_unknown_job(ftrun, command):
+    assert_clean_usage_error(ftrun.run(command, "no-such-job"), "no job 'no-such-job'")
+
+
+def test_unknown_launcher_option_is_an_error(ftrun):
+    result = ftrun.run("launch", "--rdzv-backnd", "c10d", TOY)
+    assert result.returncode == 2
+    assert "No such option" in result.stderr and "Traceback" not in result.stderr
+    assert not ftrun.run_dir.exists() or not any(ftrun.run_dir.iterdir())

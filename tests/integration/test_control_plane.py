@@ -1,0 +1,44 @@
+"""Garbage aimed at a live controller's port and a live agent's rank socket is dropped and logged;
+the job trains on and stops cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import struct
+
+from tests.conftest import BIN, Output, wait_for
+
+
+def test_malformed_messages_never_crash_controller_or_agent(ftrun):
+    proc = ftrun.start("launch", str(BIN / "sleeper.py"))
+    out = Output(proc)
+    try:
+        out.wait_for("[rank0]: step 2")
+        job_id = ftrun.status_json()[0]["job_id"]
+        port = next(e["control_port"] for e in ftrun.events(job_id) if e["kind"] == "job_started")
+        attacks = [
+            b"GET / HTTP/1.0\r\n\r\n",  # not our protocol at all
+            struct.pack("!I", 64) + b"\x00" * 64,  # a frame with a bad tag
+            struct.pack("!I", 1 << 30),  # an oversized frame
+            struct.pack("!I", 100) + b"short",  # a truncated frame, then the connection closes
+        ]
+        for attack in attacks:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.recv(16)  # the server's nonce
+                s.sendall(attack)
+        agent_sock = next(l.split("agent socket ", 1)[1].strip() for l in out.lines if "agent socket" in l)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            for datagram in (b"\xff\xfe garbage", b'{"e":"step"}', b'{"e":"step","g":99,"r":0,"s":5}',
+                             b"[]"):
+                s.sendto(datagram, agent_sock)
+        seen = len(out.lines)
+        wait_for(lambda: len(out.lines) > seen + 5, 10, "the ranks to keep training")
+        assert ftrun.status_json(job_id)["state"] == "running"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+    log = (ftrun.run_dir / job_id / "controller.log").read_text()
+    assert log.count("refused a connection") == len(attacks)
+    agent_log = (ftrun.run_dir / job_id / "agents" / "localhost.log").read_text()
+    assert "dropped a malformed datagram" in agent_log

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftrun.config import LaunchConfig, resolve_run_dir
+from ftrun.errors import UsageError
+
+
+def make(**kw):
+    base = dict(job_id="j", job_name="j", run_dir=Path("/tmp/r"), script="t.py")
+    return LaunchConfig(**{**base, **kw})
+
+
+def test_run_dir_precedence():
+    assert resolve_run_dir("/x", {"FTRUN_RUN_DIR": "/y"}) == Path("/x")
+    assert resolve_run_dir(None, {"FTRUN_RUN_DIR": "/y"}) == Path("/y")
+    assert resolve_run_dir(None, {}) == Path("~/.ftrun/runs").expanduser()
+
+
+def test_validation_reports_every_problem_at_once():
+    with pytest.raises(UsageError) as e:
+        make(nproc_per_node=0, max_restarts=-1, progress_regex="no group")
+    for needle in ("--nproc-per-node", "--max-restarts", "--progress-regex"):
+        assert needle in e.value.message
+    assert e.value.exit_code == 2
+
+
+def test_entrypoint_matches_torchrun():
+    assert make(script_args=("--lr", "1")).entrypoint()[1:] == ["-u", "t.py", "--lr", "1"]
+    assert make(module=True, script="pkg.m").entrypoint()[1:] == ["-u", "-m", "pkg.m"]
+    assert make(no_python=True, script="./run.sh").entrypoint() == ["./run.sh"]

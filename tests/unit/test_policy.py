@@ -1,0 +1,50 @@
+"""Table-driven tests of the fault policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftrun.controller.policy import Evidence, History, Tier, backoff_s, classify
+
+KILLED = Evidence(kind="crash", host="h", rank=1, signal="SIGKILL", step=40)
+RAISED = Evidence(kind="crash", host="h", rank=0, exit_code=1, exception="ValueError: boom", step=7)
+
+CASES = [
+    ("host lost", Evidence(kind="host-lost", host="h"), History(), Tier.REPLACE_NODE),
+    ("first crash", KILLED, History(ever_progressed=True), Tier.RESTART_IN_PLACE),
+    ("import error before any step",
+     Evidence(kind="crash", rank=0, exit_code=1, exception="ModuleNotFoundError: No module named 'x'"),
+     History(), Tier.FATAL),
+    ("import error after progress is restartable (e.g. a flaky filesystem)",
+     Evidence(kind="crash", rank=0, exit_code=1, exception="ImportError: x"),
+     History(ever_progressed=True), Tier.RESTART_IN_PLACE),
+    ("bad arguments before any step",
+     Evidence(kind="crash", rank=0, exit_code=2, usage_error=True), History(), Tier.FATAL),
+    ("a signal before the first step is transient",
+     Evidence(kind="crash", rank=0, signal="SIGKILL"), History(), Tier.RESTART_IN_PLACE),
+    ("same failure twice without progress", RAISED,
+     History(ever_progressed=True, previous=RAISED, restarts_used=1), Tier.FATAL),
+    ("same failure twice with progress in between", RAISED,
+     History(ever_progressed=True, previous=RAISED, progressed_since_previous=True,
+             restarts_used=1), Tier.RESTART_IN_PLACE),
+    ("a different failure", KILLED, History(ever_progressed=True, previous=RAISED, restarts_used=1),
+     Tier.RESTART_IN_PLACE),
+    ("budget spent", KILLED, History(ever_progressed=True, restarts_used=3), Tier.FATAL),
+]
+
+
+@pytest.mark.parametrize("name, evidence, history, tier", CASES, ids=[c[0] for c in CASES])
+def test_classify(name, evidence, history, tier):
+    decision = classify(evidence, history, max_restarts=3)
+    assert decision.tier is tier, decision.reason
+    assert decision.reason
+
+
+@pytest.mark.parametrize("failures, expected", [(0, 0), (1, 0), (2, 1), (3, 2), (4, 4), (10, 30)])
+def test_backoff_is_immediate_then_exponential_with_cap(failures, expected):
+    assert backoff_s(failures, base_s=1, cap_s=30) == expected
+
+
+def test_exception_type_strips_module_path():
+    ev = Evidence(kind="crash", exception="torch.distributed.DistBackendError: timeout")
+    assert ev.exception_type == "DistBackendError"
