@@ -197,6 +197,9 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
             g = gens.get(ev.get("gen", -1))
             if g is not None:
                 g.ended_t, g.outcome = t, ev.get("outcome")
+                if ev.get("step") is not None:
+                    g.last_step = max(g.last_step or 0, ev["step"])
+                    view.step = g.last_step
         elif kind == "job_finished":
             view.state = ev.get("state", "failed")
             view.reason = ev.get("reason")

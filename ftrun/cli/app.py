@@ -6,14 +6,14 @@ import os
 import sys
 
 import typer
-from rich.console import Console
+from ftrun.cli.render import make_console
 
 from ftrun.errors import FtrunError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A fault-tolerant launcher that wraps torchrun.")
 
-err_console = Console(stderr=True, highlight=False)
+err_console = make_console(stderr=True)
 
 
 def _register() -> None:

@@ -7,15 +7,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
-from ftrun.cli.render import clock, print_job, secs
+from ftrun.cli.render import make_console, clock, print_job, secs
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import JobView, load_job
 from ftrun.journal import find_job_dir
 
-console = Console(highlight=False)
+console = make_console()
 
 
 def inspect(

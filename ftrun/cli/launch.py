@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
 from ftrun.cli.app import exit_with
-from ftrun.cli.render import ConsoleReporter, print_root_cause
+from ftrun.cli.render import make_console, ConsoleReporter, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
 from ftrun.errors import UsageError
 
-console = Console(stderr=True, highlight=False)
+console = make_console(stderr=True)
 
 
 def launch(

@@ -13,6 +13,13 @@ from rich.text import Text
 
 from ftrun.jobview import Incident, JobView
 
+def make_console(*, stderr: bool = False) -> Console:
+    """A console that wraps at the terminal's width, or at 160 columns when piped (rich's
+    default of 80 would fold the tables)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 160)
+
+
 STATE_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "stopped": "yellow"}
 
 

@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-from ftrun.cli.render import jobs_table, print_job
+from ftrun.cli.render import make_console, jobs_table, print_job
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import load_job
 from ftrun.journal import find_job_dir, list_job_dirs
 
-console = Console(highlight=False)
+console = make_console()
 
 
 def status(

@@ -176,11 +176,13 @@ class Supervisor:
             watch = self._launch(self.generation)
             result = await self._watch(watch)
             if result.kind == "succeeded":
-                self.journal.record("generation_ended", gen=watch.number, outcome="succeeded")
+                self.journal.record("generation_ended", gen=watch.number, outcome="succeeded",
+                                    step=watch.max_step)
                 return JobOutcome("succeeded", EXIT_OK, "every rank exited 0")
             if result.kind == "stopped":
                 await self._teardown(watch.number, graceful=self.signals < 2)
-                self.journal.record("generation_ended", gen=watch.number, outcome="stopped")
+                self.journal.record("generation_ended", gen=watch.number, outcome="stopped",
+                                    step=watch.max_step)
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
 
             ev = result.evidence
@@ -205,7 +207,8 @@ class Supervisor:
                                 reason=decision.reason)
             await self._teardown(watch.number, graceful=False)
             self.journal.record("torn_down", incident=incident, gen=watch.number)
-            self.journal.record("generation_ended", gen=watch.number, outcome="failed")
+            self.journal.record("generation_ended", gen=watch.number, outcome="failed",
+                                step=watch.max_step)
             if decision.tier is Tier.FATAL:
                 self.reporter.notice(f"fatal: {decision.reason}", level="error")
                 return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
@@ -308,6 +311,8 @@ class Supervisor:
                 watch.last_progress_event = now
             return True
         if kind == "rank_started":
+            self.journal.record("rank_started", gen=watch.number, host=host,
+                                rank=msg.get("rank"), pid=msg.get("pid"))
             return True
         return False
 

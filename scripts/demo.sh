@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The demo: train the GPT recipe on 2 local ranks, SIGKILL rank 1 mid-run, watch ftrun restart
+# the job in place from its last checkpoint, then show what `ftrun inspect` recorded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PYTHON=${PYTHON:-python3}
+export FTRUN_RUN_DIR=${FTRUN_RUN_DIR:-$(mktemp -d /tmp/ftrun-demo.XXXXXX)}
+echo "== ftrun demo: job directories under $FTRUN_RUN_DIR"
+
+"$PYTHON" -m ftrun launch --job-name demo --nproc-per-node 2 recipes/gpt_ddp.py --steps 300 &
+launcher=$!
+trap 'kill -INT $launcher 2>/dev/null || true; wait $launcher 2>/dev/null || true' EXIT
+
+# Wait (at most 120 s) until rank 0 has logged step 100, then kill rank 1 of generation 1.
+job_dir=""
+for _ in $(seq 1 1200); do
+    job_dir=$(ls -d "$FTRUN_RUN_DIR"/demo-* 2>/dev/null | head -n 1 || true)
+    if [ -n "$job_dir" ] && grep -qs "^step 100 " "$job_dir/logs/g1/rank0.log"; then break; fi
+    sleep 0.1
+done
+pid=$("$PYTHON" - "$job_dir/events.jsonl" <<'PY'
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+print(next(e["pid"] for e in events if e["kind"] == "rank_started" and e["gen"] == 1 and e["rank"] == 1))
+PY
+)
+echo "== demo: SIGKILL rank 1 (pid $pid) at step 100"
+kill -KILL "$pid"
+
+wait $launcher
+trap - EXIT
+echo
+echo "== ftrun inspect $(basename "$job_dir")"
+"$PYTHON" -m ftrun inspect "$(basename "$job_dir")"
