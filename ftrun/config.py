@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ftrun.controller.policy_file import FaultPolicy
 from ftrun.errors import UsageError
 
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
@@ -59,6 +60,7 @@ class LaunchConfig:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
     hosts: tuple[str, ...] = ("localhost",)
+    policy: FaultPolicy = field(default_factory=FaultPolicy)
 
     def __post_init__(self) -> None:
         problems = []

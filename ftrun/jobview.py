@@ -35,6 +35,13 @@ class Incident:
     step_at_fault: int | None = None
     traceback: str | None = None
     tail: list[str] = field(default_factory=list)
+    rule: str | None = None
+    injected: str | None = None
+    allowance_s: float | None = None
+    past_allowance_s: float | None = None
+    section: str | None = None
+    stacks: dict[str, str] | None = None
+    states: dict[str, str] | None = None
     torn_down_t: float | None = None
     relaunched_t: float | None = None
     next_generation: int | None = None
@@ -71,7 +78,10 @@ class Incident:
             "rank": self.rank, "exit_code": self.exit_code, "signal": self.signal,
             "detected_s": _round(self.detected_s), "recovered_s": _round(self.recovered_s),
             "lost_steps": self.lost_steps, "step_at_fault": self.step_at_fault,
-            "step_resumed": self.step_resumed, "traceback": self.traceback,
+            "step_resumed": self.step_resumed, "traceback": self.traceback, "rule": self.rule,
+            "injected": self.injected, "allowance_s": self.allowance_s,
+            "past_allowance_s": self.past_allowance_s, "section": self.section,
+            "stacks": self.stacks, "states": self.states,
             "phases": {name: t for name, t in self.phases()},
         }
 
@@ -175,9 +185,12 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
             inc = Incident(
                 id=ev["incident"], generation=ev.get("gen", 0), kind=ev.get("fault", "crash"),
                 host=ev.get("host"), rank=ev.get("rank"), fault_t=ev.get("fault_t"),
-                detected_t=t, exit_code=ev.get("exit_code"), signal=ev.get("signal"),
-                step_at_fault=ev.get("step"), traceback=ev.get("traceback"),
-                tail=ev.get("tail") or [])
+                detected_t=ev.get("detected_t") or t, exit_code=ev.get("exit_code"),
+                signal=ev.get("signal"), step_at_fault=ev.get("step"),
+                traceback=ev.get("traceback"), tail=ev.get("tail") or [],
+                injected=ev.get("injected"), allowance_s=ev.get("allowance_s"),
+                past_allowance_s=ev.get("past_allowance_s"), section=ev.get("section"),
+                stacks=ev.get("stacks"), states=ev.get("states"))
             incidents[inc.id] = inc
             g = gens.get(inc.generation)
             if g is not None and inc.step_at_fault is not None:
@@ -186,6 +199,7 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
             inc = incidents.get(ev.get("incident", -1))
             if inc is not None:
                 inc.tier, inc.decision, inc.reason = ev.get("tier"), ev.get("decision"), ev.get("reason")
+                inc.rule = ev.get("rule")
         elif kind == "torn_down":
             inc = incidents.get(ev.get("incident", -1))
             if inc is not None:

@@ -1,14 +1,26 @@
-"""The runtime library for ranks: report progress to the local agent.
+"""The runtime library for ranks: report progress and declared sections to the local agent.
 
 `ftrun.step(n)` costs one non-blocking datagram (a few microseconds), never blocks, never raises
 into training, and does nothing when the script runs outside ftrun (plain python or torchrun).
+`with ftrun.section("checkpoint", timeout_s=300): ...` tells the agent that the steps pause on
+purpose, with an allowance of their own, so a long save or eval is not mistaken for a hang.
+
+On first use it also registers `faulthandler` on STACKS_SIGNAL, so that before a hung rank is
+killed the agent can make it print every thread's Python stack into its log.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import json
 import os
+import signal
 import socket
+import sys
+from typing import Iterator
 
+STACKS_SIGNAL = signal.SIGUSR2
 _UNSET = object()
 _target: object = _UNSET  # (socket, path, generation, rank) once resolved, or None outside ftrun
 
@@ -19,8 +31,17 @@ def _resolve() -> object:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
+    register_stack_dumps()
     return (sock, path, int(os.environ.get("FTRUN_GENERATION", "0")),
             int(os.environ.get("RANK", "0")))
+
+
+def register_stack_dumps() -> None:
+    """Print all threads' stacks to stderr on STACKS_SIGNAL (idempotent)."""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    except (ValueError, RuntimeError, OSError, AttributeError):
+        pass  # stderr has no file descriptor, or the platform lacks it: no stacks, no harm
 
 
 def step(n: int) -> None:
@@ -35,3 +56,26 @@ def step(n: int) -> None:
         sock.sendto(b'{"e":"step","g":%d,"r":%d,"s":%d}' % (gen, rank, int(n)), path)
     except Exception:  # noqa: BLE001 - progress reporting must never break training
         pass
+
+
+def _send(event: dict) -> None:
+    global _target
+    try:
+        if _target is _UNSET:
+            _target = _resolve()
+        if _target is None:
+            return
+        sock, path, gen, rank = _target  # type: ignore[misc]
+        sock.sendto(json.dumps({**event, "g": gen, "r": rank}).encode(), path)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@contextlib.contextmanager
+def section(name: str, timeout_s: float | None = None) -> Iterator[None]:
+    """A stretch without steps (checkpoint, eval) with its own hang allowance; None = no limit."""
+    _send({"e": "section", "name": str(name)[:64], "timeout": timeout_s, "begin": True})
+    try:
+        yield
+    finally:
+        _send({"e": "section", "name": str(name)[:64], "begin": False})

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import procs
+from ftrun.agent import procs, stacks
+from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
 from ftrun.protocol import Channel, open_channel
@@ -62,7 +63,11 @@ class GenerationRun:
     number: int
     directory: Path
     logs: GenerationLogs
+    progress: ProgressTracker
     proc: asyncio.subprocess.Process | None = None
+    rank_pids: dict[int, int] = field(default_factory=dict)
+    hang_reported: bool = False
+    pending_injections: list[dict[str, Any]] = field(default_factory=list)
     pgids: set[int] = field(default_factory=set)
     steps: dict[int, int] = field(default_factory=dict)
     steps_dirty: bool = False
@@ -160,6 +165,10 @@ class Agent:
                 if msg.get("grace_s", 0) <= 0:
                     self.force_stop.set()
                 asyncio.create_task(self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+            elif kind == "inject":
+                if self.gen is not None and self.gen.number == msg.get("gen"):
+                    self.gen.pending_injections.append(msg)
+                    self._maybe_inject(self.gen)
             elif kind == "shutdown":
                 self._finish(0, "shutdown")
                 return
@@ -185,7 +194,9 @@ class Agent:
         number = int(msg["gen"])
         directory = self.work / f"g{number}"
         directory.mkdir()
-        run = GenerationRun(number, directory, GenerationLogs(directory, msg.get("progress_regex")))
+        hang = HangPolicy(**msg.get("hang", {}))
+        run = GenerationRun(number, directory, GenerationLogs(directory, msg.get("progress_regex")),
+                            ProgressTracker(hang, expect_progress=hang.expect_progress))
         self.gen = run
         self.force_stop.clear()
         if self.boot.warm_start and (self.zygote is None or self.zygote.returncode is not None):
@@ -283,14 +294,22 @@ class Agent:
         kind, rank = event["e"], int(event["r"])
         if kind == "step":
             self._on_step(run, rank, int(event["s"]))
+        elif kind == "section":
+            timeout = event.get("timeout")
+            run.progress.on_section(rank, str(event.get("name")),
+                                    None if timeout is None else float(timeout),
+                                    bool(event.get("begin")), time.monotonic())
         elif kind == "started":
             run.pgids.add(int(event["pid"]))
             if event.get("shim"):
                 run.pgids.add(int(event["shim"]))
             if rank >= 0:
+                run.rank_pids[rank] = int(event["pid"])
+                run.progress.on_start(rank, time.monotonic())
                 self._send("rank_started", gen=run.number, rank=rank, pid=event["pid"])
         elif kind == "exited" and rank >= 0:
             run.exited_ranks.add(rank)
+            run.progress.on_exit(rank)
             self._flush_logs(run)
             tail = run.logs.tail(rank)
             traceback = extract_traceback(tail)
@@ -301,12 +320,47 @@ class Agent:
                        usage_error=event.get("code") == 2 and any("usage:" in l for l in tail))
 
     def _on_step(self, run: GenerationRun, rank: int, step: int) -> None:
+        if rank in run.exited_ranks:
+            return
+        run.progress.on_step(rank, step, time.monotonic())
         first = rank not in run.steps
         if first or step > run.steps[rank]:
             run.steps[rank] = step
             run.steps_dirty = True
         if first:
             self._send("progress", gen=run.number, rank=rank, step=step, first=True, t=time.time())
+        if run.pending_injections:
+            self._maybe_inject(run)
+
+    # ---- fault injection (ftrun chaos) ------------------------------------------------------
+
+    def _maybe_inject(self, run: GenerationRun) -> None:
+        for inj in list(run.pending_injections):
+            at, rank = inj.get("at_step"), inj.get("rank")
+            if at is not None:
+                step = run.steps.get(rank) if rank is not None else self._job_step(run)
+                if step is None or step < at:
+                    continue
+            if rank is not None and rank not in run.rank_pids:
+                continue  # not started yet
+            run.pending_injections.remove(inj)
+            asyncio.ensure_future(self._inject(run, inj))
+
+    async def _inject(self, run: GenerationRun, inj: dict[str, Any]) -> None:
+        action, rank = inj["action"], inj.get("rank")
+        self._send("injected", gen=run.number, action=action, rank=rank, host=self.boot.host,
+                   t=time.time())
+        if self.chan is not None:
+            await self.chan.drain()  # the report must leave before a self-inflicted fault
+        log.warning("chaos: %s%s", action, f" rank {rank}" if rank is not None else "")
+        if action == "kill-rank":
+            _kill_quietly(run.rank_pids[rank], signal.SIGKILL)
+        elif action == "hang-rank":
+            _kill_quietly(run.rank_pids[rank], signal.SIGSTOP)
+        elif action == "kill-agent":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "freeze-agent":
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _job_step(self, run: GenerationRun) -> int | None:
         return max(run.steps.values()) if run.steps else None
@@ -318,6 +372,9 @@ class Agent:
             if run is not None:
                 self._flush_logs(run)
                 now = time.monotonic()
+                if not run.hang_reported and (overdue := run.progress.overdue(now)):
+                    run.hang_reported = True
+                    asyncio.create_task(self._report_hang(run, overdue, detected_t=time.time()))
                 if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
                     run.steps_dirty = False
                     last_progress = now
@@ -325,12 +382,37 @@ class Agent:
                                first=False, t=time.time())
             await asyncio.sleep(TAIL_INTERVAL_S)
 
+    async def _report_hang(self, run: GenerationRun, overdue: list[Overdue],
+                           *, detected_t: float) -> None:
+        """Capture the stacks of the overdue ranks, then report the hang. The controller tears
+        the generation down only after this, so the stacks are taken from the live processes."""
+        live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
+        states = {r: stacks.process_state(pid) for r, pid in live.items()}
+        # A stopped process is the culprit for sure; else the rank that stopped progressing first.
+        culprit = next((o for o in overdue if states.get(o.rank) == "stopped"), overdue[0])
+        # Every live rank's stacks: the ones waiting in a collective show where the job stands.
+        dumps = await stacks.capture(run.logs, live, flush=lambda: self._flush_logs(run))
+        mono_to_wall = time.time() - time.monotonic()
+        self._send("rank_hung", gen=run.number, rank=culprit.rank, step=self._job_step(run),
+                   rank_step=culprit.step, last_progress_t=culprit.last_progress_t + mono_to_wall,
+                   allowance_s=culprit.allowance_s, section=culprit.section,
+                   detected_t=detected_t, stacks={str(r): t for r, t in dumps.items()},
+                   states={str(r): s for r, s in states.items()},
+                   overdue=[o.rank for o in overdue], tail=run.logs.tail(culprit.rank)[-20:])
+
     def _flush_logs(self, run: GenerationRun) -> None:
         for rank, lines in run.logs.poll().items():
             self._send("log", gen=run.number, rank=rank, lines=lines)
             step = run.logs.last_step(lines)
             if step is not None:
                 self._on_step(run, rank, step)
+
+
+def _kill_quietly(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
 
 
 def _signal_name(sig: int | None) -> str | None:
@@ -346,10 +428,12 @@ def _watch_stdin(loop: asyncio.AbstractEventLoop, agent: Agent) -> None:
     """EOF on stdin means the process that started us (controller, ssh, srun) is gone."""
 
     def wait_eof() -> None:
+        # The raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader makes
+        # interpreter shutdown abort ("could not acquire lock ... at interpreter shutdown").
         try:
-            while sys.stdin.buffer.read1(4096):
+            while os.read(0, 4096):
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         loop.call_soon_threadsafe(agent._finish, EXIT_FENCED, "stdin closed: the launcher is gone")
 

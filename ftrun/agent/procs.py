@@ -44,13 +44,25 @@ def kill_all(pgids: Iterable[int], agent_id: str, *, exclude: Iterable[int] = ()
     for pgid in set(pgids):
         killpg_quietly(pgid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    survivors = tagged_processes(agent_id, exclude=exclude)
+    survivors = _alive(tagged_processes(agent_id, exclude=exclude))
     while survivors and time.monotonic() < deadline:
         for proc in survivors:
             try:
                 proc.kill()
             except psutil.Error:
                 pass
-        _, survivors = psutil.wait_procs(survivors, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-        survivors = [p for p in survivors if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.01)
+        survivors = _alive(survivors)
     return [p.pid for p in survivors]
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Processes neither gone nor zombies (a zombie is dead; its parent reaps it)."""
+    alive = []
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive

@@ -11,7 +11,7 @@ import re
 from collections import deque
 from pathlib import Path
 
-TAIL_LINES = 40
+TAIL_LINES = 200
 MAX_CHUNK = 1 << 20
 
 
@@ -21,6 +21,7 @@ class RankLog:
         self.offset = 0
         self.partial = b""
         self.last_lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self.lines_seen = 0
 
     def read_new(self) -> list[str]:
         try:
@@ -36,6 +37,7 @@ class RankLog:
         *complete, self.partial = data.split(b"\n")
         lines = [line.decode("utf-8", "replace").rstrip("\r") for line in complete]
         self.last_lines.extend(lines)
+        self.lines_seen += len(lines)
         return lines
 
     def flush_partial(self) -> list[str]:
@@ -44,6 +46,7 @@ class RankLog:
         line = self.partial.decode("utf-8", "replace")
         self.partial = b""
         self.last_lines.append(line)
+        self.lines_seen += 1
         return [line]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import importlib
 import json
 import os
@@ -162,6 +163,9 @@ class Zygote:
 def _run(request: dict) -> int:
     mode, argv = request["mode"], request["argv"]
     sys.argv = list(argv)
+    if mode != "torchrun":
+        # Zero-code stack dumps for hang reports (ftrun.runtime registers the same on first use).
+        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit() and "torch" in sys.modules:
         # A fresh interpreter would read OMP_NUM_THREADS when torch loads; this one already has.

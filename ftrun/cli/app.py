@@ -17,11 +17,12 @@ err_console = make_console(stderr=True)
 
 
 def _register() -> None:
-    from ftrun.cli import inspect, launch, status
+    from ftrun.cli import chaos, inspect, launch, status
 
     launch.register(app)
     status.register(app)
     inspect.register(app)
+    chaos.register(app)
 
 
 def main() -> None:

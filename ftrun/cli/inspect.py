@@ -11,10 +11,11 @@ from rich.text import Text
 
 from ftrun.cli.render import make_console, clock, print_job, secs
 from ftrun.config import resolve_run_dir
-from ftrun.jobview import JobView, load_job
+from ftrun.jobview import Incident, JobView, load_job
 from ftrun.journal import find_job_dir
 
 console = make_console()
+STACK_LINES = 12
 
 
 def inspect(
@@ -50,12 +51,10 @@ def print_timeline(view: JobView) -> None:
         inc = incidents.get(g.number)
         if inc is None:
             continue
-        who = f"rank {inc.rank}" if inc.rank is not None else "torchrun"
-        evidence = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
         console.print(Text.assemble("    ", (f"incident {inc.id}: {inc.kind}", "bold yellow"),
-                                    f" — {who} on {inc.host}, "
-                                    + (evidence if inc.kind != "host-lost" else "heartbeat/connection lost")
-                                    + f" → {inc.tier or '?'}"), soft_wrap=True)
+                                    f" — {_evidence(inc)} → {inc.tier or '?'}"
+                                    + (f" (injected: {inc.injected})" if inc.injected else "")),
+                      soft_wrap=True)
         if inc.reason:
             console.print(f"      decision: {inc.reason}", soft_wrap=True)
         base = inc.fault_t if inc.fault_t is not None else inc.detected_t
@@ -67,8 +66,27 @@ def print_timeline(view: JobView) -> None:
                           f"resumed at step {inc.step_resumed})")
         if inc.traceback:
             console.print(Text("      " + inc.traceback.replace("\n", "\n      "), style="red"))
+        for rank, text in sorted((inc.stacks or {}).items()):
+            lines = text.splitlines()
+            shown = "\n        ".join(lines[:STACK_LINES])
+            more = f"\n        ... {len(lines) - STACK_LINES} more lines (--json)" if len(lines) > STACK_LINES else ""
+            console.print(Text(f"      stacks of rank {rank} ({(inc.states or {}).get(rank, '?')}):\n"
+                               f"        {shown}{more}", style="dim"))
     if view.ended_t:
         console.print(f"  {clock(view.ended_t)}  job {view.state}: {view.reason}", soft_wrap=True)
+
+
+def _evidence(inc: Incident) -> str:
+    who = f"rank {inc.rank}" if inc.rank is not None else "torchrun"
+    if inc.kind == "host-lost":
+        return f"host {inc.host}: heartbeat or connection lost"
+    if inc.kind == "hang":
+        where = f" in section {inc.section!r}" if inc.section else ""
+        past = (f", detected {inc.past_allowance_s:.2f}s past its {inc.allowance_s:.1f}s allowance"
+                if inc.past_allowance_s is not None and inc.allowance_s is not None else "")
+        return f"{who} on {inc.host} made no progress{where}{past}"
+    how = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
+    return f"{who} on {inc.host}, {how}"
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 import os
@@ -16,6 +17,7 @@ import typer
 from ftrun.cli.app import exit_with
 from ftrun.cli.render import make_console, ConsoleReporter, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
+from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import UsageError
 
 console = make_console(stderr=True)
@@ -43,6 +45,13 @@ def launch(
                                        help="Seconds between SIGTERM and SIGKILL on stop."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
+    policy: Optional[Path] = typer.Option(None, "--policy",
+                                          help="A TOML fault policy (rules, quarantine, hang)."),
+    startup_timeout: Optional[float] = typer.Option(
+        None, "--startup-timeout", help="Seconds a rank may take to its first step [300]."),
+    hang_floor: Optional[float] = typer.Option(
+        None, "--hang-floor", help="A rank is hung after max(floor, factor x step time) [2]."),
+    hang_factor: Optional[float] = typer.Option(None, "--hang-factor", help="See --hang-floor [5]."),
 ) -> None:
     """Run SCRIPT under torchrun on this host; restart it in place when a rank fails."""
     problems = _check_entrypoint(script, module=module, no_python=no_python)
@@ -50,13 +59,14 @@ def launch(
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
+    fault_policy = _fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
     try:
         config = LaunchConfig(job_id=new_job_id(name), job_name=name, run_dir=resolved_run_dir,
                               script=script, script_args=tuple(script_args or ()), module=module,
                               no_python=no_python, nproc_per_node=nproc_per_node,
                               max_restarts=max_restarts, master_port=master_port,
                               progress_regex=progress_regex, grace_period_s=grace_period,
-                              warm_start=warm_start)
+                              warm_start=warm_start, policy=fault_policy)
     except UsageError as e:
         problems.insert(0, e.message)
     if problems:
@@ -94,6 +104,29 @@ def run(config: LaunchConfig) -> int:
                         else f" --run-dir {config.run_dir}")
         reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
     return outcome.exit_code
+
+
+def _fault_policy(path: Path | None, startup_timeout: float | None, hang_floor: float | None,
+                  hang_factor: float | None, problems: list[str]) -> FaultPolicy:
+    """The policy file (if any) with the hang flags on top: a flag beats the file."""
+    policy = FaultPolicy()
+    if path is not None:
+        try:
+            policy = load_policy(path)
+        except UsageError as e:
+            problems.append(e.message)
+    hang = policy.hang
+    for name, value in (("--startup-timeout", startup_timeout), ("--hang-floor", hang_floor),
+                        ("--hang-factor", hang_factor)):
+        if value is not None and value < 0:
+            problems.append(f"{name} must be 0 or more (got {value:g})")
+    if startup_timeout is not None:
+        hang = dataclasses.replace(hang, startup_timeout_s=startup_timeout, expect_progress=True)
+    if hang_floor is not None:
+        hang = dataclasses.replace(hang, floor_s=hang_floor)
+    if hang_factor is not None:
+        hang = dataclasses.replace(hang, factor=hang_factor)
+    return dataclasses.replace(policy, hang=hang)
 
 
 def _check_entrypoint(script: str, *, module: bool, no_python: bool) -> list[str]:
@@ -136,6 +169,8 @@ def _check_run_dir(run_dir: Path) -> None:
 def _hint(problems: list[str]) -> str:
     if any("in use" in p for p in problems):
         return "pick another --master-port, or leave it out to get a free port per generation"
+    if any("policy" in p for p in problems):
+        return "see docs/policy.md for the policy file format"
     if any("script" in p or "executable" in p for p in problems):
         return "check the path; use -m for a module or --no-python for an executable"
     return "see `ftrun launch --help`"

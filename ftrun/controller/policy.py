@@ -2,20 +2,23 @@
 
 Tiers (DESIGN.md §5):
   restart-in-place  the host is fine and the failure looks transient: same hosts, next generation.
-  replace-node      the host is lost or unhealthy: needs a spare or a shrink (multi-host).
+  replace-node      the host is lost or unhealthy: it needs a spare or a shrink.
   fatal             the job itself is wrong, or the budget is spent: stop and name the root cause.
 
-Rules, first match wins:
-  1. host lost                                          → replace-node
-  2. a deterministic error (import, syntax, bad arguments) before the job's first step → fatal
-  3. the same failure as the previous one, with no step progress in between          → fatal
-  4. restart budget spent                                                             → fatal
-  5. anything else                                                                    → restart-in-place
+A failure is first matched against the rules, the user's (from --policy FILE) before the
+defaults below; the first rule that matches proposes a tier. A proposed restart then passes the
+guards, any of which makes it fatal:
+  - a deterministic error (import, syntax, bad arguments) before the job's first step;
+  - the same failure as the previous one, with no step progress in between;
+  - the restart budget spent.
+Host history (repeated failures on one host → quarantine) lives in hosts.py.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import re
 from dataclasses import dataclass
 
 # Exceptions that a restart cannot fix when they happen before training starts.
@@ -31,11 +34,14 @@ class Tier(str, enum.Enum):
     FATAL = "fatal"
 
 
+KINDS = ("crash", "hang", "host-lost")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
     """What the controller knows about one failure."""
 
-    kind: str  # "crash" (a rank or torchrun exited badly) or "host-lost"
+    kind: str  # one of KINDS
     host: str | None = None
     rank: int | None = None
     exit_code: int | None = None
@@ -43,6 +49,7 @@ class Evidence:
     exception: str | None = None  # the last line of the traceback, e.g. "ValueError: boom"
     usage_error: bool = False  # argparse-style "usage:" output with exit code 2
     step: int | None = None  # the last step the job reported before the failure
+    log_tail: tuple[str, ...] = ()
 
     @property
     def exception_type(self) -> str | None:
@@ -58,11 +65,61 @@ class Evidence:
         who = f"rank {self.rank}" if self.rank is not None else "torchrun"
         if self.kind == "host-lost":
             return f"host {self.host} was lost"
+        if self.kind == "hang":
+            at = f" after step {self.step}" if self.step is not None else " before its first step"
+            return f"{who} on {self.host} hung{at}"
         how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
         text = f"{who} on {self.host} died with {how}"
         if self.exception:
             text += f": {self.exception}"
         return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """Evidence → tier. Every field given must match (regexes use re.search); none given: all."""
+
+    name: str
+    tier: Tier
+    kinds: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = ()
+    signals: tuple[str, ...] = ()
+    exception: str | None = None  # regex on the exception line
+    log: str | None = None  # regex on the last lines of the rank's log
+
+    def matches(self, ev: Evidence) -> bool:
+        if self.kinds and ev.kind not in self.kinds:
+            return False
+        if self.exit_codes and ev.exit_code not in self.exit_codes:
+            return False
+        if self.signals and ev.signal not in self.signals:
+            return False
+        if self.exception and not (ev.exception and _regex(self.exception).search(ev.exception)):
+            return False
+        if self.log and not any(_regex(self.log).search(line) for line in ev.log_tail):
+            return False
+        return True
+
+
+@functools.lru_cache(maxsize=256)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+DEFAULT_RULES: tuple[Rule, ...] = (
+    Rule(name="host lost", tier=Tier.REPLACE_NODE, kinds=("host-lost",)),
+    Rule(name="GPU hardware fault", tier=Tier.REPLACE_NODE,
+         log=r"uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|NVLink error|"
+             r"CUDA error: (an illegal memory access|unspecified launch failure)"),
+    Rule(name="hang", tier=Tier.RESTART_IN_PLACE, kinds=("hang",)),
+    Rule(name="communication error", tier=Tier.RESTART_IN_PLACE,
+         log=r"NCCL error|ProcessGroupNCCL|DistBackendError|Connection (closed|reset) by peer"),
+    Rule(name="out of memory", tier=Tier.RESTART_IN_PLACE,
+         log=r"CUDA out of memory|OutOfMemoryError|Cannot allocate memory"),
+    Rule(name="killed by a signal", tier=Tier.RESTART_IN_PLACE,
+         signals=("SIGKILL", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGABRT", "SIGINT")),
+    Rule(name="any other failure", tier=Tier.RESTART_IN_PLACE),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,24 +136,31 @@ class History:
 class Decision:
     tier: Tier
     reason: str
+    rule: str = ""
 
 
-def classify(evidence: Evidence, history: History, *, max_restarts: int) -> Decision:
-    if evidence.kind == "host-lost":
-        return Decision(Tier.REPLACE_NODE, f"{evidence.describe()}; it needs a replacement")
+def classify(evidence: Evidence, history: History, *, max_restarts: int,
+             rules: tuple[Rule, ...] = ()) -> Decision:
+    rule = next(r for r in (*rules, *DEFAULT_RULES) if r.matches(evidence))
+    what = evidence.describe()
+    if rule.tier is Tier.FATAL:
+        return Decision(Tier.FATAL, f"{what} ({rule.name}: fatal by policy)", rule.name)
+    if rule.tier is Tier.REPLACE_NODE:
+        return Decision(Tier.REPLACE_NODE, f"{what} ({rule.name}); it needs a replacement",
+                        rule.name)
     if not history.ever_progressed and (
             evidence.exception_type in DETERMINISTIC_EXCEPTIONS or evidence.usage_error):
-        what = evidence.exception or "a usage error (exit code 2)"
-        return Decision(Tier.FATAL, f"failed before its first step with {what}; "
-                                    "a restart would fail the same way")
+        failure = evidence.exception or "a usage error (exit code 2)"
+        return Decision(Tier.FATAL, f"failed before its first step with {failure}; "
+                                    "a restart would fail the same way", "before first step")
     if (history.previous is not None and not history.progressed_since_previous
             and history.previous.signature() == evidence.signature()):
-        return Decision(Tier.FATAL, f"the same failure twice with no progress in between: "
-                                    f"{evidence.describe()}")
+        return Decision(Tier.FATAL, f"the same failure twice with no progress in between: {what}",
+                        "same failure twice")
     if history.restarts_used >= max_restarts:
-        return Decision(Tier.FATAL, f"restart budget spent ({max_restarts} restarts): "
-                                    f"{evidence.describe()}")
-    return Decision(Tier.RESTART_IN_PLACE, f"{evidence.describe()}; restarting in place")
+        return Decision(Tier.FATAL, f"restart budget spent ({max_restarts} restarts): {what}",
+                        "restart budget")
+    return Decision(Tier.RESTART_IN_PLACE, f"{what}; restarting in place", rule.name)
 
 
 def backoff_s(failures_without_progress: int, *, base_s: float, cap_s: float) -> float:

@@ -31,6 +31,7 @@ class AgentLink:
     channel: Channel
     last_seen: float
     lost: bool = False
+    role: str = "agent"  # or "chaos": a `ftrun chaos` client, not a host
 
 
 class ControlServer:
@@ -42,8 +43,10 @@ class ControlServer:
         self.host_lost_timeout_s = host_lost_timeout_s
         self.inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.links: dict[str, AgentLink] = {}
+        self.clients: dict[str, AgentLink] = {}
         self.dropped_messages = 0
         self._server: asyncio.base_events.Server | None = None
+        self._clients = 0
         self._heartbeats: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -52,7 +55,7 @@ class ControlServer:
         return self._server.sockets[0].getsockname()[1]
 
     def send(self, agent_id: str, kind: str, **fields: Any) -> None:
-        link = self.links.get(agent_id)
+        link = self.links.get(agent_id) or self.clients.get(agent_id)
         if link is not None and not link.lost:
             link.channel.send(kind, **fields)
 
@@ -63,7 +66,7 @@ class ControlServer:
     async def close(self) -> None:
         if self._heartbeats is not None:
             self._heartbeats.cancel()
-        for link in self.links.values():
+        for link in [*self.links.values(), *self.clients.values()]:
             link.channel.close()
         if self._server is not None:
             self._server.close()
@@ -74,8 +77,12 @@ class ControlServer:
         try:
             channel = await accept_channel(reader, writer, self.secret)
             hello = await asyncio.wait_for(channel.receive(), HELLO_TIMEOUT_S)
+            role = hello.get("role", "agent")
             agent_id = hello.get("agent_id")
-            if hello["kind"] != "hello" or agent_id not in self.expected or (
+            if role == "chaos" and hello["kind"] == "hello":
+                self._clients += 1
+                agent_id = f"chaos#{self._clients}"
+            elif hello["kind"] != "hello" or agent_id not in self.expected or (
                     agent_id in self.links and not self.links[agent_id].lost):
                 raise ProtocolError(f"unexpected first message {hello['kind']!r} from {agent_id!r}")
         except (ProtocolError, asyncio.TimeoutError, asyncio.IncompleteReadError,
@@ -85,9 +92,12 @@ class ControlServer:
             writer.close()
             return
         link = AgentLink(agent_id, str(hello.get("host")), int(hello.get("pid", 0)), channel,
-                         time.monotonic())
-        self.links[agent_id] = link
-        await self.inbox.put((agent_id, hello))
+                         time.monotonic(), role=role)
+        if role == "chaos":
+            self.clients[agent_id] = link
+        else:
+            self.links[agent_id] = link
+            await self.inbox.put((agent_id, hello))
         await self._read(link)
 
     async def _read(self, link: AgentLink) -> None:
@@ -112,6 +122,9 @@ class ControlServer:
             return
         link.lost = True
         link.channel.close()
+        if link.role == "chaos":
+            self.clients.pop(link.agent_id, None)
+            return
         self.inbox.put_nowait((link.agent_id, {"kind": "agent_lost", "reason": reason,
                                                "host": link.host, "t": time.time()}))
 

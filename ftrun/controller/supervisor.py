@@ -12,6 +12,8 @@ Every decision is an event in the journal; `status` and `inspect` read nothing e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -24,7 +26,11 @@ import psutil
 
 from ftrun.agent.agent import Bootstrap
 from ftrun.config import LaunchConfig
-from ftrun.controller.policy import Evidence, History, Tier, backoff_s, classify
+from ftrun.controller import evidence as ev_from
+from ftrun.controller.chaos import ChaosDesk
+from ftrun.controller.evidence import Failure
+from ftrun.controller.hosts import HostHealth
+from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
 from ftrun.controller.server import ControlServer
 from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
 from ftrun.journal import Journal
@@ -35,6 +41,7 @@ log = logging.getLogger("ftrun.controller")
 
 PROGRESS_EVENT_INTERVAL_S = 5.0
 TEARDOWN_MARGIN_S = 10.0
+CONTROL_FILE = "control.json"
 
 
 class Reporter(Protocol):
@@ -54,21 +61,16 @@ class JobOutcome:
 
 
 @dataclass
-class _GenWatch:
+class GenWatch:
     number: int
     agents: set[str]
+    hosts: dict[str, str]
     done: set[str] = field(default_factory=set)
     max_step: int | None = None
     first_step_seen: bool = False
     last_progress_event: float = 0.0
-
-
-@dataclass
-class _Result:
-    kind: str  # succeeded | stopped | fault
-    evidence: Evidence | None = None
-    fault_t: float | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+    injected: dict[str, Any] | None = None
+    order: list[str] = field(default_factory=list)  # agent ids by node rank
 
 
 class Supervisor:
@@ -83,9 +85,12 @@ class Supervisor:
         self.server = ControlServer(self.secret, expected_agents=set(self.agent_hosts),
                                     heartbeat_interval_s=config.heartbeat_interval_s,
                                     host_lost_timeout_s=config.host_lost_timeout_s)
+        self.health = HostHealth(config.policy.quarantine)
+        self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
         self.handles: list[AgentHandle] = []
         self.signals = 0
         self.generation = 0
+        self.watch: GenWatch | None = None
         self.restarts = 0
         self.ever_progressed = False
 
@@ -95,11 +100,12 @@ class Supervisor:
         cfg = self.config
         port = await self.server.start(host="127.0.0.1")
         me = psutil.Process()
+        self._write_control_file(port)
         self.journal.record("job_started", job_id=cfg.job_id, name=cfg.job_name,
                             controller_pid=me.pid, controller_create_time=me.create_time(),
-                            control_port=port,
-                            hosts=list(cfg.hosts), nproc_per_node=cfg.nproc_per_node,
-                            max_restarts=cfg.max_restarts, entrypoint=cfg.entrypoint())
+                            control_port=port, hosts=list(cfg.hosts),
+                            nproc_per_node=cfg.nproc_per_node, max_restarts=cfg.max_restarts,
+                            entrypoint=cfg.entrypoint())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -114,10 +120,18 @@ class Supervisor:
                 loop.remove_signal_handler(sig)
             await self._stop_agents()
             await self.server.close()
+            (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
         self.journal.record("job_finished", state=outcome.state, exit_code=outcome.exit_code,
                             reason=outcome.reason, root_cause=outcome.root_cause,
                             restarts=self.restarts, generation=self.generation)
         return outcome
+
+    def _write_control_file(self, port: int) -> None:
+        """Where `ftrun chaos` finds the controller, with the job secret: readable by the owner only."""
+        path = self.journal.job_dir / CONTROL_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"host": "127.0.0.1", "port": port, "secret": self.secret}, f)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
@@ -157,6 +171,8 @@ class Supervisor:
             if msg["kind"] == "hello":
                 waiting.discard(agent_id)
                 self.journal.record("agent_connected", host=msg.get("host"), pid=msg.get("pid"))
+            else:
+                self.chaos.handle(agent_id, msg, None)
         return None
 
     async def _stop_agents(self) -> None:
@@ -175,36 +191,35 @@ class Supervisor:
             self.generation += 1
             watch = self._launch(self.generation)
             result = await self._watch(watch)
-            if result.kind == "succeeded":
+            if result == "succeeded":
                 self.journal.record("generation_ended", gen=watch.number, outcome="succeeded",
                                     step=watch.max_step)
                 return JobOutcome("succeeded", EXIT_OK, "every rank exited 0")
-            if result.kind == "stopped":
+            if result == "stopped":
                 await self._teardown(watch.number, graceful=self.signals < 2)
                 self.journal.record("generation_ended", gen=watch.number, outcome="stopped",
                                     step=watch.max_step)
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
 
+            assert isinstance(result, Failure)
             ev = result.evidence
-            assert ev is not None
+            result.attribute_injection(watch.injected)
             incident += 1
             progressed = watch.max_step is not None and (
                 previous is None or previous.step is None or watch.max_step > previous.step)
             self.ever_progressed |= watch.first_step_seen
             self.journal.record("fault_detected", incident=incident, gen=watch.number,
                                 fault=ev.kind, host=ev.host, rank=ev.rank, fault_t=result.fault_t,
-                                exit_code=ev.exit_code, signal=ev.signal, step=ev.step,
-                                exception=ev.exception, **result.detail)
-            decision = classify(ev, History(restarts_used=self.restarts,
-                                            ever_progressed=self.ever_progressed,
-                                            previous=previous, progressed_since_previous=progressed),
-                                max_restarts=cfg.max_restarts)
-            if decision.tier is Tier.REPLACE_NODE:
-                decision = type(decision)(Tier.FATAL, decision.reason + ", and this job has no "
-                                          "spare host to take its place")
+                                detected_t=result.detected_t, exit_code=ev.exit_code,
+                                signal=ev.signal, step=ev.step, exception=ev.exception,
+                                **result.detail)
+            decision = self._decide(ev, History(restarts_used=self.restarts,
+                                                ever_progressed=self.ever_progressed,
+                                                previous=previous,
+                                                progressed_since_previous=progressed))
             self.journal.record("fault_classified", incident=incident, tier=decision.tier.value,
                                 decision="stop" if decision.tier is Tier.FATAL else "restart",
-                                reason=decision.reason)
+                                rule=decision.rule, reason=decision.reason)
             await self._teardown(watch.number, graceful=False)
             self.journal.record("torn_down", incident=incident, gen=watch.number)
             self.journal.record("generation_ended", gen=watch.number, outcome="failed",
@@ -224,68 +239,87 @@ class Supervisor:
             if delay and await self._stop_requested_within(delay):
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
 
-    def _launch(self, number: int) -> _GenWatch:
+    def _decide(self, ev: Evidence, history: History) -> Decision:
+        cfg = self.config
+        decision = classify(ev, history, max_restarts=cfg.max_restarts, rules=cfg.policy.rules)
+        now = time.monotonic()
+        if ev.host is not None and decision.tier is not Tier.FATAL:
+            if self.health.record_failure(ev.host, now):
+                q = cfg.policy.quarantine
+                self.journal.record("host_quarantined", host=ev.host,
+                                    failures=self.health.recent_failures(ev.host),
+                                    window_s=q.window_s, until_t=time.time() + q.expiry_s)
+            if self.health.quarantined(ev.host, now) and decision.tier is Tier.RESTART_IN_PLACE:
+                q = cfg.policy.quarantine
+                decision = Decision(Tier.REPLACE_NODE,
+                                    f"{ev.describe()}; host {ev.host} is quarantined for "
+                                    f"{q.expiry_s:g} s after {self.health.recent_failures(ev.host)} "
+                                    f"failures within {q.window_s:g} s", "quarantine")
+        if decision.tier is Tier.REPLACE_NODE:
+            # Node replacement (spares, shrinking) needs more than one host; until a job has
+            # them, a host that needs replacing ends it.
+            decision = Decision(Tier.FATAL, decision.reason + ", and this job has no spare host "
+                                "to take its place", decision.rule)
+        return decision
+
+    def _launch(self, number: int) -> GenWatch:
         cfg = self.config
         agents = [a for a in self.agent_hosts if not self.server.links[a].lost]
         port = cfg.master_port or _free_port()
+        hang = dataclasses.replace(cfg.policy.hang, expect_progress=(
+            cfg.policy.hang.expect_progress or bool(cfg.progress_regex) or self.ever_progressed))
         for node_rank, agent_id in enumerate(agents):
             self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
                              node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,
                              master_addr="127.0.0.1", master_port=port,
                              entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
-                             progress_regex=cfg.progress_regex,
+                             progress_regex=cfg.progress_regex, hang=dataclasses.asdict(hang),
                              env={"FTRUN_JOB_DIR": str(self.journal.job_dir)})
         hosts = [self.agent_hosts[a] for a in agents]
         world = len(agents) * cfg.nproc_per_node
         self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
                             master_port=port)
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
-        return _GenWatch(number, set(agents))
+        self.watch = GenWatch(number, set(agents), {a: self.agent_hosts[a] for a in agents},
+                              order=agents)
+        return self.watch
 
-    async def _watch(self, watch: _GenWatch) -> _Result:
+    async def _watch(self, watch: GenWatch) -> str | Failure:
         while True:
             agent_id, msg = await self.server.inbox.get()
             kind = msg["kind"]
             if kind == "stop_requested":
-                return _Result("stopped")
+                return "stopped"
+            if self.chaos.handle(agent_id, msg, watch):
+                continue
             host = self.agent_hosts.get(agent_id, "?")
             if kind == "agent_lost":
                 if agent_id in watch.agents:
-                    return _Result("fault", Evidence(kind="host-lost", host=host,
-                                                     step=watch.max_step),
-                                   detail={"evidence": msg.get("reason")})
+                    return ev_from.host_lost(msg, host, watch.max_step)
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
             if self._record_output(watch, host, msg):
                 continue
-            if kind == "rank_exited" and msg.get("step") is not None:
+            if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
                 watch.max_step = max(watch.max_step or 0, msg["step"])
             if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
                 self.journal.record("rank_exited", gen=watch.number, host=host,
                                     **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
                                                                "t_exit", "step", "traceback")})
-                return _Result("fault", Evidence(
-                    kind="crash", host=host, rank=msg.get("rank"), exit_code=msg.get("exit_code"),
-                    signal=msg.get("signal"), exception=msg.get("exception"),
-                    usage_error=bool(msg.get("usage_error")), step=watch.max_step),
-                    fault_t=msg.get("t_exit"),
-                    detail={"traceback": msg.get("traceback"), "tail": msg.get("tail")})
+                return ev_from.crash(msg, host, watch.max_step)
+            if kind == "rank_hung":
+                return ev_from.hang(msg, host, watch.max_step)
             if kind == "gen_exited":
                 if msg.get("exit_code") == 0:
                     watch.done.add(agent_id)
                     if watch.done >= watch.agents:
-                        return _Result("succeeded")
+                        return "succeeded"
                 else:
-                    tail = msg.get("tail") or []
-                    return _Result("fault", Evidence(kind="crash", host=host,
-                                                     exit_code=msg.get("exit_code"),
-                                                     exception=tail[-1] if tail else None,
-                                                     step=watch.max_step),
-                                   fault_t=time.time(), detail={"tail": tail})
+                    return ev_from.torchrun_exit(msg, host, watch.max_step, time.time())
 
-    def _record_output(self, watch: _GenWatch, host: str, msg: dict[str, Any]) -> bool:
-        """Handle logs and progress; True when the message was one of those."""
+    def _record_output(self, watch: GenWatch, host: str, msg: dict[str, Any]) -> bool:
+        """Handle logs, progress and rank starts; True when the message was one of those."""
         kind = msg["kind"]
         if kind == "log":
             rank, lines = msg.get("rank"), msg.get("lines") or []
@@ -320,7 +354,7 @@ class Supervisor:
         grace = self.config.grace_period_s if graceful else 0.0
         pending = {a for a, link in self.server.links.items() if not link.lost}
         self.server.broadcast("stop", gen=number, grace_s=grace)
-        watch = _GenWatch(number, set(pending))
+        watch = GenWatch(number, set(pending), dict(self.agent_hosts))
         deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
         while pending:
             try:
@@ -329,7 +363,9 @@ class Supervisor:
             except asyncio.TimeoutError:
                 log.error("agents did not confirm the stop of generation %s: %s", number, pending)
                 return
-            if msg["kind"] in ("agent_lost",) or (msg["kind"] == "stopped" and msg.get("gen") == number):
+            if self.chaos.handle(agent_id, msg, None):
+                continue
+            if msg["kind"] == "agent_lost" or (msg["kind"] == "stopped" and msg.get("gen") == number):
                 pending.discard(agent_id)
                 if msg.get("survivors"):
                     self.reporter.notice(f"processes survived SIGKILL on "
@@ -343,14 +379,15 @@ class Supervisor:
         deadline = time.monotonic() + delay_s
         while (left := deadline - time.monotonic()) > 0:
             try:
-                _, msg = await asyncio.wait_for(self.server.inbox.get(), left)
+                agent_id, msg = await asyncio.wait_for(self.server.inbox.get(), left)
             except asyncio.TimeoutError:
                 return False
             if msg["kind"] == "stop_requested":
                 return True
+            self.chaos.handle(agent_id, msg, None)
         return False
 
-    def _root_cause(self, ev: Evidence, number: int, result: _Result) -> dict[str, Any]:
+    def _root_cause(self, ev: Evidence, number: int, result: Failure) -> dict[str, Any]:
         stream = f"rank{ev.rank}" if ev.rank is not None else f"{ev.host}.torchrun"
         return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
                 "signal": ev.signal, "exception": ev.exception, "generation": number,

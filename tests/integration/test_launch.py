@@ -23,6 +23,8 @@ def test_success_streams_rank_output_and_records_a_job(ftrun, start):
     assert "STEP 3" in (logs / "rank1.log").read_text()
     config = json.loads((ftrun.run_dir / job["job_id"] / "config.json").read_text())
     assert config["nproc_per_node"] == 2
+    agent_log = (ftrun.run_dir / job["job_id"] / "agents" / "localhost.log").read_text()
+    assert "Fatal Python error" not in agent_log and "Traceback" not in agent_log
 
 
 def test_ranks_see_torchrun_and_ftrun_environment(ftrun):

@@ -15,6 +15,14 @@ from tests.conftest import BIN, Output, tagged, wait_for
 SLEEPER = str(BIN / "sleeper.py")
 
 
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting to be reaped by init."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def rank_pids(pid_dir) -> list[int]:
     return [int(p.read_text()) for p in pid_dir.glob("rank*.pid")]
 
@@ -29,8 +37,7 @@ def test_signal_stops_everything_gracefully(ftrun, tmp_path, sig):
     proc.send_signal(sig)
     assert proc.wait(timeout=20) == 130
     assert "stopped" in out.text()
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in pids)
+    assert not any(alive(p) for p in pids)
     job = ftrun.only_job()
     assert job["state"] == "stopped" and job["incidents"] == []
 
@@ -58,7 +65,7 @@ def test_controller_sigkill_makes_the_agent_fence(ftrun, tmp_path, test_id):
     proc.wait(timeout=5)
     # The agent notices (connection closed, stdin closed) and kills its ranks, then exits.
     wait_for(lambda: not tagged(test_id), 5.0, "the agent and ranks to be gone after fencing")
-    assert not any(psutil.pid_exists(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     job = ftrun.only_job()
     assert job["state"] == "failed" and "controller died" in job["reason"]
     agent_log = (ftrun.run_dir / job["job_id"] / "agents" / "localhost.log").read_text()

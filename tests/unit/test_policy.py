@@ -30,6 +30,17 @@ CASES = [
     ("a different failure", KILLED, History(ever_progressed=True, previous=RAISED, restarts_used=1),
      Tier.RESTART_IN_PLACE),
     ("budget spent", KILLED, History(ever_progressed=True, restarts_used=3), Tier.FATAL),
+    ("a hang restarts in place", Evidence(kind="hang", host="h", rank=0, step=9),
+     History(ever_progressed=True), Tier.RESTART_IN_PLACE),
+    ("an ECC error needs another host",
+     Evidence(kind="crash", host="h", rank=0, exit_code=1,
+              log_tail=("RuntimeError: CUDA error: uncorrectable ECC error encountered",)),
+     History(ever_progressed=True), Tier.REPLACE_NODE),
+    ("an OOM at the same step twice is fatal",
+     Evidence(kind="crash", rank=0, exit_code=1, exception="torch.OutOfMemoryError: CUDA out of memory", step=3),
+     History(ever_progressed=True, restarts_used=1, previous=Evidence(
+         kind="crash", rank=0, exit_code=1, exception="torch.OutOfMemoryError: CUDA out of memory", step=3)),
+     Tier.FATAL),
 ]
 
 

@@ -1,0 +1,101 @@
+"""Stacks of hung ranks, taken before they are killed.
+
+Two sources: the rank's own faulthandler (registered on STACKS_SIGNAL by ftrun.runtime and by the
+warm interpreter), which prints every thread's stack into the rank's log; and `py-spy dump` when
+it is installed, which also works on a process that cannot run its handlers (stopped, or stuck in
+C code with the GIL held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from typing import Callable
+
+import psutil
+
+from ftrun.agent.tail import GenerationLogs
+
+STACKS_SIGNAL = signal.SIGUSR2  # the same as ftrun.runtime.STACKS_SIGNAL (agent must not import it)
+FAULTHANDLER_WAIT_S = 1.0
+PY_SPY_TIMEOUT_S = 5.0
+MARKER = "(most recent call first)"
+
+
+def process_state(pid: int | None) -> str:
+    if pid is None:
+        return "unknown"
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return "gone"
+
+
+async def capture(logs: GenerationLogs, pids: dict[int, int],
+                  flush: Callable[[], None]) -> dict[int, str]:
+    """Stacks per rank, as text; a rank with none gets a line saying why. `flush` reads new
+    log lines (and forwards them): the dumps arrive through the ranks' logs."""
+    flush()
+    marks = {rank: _line_count(logs, rank) for rank in pids}
+    for pid in pids.values():
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except OSError:
+            pass
+    runnable = {r for r, pid in pids.items() if process_state(pid) not in ("stopped", "gone")}
+    deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+    dumps: dict[int, str] = {}
+    while runnable - dumps.keys() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        flush()
+        for rank in runnable - dumps.keys():
+            new = _new_lines(logs, rank, marks[rank])
+            if any(MARKER in line for line in new):
+                await asyncio.sleep(0.1)  # let the rest of the dump land
+                flush()
+                dumps[rank] = "\n".join(_new_lines(logs, rank, marks[rank]))
+    if shutil.which("py-spy"):
+        for rank, pid in pids.items():
+            spy = await _py_spy(pid, stopped=process_state(pid) == "stopped")
+            if spy:
+                dumps[rank] = (dumps[rank] + "\n\n" if rank in dumps else "") + spy
+    for rank, pid in pids.items():
+        dumps.setdefault(rank, f"no stacks: the process is {process_state(pid)} and could not "
+                               "run its stack-dump handler (install py-spy to read its stacks)")
+    return dumps
+
+
+def _line_count(logs: GenerationLogs, rank: int) -> int:
+    log = logs.logs.get(rank)
+    return log.lines_seen if log else 0
+
+
+def _new_lines(logs: GenerationLogs, rank: int, mark: int) -> list[str]:
+    log = logs.logs.get(rank)
+    if log is None:
+        return []
+    fresh = log.lines_seen - mark
+    return list(log.last_lines)[-fresh:] if fresh > 0 else []
+
+
+async def _py_spy(pid: int, *, stopped: bool) -> str | None:
+    # py-spy cannot suspend a process that is already stopped; it can read it as it is.
+    mode = ["--nonblocking"] if stopped else []
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "py-spy", "dump", *mode, "--pid", str(pid), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError):
+        try:
+            proc.kill()
+        except (OSError, UnboundLocalError):
+            pass
+        return None
+    text = out.decode("utf-8", "replace").strip()
+    if proc.returncode != 0 or not text:
+        return None
+    return f"py-spy dump --pid {pid}:\n{text}"

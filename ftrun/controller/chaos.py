@@ -1,0 +1,77 @@
+"""Fault injection on request (`ftrun chaos`): route an action to the right agent, journal it.
+
+A request comes from a `ftrun chaos` client over the authenticated control plane; the agent
+carries it out (at a step, if asked) and reports back when it did, so the incident that follows
+knows the exact fault time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ftrun.controller.server import ControlServer
+from ftrun.journal import Journal
+
+if TYPE_CHECKING:
+    from ftrun.controller.supervisor import GenWatch
+
+RANK_ACTIONS = ("kill-rank", "hang-rank")
+HOST_ACTIONS = ("kill-agent", "freeze-agent")
+ACTIONS = RANK_ACTIONS + HOST_ACTIONS
+
+
+class ChaosDesk:
+    def __init__(self, server: ControlServer, journal: Journal, *, nproc_per_node: int) -> None:
+        self.server = server
+        self.journal = journal
+        self.nproc_per_node = nproc_per_node
+
+    def handle(self, sender: str, msg: dict[str, Any], watch: "GenWatch | None") -> bool:
+        """Take a chaos request or an agent's injection report; False for anything else."""
+        if msg["kind"] == "chaos" and sender in self.server.clients:
+            self._request(sender, msg, watch)
+            return True
+        if msg["kind"] == "injected":
+            event = self.journal.record("fault_injected", gen=msg.get("gen"),
+                                        action=msg.get("action"), rank=msg.get("rank"),
+                                        host=msg.get("host"), injected_t=msg.get("t"))
+            if watch is not None and msg.get("gen") == watch.number:
+                watch.injected = {"action": msg.get("action"), "rank": msg.get("rank"),
+                                  "t": msg.get("t") or event["t"]}
+            return True
+        return False
+
+    def _request(self, client: str, msg: dict[str, Any], watch: "GenWatch | None") -> None:
+        action, rank, host = msg.get("action"), msg.get("rank"), msg.get("host")
+        error = None
+        target = None
+        if action not in ACTIONS:
+            error = f"unknown action {action!r}; one of {', '.join(ACTIONS)}"
+        elif watch is None:
+            error = "no generation is running right now (starting or restarting); try again"
+        elif action in RANK_ACTIONS:
+            world = len(watch.order) * self.nproc_per_node
+            if not isinstance(rank, int) or not 0 <= rank < world:
+                error = f"{action} needs --rank in 0..{world - 1}"
+            else:
+                target = watch.order[rank // self.nproc_per_node]
+        else:
+            hosts = {h: a for a, h in watch.hosts.items()}
+            if host is None and len(hosts) == 1:
+                target = next(iter(hosts.values()))
+            elif host in hosts:
+                target = hosts[host]
+            else:
+                error = f"{action} needs --host, one of {', '.join(sorted(hosts))}"
+        if error is not None or watch is None or target is None:
+            self.server.send(client, "chaos_ack", ok=False, message=error)
+            return
+        at_step = msg.get("at_step")
+        self.journal.record("chaos_requested", gen=watch.number, action=action, rank=rank,
+                            host=watch.hosts[target], at_step=at_step)
+        self.server.send(target, "inject", gen=watch.number, action=action, rank=rank,
+                         at_step=at_step)
+        when = f" at step {at_step}" if at_step is not None else ""
+        who = f"rank {rank}" if action in RANK_ACTIONS else f"host {watch.hosts[target]}"
+        self.server.send(client, "chaos_ack", ok=True,
+                         message=f"{action} on {who}{when} (generation {watch.number})")

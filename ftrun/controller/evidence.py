@@ -1,0 +1,61 @@
+"""From agents' messages to evidence: what failed, when, and what we know about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftrun.controller.policy import Evidence
+
+# Which injected chaos action explains which kind of fault.
+INJECTED_KIND = {"kill-rank": "crash", "hang-rank": "hang", "kill-agent": "host-lost",
+                 "freeze-agent": "host-lost"}
+
+
+@dataclass
+class Failure:
+    evidence: Evidence
+    fault_t: float | None  # when the fault happened, where known
+    detected_t: float | None = None  # when it was detected, if not when the controller heard
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def attribute_injection(self, injected: dict[str, Any] | None) -> None:
+        """An injected fault of the matching kind fixes the fault time exactly."""
+        if injected and INJECTED_KIND.get(injected["action"]) == self.evidence.kind:
+            self.fault_t = injected["t"]
+            self.detail["injected"] = injected["action"]
+
+
+def crash(msg: dict[str, Any], host: str, step: int | None) -> Failure:
+    tail = msg.get("tail") or []
+    return Failure(
+        Evidence(kind="crash", host=host, rank=msg.get("rank"), exit_code=msg.get("exit_code"),
+                 signal=msg.get("signal"), exception=msg.get("exception"),
+                 usage_error=bool(msg.get("usage_error")), step=step, log_tail=tuple(tail)),
+        fault_t=msg.get("t_exit"), detail={"traceback": msg.get("traceback"), "tail": tail})
+
+
+def torchrun_exit(msg: dict[str, Any], host: str, step: int | None, now: float) -> Failure:
+    tail = msg.get("tail") or []
+    return Failure(Evidence(kind="crash", host=host, exit_code=msg.get("exit_code"),
+                            exception=tail[-1] if tail else None, step=step, log_tail=tuple(tail)),
+                   fault_t=now, detail={"tail": tail})
+
+
+def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
+    tail = msg.get("tail") or []
+    detected = msg.get("detected_t")
+    deadline = (msg.get("last_progress_t") or 0.0) + (msg.get("allowance_s") or 0.0)
+    return Failure(
+        Evidence(kind="hang", host=host, rank=msg.get("rank"), step=step, log_tail=tuple(tail)),
+        fault_t=None, detected_t=detected,
+        detail={"allowance_s": msg.get("allowance_s"), "section": msg.get("section"),
+                "last_progress_t": msg.get("last_progress_t"),
+                "past_allowance_s": None if detected is None else round(detected - deadline, 3),
+                "stacks": msg.get("stacks"), "states": msg.get("states"),
+                "overdue_ranks": msg.get("overdue"), "tail": tail})
+
+
+def host_lost(msg: dict[str, Any], host: str, step: int | None) -> Failure:
+    return Failure(Evidence(kind="host-lost", host=host, step=step), fault_t=None,
+                   detail={"evidence": msg.get("reason")})

@@ -1,0 +1,21 @@
+"""A script that knows nothing of ftrun: prints 'step N' and, with --stop-at N (once, with a
+marker file), freezes itself with SIGSTOP, the way a rank stuck in a driver call looks."""
+import argparse
+import os
+import signal
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=40)
+p.add_argument("--stop-at", type=int, default=None)
+p.add_argument("--marker", default=None)
+p.add_argument("--interval", type=float, default=0.02)
+p.add_argument("--pre-sleep", type=float, default=0.0, help="seconds before the first step")
+args = p.parse_args()
+time.sleep(args.pre_sleep)
+for step in range(1, args.steps + 1):
+    if step == args.stop_at and os.environ.get("RANK") == "0" and not os.path.exists(args.marker):
+        open(args.marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSTOP)
+    print(f"step {step}", flush=True)
+    time.sleep(args.interval)
