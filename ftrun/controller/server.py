@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,8 @@ class ControlServer:
         self.host_lost_timeout_s = host_lost_timeout_s
         self.inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.links: dict[str, AgentLink] = {}
+        # Live agent links, least recently heard first: the silence check looks only at the head.
+        self._by_last_seen: OrderedDict[str, AgentLink] = OrderedDict()
         self.clients: dict[str, AgentLink] = {}
         self.dropped_messages = 0
         self._server: asyncio.base_events.Server | None = None
@@ -50,7 +53,8 @@ class ControlServer:
         self._heartbeats: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
+        # A deep backlog: thousands of agents connect at once when a big job starts.
+        self._server = await asyncio.start_server(self._serve, host, port, backlog=4096)
         self._heartbeats = asyncio.create_task(self._heartbeat_loop())
         return self._server.sockets[0].getsockname()[1]
 
@@ -97,6 +101,7 @@ class ControlServer:
             self.clients[agent_id] = link
         else:
             self.links[agent_id] = link
+            self._by_last_seen[agent_id] = link
             await self.inbox.put((agent_id, hello))
         await self._read(link)
 
@@ -113,6 +118,8 @@ class ControlServer:
                 reason = f"its connection closed ({e.__class__.__name__})"
                 break
             link.last_seen = time.monotonic()
+            if link.role == "agent":
+                self._by_last_seen.move_to_end(link.agent_id)
             if msg["kind"] != "heartbeat":
                 await self.inbox.put((link.agent_id, msg))
         self._lose(link, reason)
@@ -122,6 +129,7 @@ class ControlServer:
             return
         link.lost = True
         link.channel.close()
+        self._by_last_seen.pop(link.agent_id, None)
         if link.role == "chaos":
             self.clients.pop(link.agent_id, None)
             return
@@ -130,19 +138,18 @@ class ControlServer:
 
     async def _heartbeat_loop(self) -> None:
         # Check silence more often than we send, so detection is bounded by the timeout plus one
-        # short tick rather than plus a whole heartbeat interval.
+        # short tick; each check costs O(agents lost), not O(agents), thanks to the ordering.
         next_send = 0.0
         while True:
             now = time.monotonic()
-            send = now >= next_send
-            if send:
-                next_send = now + self.heartbeat_interval_s
-            for link in list(self.links.values()):
-                if link.lost:
-                    continue
+            while self._by_last_seen:
+                link = next(iter(self._by_last_seen.values()))
                 silent = now - link.last_seen
-                if silent > self.host_lost_timeout_s:
-                    self._lose(link, f"no heartbeat for {silent:.2f} s")
-                elif send:
+                if silent <= self.host_lost_timeout_s:
+                    break
+                self._lose(link, f"no heartbeat for {silent:.2f} s")
+            if now >= next_send:
+                next_send = now + self.heartbeat_interval_s
+                for link in list(self._by_last_seen.values()):
                     link.channel.send("heartbeat")
             await asyncio.sleep(LOSS_CHECK_INTERVAL_S)

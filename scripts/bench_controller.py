@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Controller load: N simulated agents heartbeating at 2 Hz against the real ControlServer.
+
+The controller side is ftrun's own ControlServer (authentication, replay checks, heartbeat
+bookkeeping and loss detection), in its own process. The agents are asyncio clients speaking the
+real protocol, spread over a few driver processes. After a warm-up, each driver silences some of
+its agents at random moments (no more heartbeats; the connection stays open, as with a frozen
+or partitioned host) and records when; the controller records when it declared each one lost.
+
+    python scripts/bench_controller.py [--sizes 256,1024,4096] [--silence 32]
+
+Prints, per N: the controller's CPU use (% of one core) in the steady state, and p50/p99/max of
+fault → declared lost. Target (DESIGN.md §9): 4096 agents, detection still ≤ 1.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+
+import psutil
+
+from ftrun import protocol
+from ftrun.controller.server import ControlServer
+
+HEARTBEAT_S = 0.5  # 2 Hz
+LOST_TIMEOUT_S = 1.0  # ftrun's default
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def serve(n: int, secret: str, port_q: mp.Queue, lost_q: mp.Queue, stop: mp.Event) -> None:
+    raise_fd_limit()
+
+    async def main() -> None:
+        server = ControlServer(secret, expected_agents={f"sim#{i}" for i in range(n)},
+                               heartbeat_interval_s=HEARTBEAT_S, host_lost_timeout_s=LOST_TIMEOUT_S)
+        port = await server.start("127.0.0.1", 0)
+        port_q.put(port)
+        while not stop.is_set():
+            try:
+                agent_id, msg = await asyncio.wait_for(server.inbox.get(), 0.2)
+            except asyncio.TimeoutError:
+                continue
+            if msg["kind"] == "agent_lost":
+                lost_q.put((agent_id, time.time()))
+        await server.close()
+
+    asyncio.run(main())
+
+
+def drive(ids: list[int], port: int, secret: str, silence: int, warmup_s: float,
+          window_s: float, out_q: mp.Queue) -> None:
+    raise_fd_limit()
+    rng = random.Random(ids[0])
+    silenced = {i: warmup_s + rng.random() * window_s for i in rng.sample(ids, silence)}
+
+    async def agent(i: int, start: float) -> None:
+        chan = await protocol.open_channel("127.0.0.1", port, secret, timeout_s=30)
+        chan.send("hello", agent_id=f"sim#{i}", host=f"sim{i}", pid=os.getpid())
+
+        async def drain_incoming() -> None:
+            # Read and discard: the agents' own cost is not what this measures, and verifying
+            # every frame here would starve the simulator before it loads the controller.
+            try:
+                while await chan.reader.read(65536):
+                    pass
+            except (ConnectionError, OSError):
+                return
+
+        reader = asyncio.create_task(drain_incoming())
+        await asyncio.sleep(rng.random() * HEARTBEAT_S)  # spread the phases
+        silent_at = silenced.get(i)
+        last = None
+        while True:
+            if silent_at is not None and time.monotonic() - start >= silent_at:
+                out_q.put((f"sim#{i}", time.time()))
+                await asyncio.sleep(LOST_TIMEOUT_S + window_s + warmup_s)  # silent, still connected
+                break
+            chan.send("heartbeat")
+            now = time.monotonic()
+            if last is not None and now - start > warmup_s:
+                lateness[0] = max(lateness[0], now - last - HEARTBEAT_S)
+            last = now
+            await asyncio.sleep(HEARTBEAT_S)
+        reader.cancel()
+        chan.close()
+
+    lateness = [0.0]  # the simulator's own worst heartbeat delay after warm-up
+
+    async def main() -> None:
+        start = time.monotonic()
+        tasks = []
+        for i in ids:
+            tasks.append(asyncio.create_task(agent(i, start)))
+            if len(tasks) % 64 == 0:
+                await asyncio.sleep(0)  # do not flood the listen backlog
+        await asyncio.wait(tasks, timeout=warmup_s + 2 * window_s + 10)
+
+    asyncio.run(main())
+    out_q.put(("lateness", lateness[0]))
+
+
+def run_size(n: int, drivers: int, silence: int, warmup_s: float, window_s: float) -> dict:
+    ctx = mp.get_context("spawn")
+    secret = protocol.new_secret()
+    port_q, lost_q, fault_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    stop = ctx.Event()
+    server = ctx.Process(target=serve, args=(n, secret, port_q, lost_q, stop))
+    server.start()
+    port = port_q.get(timeout=30)
+    ids = list(range(n))
+    chunks = [ids[k::drivers] for k in range(drivers)]
+    procs = [ctx.Process(target=drive, args=(c, port, secret, silence // drivers, warmup_s,
+                                             window_s, fault_q)) for c in chunks]
+    for p in procs:
+        p.start()
+    ctrl = psutil.Process(server.pid)
+    time.sleep(warmup_s)  # connecting and settling; measure the steady state after it
+    cpu0, t0 = sum(ctrl.cpu_times()[:2]), time.monotonic()
+    time.sleep(window_s)
+    cpu = (sum(ctrl.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0)
+    # Agents that were never silenced but declared lost before the drivers wind down are false
+    # alarms; after this moment the drivers close their connections on purpose.
+    window_end = time.time() + LOST_TIMEOUT_S
+    for p in procs:
+        p.join(timeout=warmup_s + 2 * window_s + 30)
+    stop.set()
+    server.join(timeout=10)
+    for p in [*procs, server]:
+        if p.is_alive():
+            p.kill()
+    reports = _drain(fault_q)
+    faults = {a: t for a, t in reports if a != "lateness"}
+    delays = [t for a, t in reports if a == "lateness"]
+    sim_lateness = max(delays) if delays else None
+    lost = dict(_drain(lost_q))
+    latencies = sorted(lost[a] - t for a, t in faults.items() if a in lost)
+    false_alarms = sum(1 for a, t in lost.items() if a not in faults and t <= window_end)
+    return {"agents": n, "controller_cpu_pct": round(100 * cpu, 1), "silenced": len(faults),
+            "detected": len(latencies), "false_alarms": false_alarms,
+            "p50_s": _pct(latencies, 50), "p99_s": _pct(latencies, 99),
+            "max_s": latencies[-1] if latencies else None,
+            "simulator_max_heartbeat_delay_s": None if sim_lateness is None else round(sim_lateness, 3)}
+
+
+def _drain(q: mp.Queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(q.get(timeout=0.5))
+        except Exception:  # noqa: BLE001 - queue.Empty
+            return items
+
+
+def _pct(xs: list[float], p: int) -> float | None:
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="256,1024,4096")
+    p.add_argument("--drivers", type=int, default=4)
+    p.add_argument("--silence", type=int, default=32, help="agents silenced per size")
+    p.add_argument("--warmup-s", type=float, default=8.0)
+    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    rows = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        row = run_size(n, args.drivers, args.silence, args.warmup_s, args.window_s)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print()
+    print(f"{'agents':>7} {'ctrl CPU %':>10} {'silenced':>9} {'detected':>9} {'false':>6} "
+          f"{'p50 s':>7} {'p99 s':>7} {'max s':>7}")
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"
+    for r in rows:
+        print(f"{r['agents']:>7} {r['controller_cpu_pct']:>10} {r['silenced']:>9} {r['detected']:>9} "
+              f"{r['false_alarms']:>6} {fmt(r['p50_s']):>7} {fmt(r['p99_s']):>7} {fmt(r['max_s']):>7}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    big = rows[-1]
+    ok = big["p99_s"] is not None and big["p99_s"] <= 1.5 and big["detected"] == big["silenced"]
+    print(f"\n{big['agents']} agents: p99 detection {fmt(big['p99_s'])} s "
+          f"({'meets' if ok else 'misses'} the 1.5 s target)")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
