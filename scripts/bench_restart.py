@@ -60,6 +60,7 @@ def trial(name: str, args: argparse.Namespace) -> dict:
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            kill_tagged(tag)  # first: workers in sessions of their own still hold the pipe open
             text, _ = proc.communicate()
             rc = None
         finally:
