@@ -54,7 +54,7 @@ def test_progress_regex_detects_a_hang_in_a_script_that_knows_nothing_of_ftrun(f
 
 
 def test_declared_sections_are_not_hangs(ftrun):
-    result = ftrun.run("launch", "--hang-floor", "1", str(BIN / "sections.py"), "--section-s", "3")
+    result = ftrun.run("launch", "--hang-floor", "2", str(BIN / "sections.py"), "--section-s", "4")
     assert result.returncode == 0, result.stderr
     assert ftrun.only_job()["incidents"] == []
 
