@@ -5,17 +5,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PYTHON=${PYTHON:-python3}
-export FTRUN_RUN_DIR=${FTRUN_RUN_DIR:-$(mktemp -d /tmp/ftrun-demo.XXXXXX)}
-echo "== ftrun demo: job directories under $FTRUN_RUN_DIR"
+# The job goes where every ftrun job goes ($FTRUN_RUN_DIR, else ~/.ftrun/runs), so that
+# `ftrun status` and `ftrun inspect` find it afterwards.
+run_dir=$("$PYTHON" -c 'from ftrun.config import resolve_run_dir; print(resolve_run_dir(None))')
+name="demo-$(date +%Y%m%d-%H%M%S)"
+echo "== ftrun demo: job $name under $run_dir"
 
-"$PYTHON" -m ftrun launch --job-name demo --nproc-per-node 2 recipes/gpt_ddp.py --steps 300 &
+"$PYTHON" -m ftrun launch --job-name "$name" --nproc-per-node 2 recipes/gpt_ddp.py --steps 300 &
 launcher=$!
 trap 'kill -INT $launcher 2>/dev/null || true; wait $launcher 2>/dev/null || true' EXIT
 
 # Wait (at most 120 s) until rank 0 has logged step 100, then kill rank 1 of generation 1.
 job_dir=""
 for _ in $(seq 1 1200); do
-    job_dir=$(ls -d "$FTRUN_RUN_DIR"/demo-* 2>/dev/null | head -n 1 || true)
+    job_dir=$(ls -d "$run_dir/$name"-* 2>/dev/null | head -n 1 || true)
     if [ -n "$job_dir" ] && grep -qs "^step 100 " "$job_dir/logs/g1/rank0.log"; then break; fi
     sleep 0.1
 done
