@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import procs, stacks
+from ftrun.agent import inject, procs, stacks
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
@@ -335,15 +335,7 @@ class Agent:
     # ---- fault injection (ftrun chaos) ------------------------------------------------------
 
     def _maybe_inject(self, run: GenerationRun) -> None:
-        for inj in list(run.pending_injections):
-            at, rank = inj.get("at_step"), inj.get("rank")
-            if at is not None:
-                step = run.steps.get(rank) if rank is not None else self._job_step(run)
-                if step is None or step < at:
-                    continue
-            if rank is not None and rank not in run.rank_pids:
-                continue  # not started yet
-            run.pending_injections.remove(inj)
+        for inj in inject.take_due(run.pending_injections, run.steps, run.rank_pids):
             asyncio.ensure_future(self._inject(run, inj))
 
     async def _inject(self, run: GenerationRun, inj: dict[str, Any]) -> None:
@@ -353,14 +345,7 @@ class Agent:
         if self.chan is not None:
             await self.chan.drain()  # the report must leave before a self-inflicted fault
         log.warning("chaos: %s%s", action, f" rank {rank}" if rank is not None else "")
-        if action == "kill-rank":
-            _kill_quietly(run.rank_pids[rank], signal.SIGKILL)
-        elif action == "hang-rank":
-            _kill_quietly(run.rank_pids[rank], signal.SIGSTOP)
-        elif action == "kill-agent":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif action == "freeze-agent":
-            os.kill(os.getpid(), signal.SIGSTOP)
+        inject.perform(action, run.rank_pids.get(rank) if rank is not None else None)
 
     def _job_step(self, run: GenerationRun) -> int | None:
         return max(run.steps.values()) if run.steps else None
@@ -406,13 +391,6 @@ class Agent:
             step = run.logs.last_step(lines)
             if step is not None:
                 self._on_step(run, rank, step)
-
-
-def _kill_quietly(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass
 
 
 def _signal_name(sig: int | None) -> str | None:
