@@ -1,0 +1,112 @@
+"""Checkpoint configuration, resolved once: explicit argument beats FTRUN_* environment beats default.
+
+Where things go:
+- storage: `directory`, else `$FTRUN_JOB_DIR/checkpoints` (set by ftrun for every rank), else
+  `./checkpoints`;
+- memory tier: `memory_tier_dir(job_id)/rank<R>/`, enabled when a job id is known (`job_id=` or
+  `$FTRUN_JOB_ID`); without one the snapshot buffers are anonymous memory that dies with the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftrun.checkpoint.errors import CheckpointDirError
+
+DEFAULT_MEMORY_ROOT = Path("/dev/shm")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PRIORITIES = ("low", "idle", "normal")
+VERIFY_MODES = ("full", "size")
+
+
+def memory_tier_dir(job_id: str, root: Path | str = DEFAULT_MEMORY_ROOT) -> Path:
+    """The host-memory tier of a job: `/dev/shm/ftrun-<job_id>`. The agent deletes it at job end."""
+    if not _JOB_ID.match(job_id):
+        raise CheckpointDirError(f"invalid job id for the memory tier: {job_id!r}",
+                                 hint="use letters, digits, '.', '_' or '-' (no '/')")
+    return Path(root) / f"ftrun-{job_id}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """Everything a Manager needs to know, validated on creation."""
+
+    directory: Path
+    keep: int = 3
+    job_id: str | None = None          # memory tier on iff set
+    memory_root: Path = DEFAULT_MEMORY_ROOT
+    memory_slots: int = 2               # snapshot buffers: the memory bound is slots x state size
+    generation: int = 0
+    persist_every: int = 1              # persist saves whose step is a multiple of this
+    persist_bandwidth: float = 200.0    # MB/s the worker may write (0: unlimited); see docs
+    persist_priority: str = "low"       # worker: nice 10 ("low"), SCHED_IDLE ("idle"), "normal"
+    verify: str = "full"                # restore checks sizes and CRC32s ("full") or sizes only
+    small_tensor_bytes: int = 1 << 16   # tensors up to this size are copied inside save()
+    snapshot_timeout: float = 600.0     # seconds wait_snapshot() may block
+    persist_timeout: float = 900.0      # seconds a persist (all ranks' parts + commit) may take
+    collective_timeout: float = 900.0   # seconds for the checkpoint process group's collectives
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.keep < 1:
+            problems.append(f"keep must be >= 1 (got {self.keep})")
+        if self.memory_slots not in (2, 3):
+            problems.append(f"memory_slots must be 2 or 3 (got {self.memory_slots})")
+        if self.persist_every < 1:
+            problems.append(f"persist_every must be >= 1 (got {self.persist_every})")
+        if self.persist_bandwidth < 0:
+            problems.append(f"persist_bandwidth must be >= 0 (got {self.persist_bandwidth})")
+        if self.persist_priority not in PRIORITIES:
+            problems.append(f"persist_priority must be one of {PRIORITIES}")
+        if self.verify not in VERIFY_MODES:
+            problems.append(f"verify must be one of {VERIFY_MODES}")
+        for name in ("snapshot_timeout", "persist_timeout", "collective_timeout"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        if self.job_id is not None:
+            memory_tier_dir(self.job_id, self.memory_root)  # validates the id
+        if problems:
+            raise CheckpointDirError("invalid checkpoint options: " + "; ".join(problems),
+                                     hint="see docs/checkpoint.md for the options")
+
+    @property
+    def memory_dir(self) -> Path | None:
+        return memory_tier_dir(self.job_id, self.memory_root) if self.job_id else None
+
+
+def resolve_config(directory: str | os.PathLike[str] | None = None, *,
+                   environ: Mapping[str, str] | None = None, memory: bool | None = None,
+                   job_id: str | None = None, **options: object) -> CheckpointConfig:
+    """Build the config from arguments and the FTRUN_* environment (read here, once)."""
+    env = os.environ if environ is None else environ
+    if directory is not None:
+        chosen = Path(directory)
+    elif env.get("FTRUN_JOB_DIR"):
+        chosen = Path(env["FTRUN_JOB_DIR"]) / "checkpoints"
+    else:
+        chosen = Path("checkpoints")
+    if memory is False:
+        job = None
+    else:
+        job = job_id or env.get("FTRUN_JOB_ID") or None
+        if memory is True and job is None:
+            raise CheckpointDirError("the memory tier needs a job id",
+                                     hint="run under `ftrun launch` or pass job_id=...")
+    return CheckpointConfig(directory=chosen.absolute(), job_id=job,
+                            generation=_generation(env),
+                            **options)  # type: ignore[arg-type]
+
+
+def _generation(env: Mapping[str, str]) -> int:
+    """Which run of the job this is: ftrun's generation, else torchrun's restart count (plain
+    `torchrun --max-restarts`), else 0. Memory snapshots are matched on (step, generation)."""
+    for name in ("FTRUN_GENERATION", "TORCHELASTIC_RESTART_COUNT"):
+        try:
+            return int(env[name])
+        except (KeyError, ValueError):
+            continue
+    return 0

@@ -1,0 +1,21 @@
+"""Checkpoint errors a user can cause, in the FtrunError hierarchy (message, hint, exit code).
+
+A corrupt or torn checkpoint is not an error by itself: restore skips it with a warning and uses
+the previous good one. These are raised only when nothing sensible is left to do.
+"""
+
+from __future__ import annotations
+
+from ftrun.errors import FtrunError, UsageError
+
+
+class CheckpointError(FtrunError):
+    """A checkpoint could not be saved or restored (every candidate corrupt, a timeout, a full /dev/shm)."""
+
+
+class CheckpointDirError(UsageError):
+    """The checkpoint directory cannot be used (it is a file, not writable, or missing on load)."""
+
+
+class StateError(UsageError):
+    """The state passed to save/restore does not fit the checkpoint (keys, shapes, unsupported types)."""

@@ -1,0 +1,386 @@
+"""Manager: the object a training script holds. Snapshot, persist, restore.
+
+Per rank: one snapshot thread (copies tensors into a slot while the next forward/backward runs),
+one persist worker process (writes a slot to storage at idle priority), one reply-reader thread.
+
+    save(step)  ── references + small copies ──▶ snapshot thread ── memcpy ──▶ slot (memory tier)
+                                                                   └─ persist? ─▶ worker ─▶ storage
+    next optimizer.step() ─ pre-step hook ─▶ wait_snapshot() (blocks only if the copy is not done)
+
+State of the slots (guarded by `_cond`): `_latest` holds the newest complete snapshot, `_pinned`
+is being read by the worker; a new snapshot goes to a slot that is neither, or, when a persist
+pins the only other slot, over `_latest` (the memory tier then falls back to the pinned one while
+the copy runs). At most one persist is in flight (`_busy`) and the worker writes at no more than
+`persist_bandwidth` MB/s: storage I/O is not free for the training loop (on the reference VM,
+unthrottled writes at 1-2 GB/s slow it by 10-100%, 300 MB/s by a few %). Every save still
+reaches the memory tier. Whether a save is persisted is agreed by all ranks (one all-reduce of
+two integers), so every rank persists the same steps.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ftrun.checkpoint import dcp_layout, restore as restore_mod, slots, storage
+from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
+from ftrun.checkpoint.comm import Comm
+from ftrun.checkpoint.config import CheckpointConfig, resolve_config
+from ftrun.checkpoint.errors import CheckpointDirError, CheckpointError
+from ftrun.checkpoint.persist_client import PersistClient
+from ftrun.checkpoint.state import Flat, apply, flatten, storage_key
+
+
+@dataclass
+class Stats:
+    """Counters for benchmarks and logs (seconds are wall time in the training thread)."""
+
+    saves: int = 0
+    save_s: float = 0.0            # inside save()
+    blocked_s: float = 0.0         # inside wait_snapshot() (optimizer pre-step hook, next save)
+    persists: int = 0              # persists started
+    persisted: int = 0             # persists this rank finished (rank 0: committed)
+    persist_failures: int = 0
+    last_persisted_step: int | None = None
+
+
+class Manager:
+    """Checkpoints for one training run; see docs/checkpoint.md.
+
+        mgr = Manager()                       # $FTRUN_JOB_DIR/checkpoints, or ./checkpoints
+        state = {"train": TrainState(model, opt), "data": PerRank(loader)}
+        start = mgr.restore(state)            # 0 when there is no checkpoint
+        for step in range(start + 1, steps + 1):
+            ...; opt.step()
+            mgr.save(step, state)
+        mgr.close()
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *,
+                 config: CheckpointConfig | None = None, **options: Any) -> None:
+        self.config = config or resolve_config(directory, **options)
+        self._closed = True  # until fully constructed
+        _prepare_directory(self.config.directory)
+        self._comm = Comm(timeout_s=self.config.collective_timeout)
+        rank, world = self._comm.rank, self._comm.world
+        self._nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
+        mem = self.config.memory_dir
+        self._tier = slots.MemoryTier(directory=mem / f"rank{rank}" if mem else None,
+                                      slots=self.config.memory_slots, rank=rank, world_size=world)
+        self._cond = threading.Condition()
+        self._latest: int | None = None
+        self._pinned: int | None = None
+        self._busy = False
+        self._worker_gone = False
+        self._job: SnapshotJob | None = None
+        self._plan: dcp_layout.StoragePlan | None = None
+        self._last_saved: int | None = None
+        self._last_persist_started: int | None = None
+        self._hooks: dict[int, Any] = {}
+        self._touched_slots = False
+        self.restored: restore_mod.Restored | None = None
+        self.stats = Stats()
+        self._snapshotter = Snapshotter(timeout_s=self.config.snapshot_timeout)
+        try:
+            self._client = PersistClient(priority=self.config.persist_priority,
+                                         on_message=self._on_worker)
+        except BaseException:
+            self._snapshotter.close(timeout=10.0)
+            self._tier.close()
+            self._comm.close()
+            raise
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._comm.world
+
+    # -- restore -------------------------------------------------------------------------------
+
+    def restore(self, state: Mapping[str, Any]) -> int:
+        """Load the freshest valid checkpoint into `state` (in place); returns its step, 0 if none.
+
+        Collective: every rank calls it. `self.restored` tells the step, tier and path.
+        """
+        self._check_open()
+        self._wait_done()
+        flat = flatten(state)
+        self._attach_from(flat)
+        restored, objects, slot_index = restore_mod.restore(
+            flat, comm=self._comm, tier=self._tier, config=self.config)
+        apply(flat, objects)
+        with self._cond:
+            for i, st in enumerate(self._tier.states):  # drop snapshots of another timeline
+                if st.step is None or st.step > restored.step:
+                    self._tier.invalidate(i)
+            valid = [i for i, st in enumerate(self._tier.states) if st.step is not None]
+            self._latest = (slot_index if slot_index is not None else
+                            max(valid, key=lambda i: self._tier.states[i].step or 0, default=None))
+            self._touched_slots = True
+        size = slots.layout([(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors])[1]  # type: ignore[misc]
+        self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
+        self._snapshotter.submit(self._job)  # ready the buffers while training starts
+        self.restored = restored
+        return restored.step
+
+    # -- save ----------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Mapping[str, Any]) -> None:
+        """Snapshot `state` as of `step`; returns once the copy is queued (milliseconds).
+
+        Collective: every rank calls it with the same step. The state's tensors must not change
+        until the copy is done: the next optimizer step waits for it automatically (TrainState
+        optimizers, or `attach(opt)`); otherwise call wait_snapshot() first.
+        """
+        t0 = time.perf_counter()
+        self._check_open()
+        self._wait_done()
+        if self._worker_gone:
+            raise CheckpointError("the checkpoint persist worker died",
+                                  hint="see this rank's log for its error")
+        flat = flatten(state)
+        self._attach_from(flat)
+        keyed = [(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors]
+        entries, size = slots.layout(keyed)  # type: ignore[arg-type]
+        sig = slots.signature(entries, self.world_size)
+        objects = _pickle_objects(flat)
+        persist = False
+        if step % self.config.persist_every == 0:
+            busy, replan = self._comm.max_ints(
+                [int(self._busy), int(self._plan is None or self._plan.signature != sig)])
+            persist = not busy
+            if persist and replan:
+                self._plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)  # type: ignore[arg-type]
+        with self._cond:
+            if not self._touched_slots:  # saving without a restore: old snapshots are stale
+                for i in range(len(self._tier.slots)):
+                    self._tier.invalidate(i)
+                self._touched_slots = True
+            index = self._choose_slot()
+            self._tier.invalidate(index)
+            if self._latest == index:
+                self._latest = None
+            if persist:
+                self._busy, self._pinned = True, index
+                self._last_persist_started = step
+                self.stats.persists += 1
+        small = self.config.small_tensor_bytes
+        copies = [(t.clone() if e.nbytes <= small else t, e) for (_, t), e in zip(keyed, entries)]
+        finish = partial(self._snapshot_done, step, index, sig, entries, objects, size,
+                         self._plan if persist else None)
+        others = [s for s in self._tier.slots if s.index != index and (s.size < size or not s.populated)]
+        self._job = SnapshotJob(step, self._tier.slots[index], size, copies, finish,  # type: ignore[arg-type]
+                                      prepare=others)
+        self._snapshotter.submit(self._job)
+        self._last_saved = step
+        self.stats.saves += 1
+        self.stats.save_s += time.perf_counter() - t0
+
+    def _choose_slot(self) -> int:
+        free = [i for i in range(len(self._tier.slots)) if i not in (self._latest, self._pinned)]
+        if not free:
+            assert self._latest is not None
+            return self._latest
+        return min(free, key=lambda i: -1 if self._tier.states[i].step is None
+                   else self._tier.states[i].step)  # type: ignore[return-value]
+
+    def _snapshot_done(self, step: int, index: int, sig: str, entries: list[slots.TensorEntry],
+                       objects: bytes, size: int, plan: dcp_layout.StoragePlan | None) -> None:
+        """Runs on the snapshot thread once the copy is complete."""
+        self._tier.commit(index, step=step, generation=self.config.generation, sig=sig,
+                          entries=entries, objects=objects, data_size=size)
+        with self._cond:
+            self._latest = index
+        if plan is not None:
+            self._send_persist(step, index, entries, objects, plan)
+
+    def _send_persist(self, step: int, index: int, entries: list[slots.TensorEntry],
+                      objects: bytes, plan: dcp_layout.StoragePlan) -> None:
+        by_key = {e.key: e for e in entries}
+        items = [(by_key[key].offset, nbytes, file_off) for key, file_off, nbytes in plan.items]
+        directory = self.config.directory
+        commit = None
+        if self.rank == 0:
+            commit = {"world_size": self.world_size, "metadata": plan.metadata,
+                      "final_dir": str(directory / storage.step_dir_name(step)),
+                      "keep": self.config.keep, "timeout": self.config.persist_timeout,
+                      "job_id": self.config.job_id}
+        self._client.send({
+            "op": "persist", "step": step, "generation": self.config.generation,
+            "rank": self.rank, "slot_path": self._tier.slots[index].path,
+            "tmp_dir": str(directory / storage.tmp_dir_name(step, self.config.generation, self._nonce)),
+            "files": [{"name": storage.data_file_name(self.rank), "items": items}],
+            "objects": objects, "commit": commit,
+            "bandwidth": self.config.persist_bandwidth * 1e6})
+
+    def _on_worker(self, msg: dict[str, Any]) -> None:
+        """Runs on the reply-reader thread."""
+        with self._cond:
+            if msg["op"] == "released":
+                self._pinned = None
+            elif msg["op"] == "done":
+                self._busy = False
+                self._pinned = None
+                if msg["ok"]:
+                    self.stats.persisted += 1
+                    self.stats.last_persisted_step = msg["step"]
+                else:
+                    self.stats.persist_failures += 1
+                    restore_mod.warn(f"persisting step {msg['step']} failed: {msg['error']}")
+            elif msg["op"] == "exited":
+                self._busy, self._pinned = False, None
+                if not self._closed:
+                    self._worker_gone = True
+                    restore_mod.warn(f"the persist worker exited (code {msg['code']})")
+            self._cond.notify_all()
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def wait_snapshot(self, timeout: float | None = None) -> None:
+        """Block until the last save's copy is complete (the optimizer pre-step hook calls this)."""
+        job = self._job
+        if job is None:
+            return
+        if not job.copied.is_set():
+            t0 = time.perf_counter()
+            limit = self.config.snapshot_timeout if timeout is None else timeout
+            finished = job.help(limit)  # copy the remaining chunks here rather than idle
+            self.stats.blocked_s += time.perf_counter() - t0
+            if not finished:
+                raise CheckpointError(f"the snapshot of step {job.step} did not finish within {limit} s",
+                                      hint="is /dev/shm or memory exhausted? see the rank's log")
+        if job.error is not None:
+            self._job = None
+            if isinstance(job.error, CheckpointError):
+                raise job.error
+            raise CheckpointError(f"the snapshot of step {job.step} failed: {job.error!r}") from job.error
+
+    def _wait_done(self) -> None:
+        """The copy is done and so is its bookkeeping (manifest, persist command): ms later."""
+        self.wait_snapshot()
+        job = self._job
+        if job is not None:
+            if not job.done.wait(self.config.snapshot_timeout):
+                raise CheckpointError(f"the snapshot of step {job.step} did not commit in time")
+            self._job = None
+            if job.error is not None:
+                raise CheckpointError(f"the snapshot of step {job.step} failed: {job.error!r}") from job.error
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the snapshot buffers are allocated and faulted in (done in the background
+        after restore() and the first save(); a benchmark calls this to leave warm-up out)."""
+        self._wait_done()
+        return self._snapshotter.wait_idle(self.config.snapshot_timeout if timeout is None else timeout)
+
+    def wait_persist(self, timeout: float | None = None) -> bool:
+        """Wait until no persist is in flight on this rank; False on timeout."""
+        self._wait_done()
+        deadline = time.monotonic() + (self.config.persist_timeout if timeout is None else timeout)
+        with self._cond:
+            while self._busy and not self._worker_gone:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def attach(self, *optimizers: torch.optim.Optimizer) -> None:
+        """Make each optimizer's step() wait for the snapshot copy first (a pre-step hook)."""
+        for opt in optimizers:
+            if id(opt) not in self._hooks:
+                self._hooks[id(opt)] = opt.register_step_pre_hook(
+                    lambda _opt, _args, _kwargs: self.wait_snapshot())
+
+    def _attach_from(self, flat: Flat) -> None:
+        self.attach(*flat.optimizers())
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self, *, persist_last: bool = True, timeout: float | None = None) -> None:
+        """Persist the last snapshot if it was not (collective), wait for it, stop. Idempotent."""
+        if self._closed:
+            return
+        limit = self.config.persist_timeout if timeout is None else timeout
+        try:
+            self._wait_done()
+            if persist_last:
+                # Agreed by all ranks, so that they all take part in the same collectives.
+                need, gone = self._comm.max_ints([
+                    int(self._last_saved is not None and self._last_saved != self._last_persist_started),
+                    int(self._worker_gone)])
+                if need and not gone:
+                    self.wait_persist(limit)
+                    self._comm.max_ints([0])  # every rank's worker is idle past this point
+                    self._persist_latest()
+            if not self.wait_persist(limit):
+                restore_mod.warn(f"the last persist did not finish within {limit} s")
+        finally:
+            self._closed = True
+            for handle in self._hooks.values():
+                handle.remove()
+            self._hooks.clear()
+            self._client.close(timeout_s=10.0)
+            self._snapshotter.close(timeout=10.0)
+            self._tier.close()
+            self._comm.close()
+
+    def _persist_latest(self) -> None:
+        index = self._latest
+        state = self._tier.states[index] if index is not None else None
+        if index is None or state is None or state.step is None:
+            return
+        slot = self._tier.slots[index]
+        tensors = {e.key: slot.view(e) for e in state.entries}
+        sig = slots.signature(state.entries, self.world_size)
+        if self._plan is None or self._plan.signature != sig:
+            self._plan = dcp_layout.plan_storage(tensors, comm=self._comm, signature=sig)
+        del tensors
+        with self._cond:
+            self._busy, self._pinned = True, index
+        self._last_persist_started = state.step
+        self.stats.persists += 1
+        self._send_persist(state.step, index, state.entries, state.objects, self._plan)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("this checkpoint Manager is closed")
+
+    def __enter__(self) -> Manager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(persist_last=exc[0] is None)
+
+
+def _pickle_objects(flat: Flat) -> bytes:
+    shared = {leaf.key: leaf.value for leaf in flat.objects if not leaf.local}
+    local = {leaf.key: leaf.value for leaf in flat.objects if leaf.local}
+    return pickle.dumps({"global": shared, "local": local}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _prepare_directory(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CheckpointDirError(f"checkpoint directory {path} exists and is not a directory",
+                                 hint="pass another directory") from None
+    except OSError as exc:
+        raise CheckpointDirError(f"cannot create checkpoint directory {path}: {exc.strerror}",
+                                 hint="pass a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CheckpointDirError(f"checkpoint directory {path} is not writable",
+                                 hint="pass a writable directory")

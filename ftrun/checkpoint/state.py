@@ -1,0 +1,174 @@
+"""What a checkpoint holds: the user's state, flattened to fully-qualified names.
+
+`state` is a dict whose values are Stateful objects (`state_dict()`/`load_state_dict()`), nested
+dicts, tensors or plain Python values. Flattening joins the keys with "." ("train.model.layers.0
+.weight"), the way torch.distributed.checkpoint (DCP) names things, so a tensor has the same name
+whatever the DP x PP layout that holds it.
+
+- Tensors go through DCP: a checkpoint written under one layout loads under another.
+- Other values (hyper-parameters, counters) are pickled; a value held by several ranks is taken
+  from the lowest rank that saved it, as DCP does.
+- `PerRank(x)` marks state that differs per rank (a data iterator's position); it comes back to
+  the same rank, and only when the world size is unchanged. The RNG states (Python, NumPy, torch
+  CPU and CUDA) are always saved per rank, so a resumed run draws the same numbers.
+
+`TrainState(model, optimizer)` uses DCP's get/set_state_dict with flattened optimizer state, so
+optimizer state is keyed by parameter name too (and survives resharding).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from ftrun.checkpoint.errors import StateError
+
+RNG_KEY = "__rng__"
+
+
+class TrainState:
+    """A model and its optimizer(s), saved by parameter name (reshardable)."""
+
+    def __init__(self, model: torch.nn.Module,
+                 optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]) -> None:
+        self.model = model
+        self.optimizers = ([optimizers] if isinstance(optimizers, torch.optim.Optimizer)
+                           else list(optimizers))
+        self._options = StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizers, options=self._options)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizers, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"], options=self._options)
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """Marks state that is different on every rank (e.g. a data loader's position)."""
+
+    value: Any
+
+
+def _is_stateful(value: Any) -> bool:
+    return (not isinstance(value, (torch.Tensor, Mapping))
+            and callable(getattr(value, "state_dict", None))
+            and callable(getattr(value, "load_state_dict", None)))
+
+
+@dataclass
+class Leaf:
+    key: str
+    container: dict[str, Any]
+    name: str
+    local: bool
+    tensor: torch.Tensor | None = None  # detached alias of a tensor leaf (shares its storage)
+
+    @property
+    def value(self) -> Any:
+        return self.tensor if self.tensor is not None else self.container[self.name]
+
+
+@dataclass
+class Flat:
+    """The flattened state: leaves that point back into the dicts they came from."""
+
+    tensors: list[Leaf] = field(default_factory=list)
+    objects: list[Leaf] = field(default_factory=list)
+    roots: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (Stateful, its dict)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [opt for obj, _ in self.roots if isinstance(obj, TrainState) for opt in obj.optimizers]
+
+
+def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
+    if not isinstance(state, Mapping):
+        raise StateError(f"state must be a dict of name -> object, not {type(state).__name__}",
+                         hint="e.g. {'train': ftrun.checkpoint.TrainState(model, optimizer)}")
+    flat = Flat()
+    top: dict[str, Any] = {}
+    for name, value in state.items():
+        local = isinstance(value, PerRank)
+        inner = value.value if local else value
+        # restore() puts values back into the containers they came from; a bare top-level value
+        # has none the caller can see, so it would silently not be restored.
+        if not (_is_stateful(inner) or isinstance(inner, (dict, torch.Tensor))):
+            raise StateError(f"state[{name!r}] is a {type(inner).__name__}; top-level values must "
+                             "be dicts, tensors or objects with state_dict()/load_state_dict()",
+                             hint=f"wrap it in a dict, e.g. {{{name!r}: {{'value': ...}}}}")
+        top[str(name)] = inner
+        _walk(flat, top, str(name), str(name), local)
+    if rng:
+        holder = {RNG_KEY: capture_rng()}
+        flat.objects.append(Leaf(RNG_KEY, holder, RNG_KEY, True))
+    return flat
+
+
+def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: bool) -> None:
+    value = container[name]
+    if _is_stateful(value):
+        sd = value.state_dict()
+        if not isinstance(sd, dict):
+            raise StateError(f"{key}.state_dict() returned {type(sd).__name__}, not a dict")
+        flat.roots.append((value, sd))
+        for sub in list(sd):
+            _walk(flat, sd, sub, f"{key}.{sub}", local)
+    elif isinstance(value, dict):
+        for sub in list(value):
+            _walk(flat, value, sub, f"{key}.{sub}", local)
+    elif isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter:
+            raise StateError(f"{key} is a {type(value).__name__}; only plain tensors are supported",
+                             hint="DTensor/FSDP state is not supported by ftrun.checkpoint yet")
+        flat.tensors.append(Leaf(key, container, name, local, value.detach()))
+    else:
+        flat.objects.append(Leaf(key, container, name, local))
+
+
+def storage_key(leaf: Leaf, rank: int) -> str:
+    """The DCP name of a tensor: its FQN, or a rank-qualified one for PerRank state."""
+    return f"__rank{rank}__.{leaf.key}" if leaf.local else leaf.key
+
+
+def apply(flat: Flat, objects: Mapping[str, Any]) -> None:
+    """After tensors were loaded in place: put back loaded objects, then call load_state_dict."""
+    for leaf in flat.objects:
+        if leaf.key in objects:
+            leaf.container[leaf.name] = objects[leaf.key]
+    rng_state = objects.get(RNG_KEY)
+    for obj, sd in reversed(flat.roots):  # innermost first
+        obj.load_state_dict(sd)
+    if rng_state is not None:
+        restore_rng(rng_state)
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,95 @@
+"""Shared helpers for the ftrun.checkpoint tests: a tiny training setup and a Manager factory
+that cleans up after itself (closes managers, proves their persist workers exited, deletes the
+memory tier)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ftrun.checkpoint as ckpt
+
+
+class Loader:
+    """A data source whose position and generator are checkpoint state."""
+
+    def __init__(self, seed: int = 7, width: int = 8) -> None:
+        self.width = width
+        self.generator = torch.Generator().manual_seed(seed)
+        self.position = 0
+
+    def next(self) -> torch.Tensor:
+        self.position += 1
+        return torch.randn(4, self.width, generator=self.generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.position = sd["position"]
+        self.generator.set_state(sd["generator"])
+
+
+class Toy:
+    """Model + AdamW + loader; dropout draws from torch's global RNG."""
+
+    def __init__(self, seed: int = 0, width: int = 8) -> None:
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Dropout(0.25),
+                                         torch.nn.Linear(width, 1))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=0.05)
+        self.loader = Loader(width=width)
+        self.extra = {"epoch": 0, "note": "n"}
+        self.state = {"train": ckpt.TrainState(self.model, self.opt),
+                      "data": ckpt.PerRank(self.loader), "extra": self.extra}
+
+    def step(self) -> float:
+        x = self.loader.next()
+        loss = (self.model(x) - x.sum(1, keepdim=True).sin()).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.extra["epoch"] += 1
+        return loss.item()
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        sd = self.state["train"].state_dict()
+        flat = {f"model.{k}": v.clone() for k, v in sd["model"].items()}
+        flat.update({f"optim.{k}": v.clone() for k, v in sd["optim"].items()
+                     if isinstance(v, torch.Tensor)})
+        return flat
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+class Managers:
+    """Builds Managers for one test: per-test job id (memory tier) and checkpoint directory."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.directory = tmp_path / "ckpt"
+        self.job = f"test-{uuid.uuid4().hex[:10]}"
+        self.made: list[ckpt.Manager] = []
+
+    def __call__(self, directory: Path | None = None, **options: Any) -> ckpt.Manager:
+        if options.get("memory") is not False:
+            options.setdefault("job_id", self.job)
+        options.setdefault("persist_bandwidth", 0)
+        mgr = ckpt.Manager(directory or self.directory, **options)
+        self.made.append(mgr)
+        return mgr
+
+    def cleanup(self) -> None:
+        try:
+            for mgr in self.made:
+                mgr.close(persist_last=False, timeout=30)
+                assert mgr._client.proc.poll() is not None, "a persist worker outlived close()"
+        finally:
+            shutil.rmtree(ckpt.memory_tier_dir(self.job), ignore_errors=True)

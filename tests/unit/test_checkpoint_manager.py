@@ -1,0 +1,193 @@
+"""ftrun.checkpoint.Manager in one process, with its real persist worker: round trips through
+each tier, exact resume, tier choice, corrupt checkpoints, pruning, errors, the restore report."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+
+import ftrun.checkpoint as ckpt
+from ftrun.checkpoint import storage
+from tests.conftest import wait_for
+from tests.integration.ckpt_helpers import Managers, Toy, assert_same
+
+
+@pytest.fixture
+def managers(tmp_path):
+    made = Managers(tmp_path)
+    yield made
+    made.cleanup()
+
+
+def train(toy: Toy, mgr: ckpt.Manager, steps: range, *, persist_each: bool = False) -> list[float]:
+    losses = []
+    for step in steps:
+        losses.append(toy.step())
+        mgr.save(step, toy.state)
+        if persist_each:
+            assert mgr.wait_persist(30)
+    return losses
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["storage", "memory"])
+def test_resume_is_exact_from_either_tier(managers, memory):
+    """Restore into fresh objects, train on: the same losses, bit for bit, as never stopping."""
+    toy = Toy(seed=0)
+    mgr = managers(memory=memory)
+    assert mgr.restore(toy.state) == 0 and mgr.restored.tier == "none"
+    train(toy, mgr, range(1, 5))
+    mgr.close()  # persists step 4
+    saved = toy.tensors()
+    reference = [toy.step() for _ in range(4)]  # the run that never stopped
+
+    fresh = Toy(seed=123)  # other weights, other RNG position
+    mgr2 = managers(memory=memory)
+    assert mgr2.restore(fresh.state) == 4
+    assert mgr2.restored.tier == ("memory" if memory else "storage")
+    assert_same(fresh.tensors(), saved)
+    assert (fresh.loader.position, fresh.extra) == (4, {"epoch": 4, "note": "n"})
+    assert [fresh.step() for _ in range(4)] == reference
+
+
+def test_snapshot_holds_the_values_of_its_step(managers):
+    """The optimizer step right after save() waits for the copy (pre-step hook)."""
+    toy = Toy(width=256)  # 256 KiB weights: copied in the background, not inside save()
+    mgr = managers(memory=False)
+    mgr.restore(toy.state)
+    toy.step()
+    mgr.save(1, toy.state)
+    at_save = toy.tensors()
+    toy.step()  # changes every parameter, immediately
+    mgr.close(persist_last=False)
+    mgr2 = managers(memory=False)
+    fresh = Toy(seed=5, width=256)
+    # Nothing was persisted but step 1 (the first save always is): it must be step 1's values.
+    assert mgr2.restore(fresh.state) == 1
+    assert_same(fresh.tensors(), at_save)
+
+
+def test_storage_wins_when_it_is_fresher_than_memory(managers):
+    toy = Toy()
+    first = managers()
+    first.restore(toy.state)
+    train(toy, first, range(1, 3), persist_each=True)
+    first.close(persist_last=False)
+    # Another job writes newer checkpoints to the same directory; the first job's memory is older.
+    other = managers(job_id=f"{managers.job}-b")
+    train(toy, other, range(3, 6))
+    other.close()
+    try:
+        mgr = managers()
+        assert mgr.restore(Toy().state) == 5 and mgr.restored.tier == "storage"
+        mgr.close(persist_last=False)
+    finally:
+        shutil.rmtree(ckpt.memory_tier_dir(f"{managers.job}-b"), ignore_errors=True)
+
+
+def test_a_corrupt_checkpoint_is_skipped_with_a_warning(managers, capfd):
+    toy = Toy()
+    mgr = managers(memory=False)
+    mgr.restore(toy.state)
+    train(toy, mgr, range(1, 5), persist_each=True)
+    mgr.close(persist_last=False)
+    step4 = managers.directory / storage.step_dir_name(4)
+    step3 = managers.directory / storage.step_dir_name(3)
+    data = step4 / storage.data_file_name(0)
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF  # one flipped bit-pattern in the tensor bytes
+    data.write_bytes(bytes(raw))
+    (step3 / storage.MANIFEST).write_text('{"format": "ftrun-checkpoint/1", "st')  # torn
+    capfd.readouterr()
+    mgr2 = managers(memory=False)
+    assert mgr2.restore(Toy().state) == 2
+    err = capfd.readouterr().err
+    assert "step-0000000004 is corrupt" in err and "CRC32" in err
+    assert "step-0000000003 is not a valid checkpoint" in err
+
+
+def test_nothing_valid_is_an_error_not_a_fresh_start(managers):
+    toy = Toy()
+    mgr = managers(memory=False)
+    mgr.restore(toy.state)
+    train(toy, mgr, range(1, 2))
+    mgr.close()
+    (managers.directory / storage.step_dir_name(1) / storage.data_file_name(0)).write_bytes(b"")
+    mgr2 = managers(memory=False)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        mgr2.restore(Toy().state)
+    assert "no valid checkpoint" in err.value.message and err.value.hint
+
+
+def test_keeps_the_last_k(managers):
+    toy = Toy()
+    mgr = managers(memory=False, keep=2)
+    mgr.restore(toy.state)
+    train(toy, mgr, range(1, 6), persist_each=True)
+    mgr.close()
+    names = sorted(p.name for p in managers.directory.iterdir())
+    assert names == [storage.step_dir_name(4), storage.step_dir_name(5)]
+
+
+def test_restore_reports_one_line_with_the_step_and_tier(managers, capfd):
+    """The line `ftrun inspect` reads back from the rank's log (ftrun/jobview.py)."""
+    toy = Toy()
+    mgr = managers()
+    mgr.restore(toy.state)
+    assert "ftrun-checkpoint: no checkpoint found, starting from step 0" in capfd.readouterr().out
+    train(toy, mgr, range(1, 3))
+    mgr.close()
+    assert managers().restore(Toy().state) == 2
+    assert "ftrun-checkpoint: restored step 2 from memory\n" in capfd.readouterr().out
+    assert managers(memory=False).restore(Toy().state) == 2
+    assert "ftrun-checkpoint: restored step 2 from storage\n" in capfd.readouterr().out
+
+
+def test_user_errors_carry_a_message_and_a_hint(managers, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ckpt.CheckpointDirError) as err:
+        ckpt.Manager(afile, memory=False)
+    assert "not a directory" in err.value.message and err.value.hint
+    toy = Toy()
+    mgr = managers(memory=False)
+    with pytest.raises(ckpt.StateError):
+        mgr.restore([toy.model])  # type: ignore[arg-type]
+    mgr.restore(toy.state)
+    train(toy, mgr, range(1, 2))
+    mgr.close()
+    with pytest.raises(ckpt.CheckpointError, match="closed"):
+        mgr.save(2, toy.state)
+    wider = Toy(width=16)
+    with pytest.raises(ckpt.StateError) as err:
+        managers(memory=False).restore(wider.state)
+    assert err.value.hint
+
+
+def test_a_dead_persist_worker_is_reported(managers):
+    toy = Toy()
+    mgr = managers(memory=False)
+    mgr.restore(toy.state)
+    os.kill(mgr._client.proc.pid, signal.SIGKILL)
+    wait_for(lambda: mgr._worker_gone, 10, "the manager to notice its worker died")
+    with pytest.raises(ckpt.CheckpointError, match="persist worker died"):
+        mgr.save(1, toy.state)
+
+
+def test_dtensor_like_state_is_refused_clearly(managers):
+    class Fancy(torch.Tensor):
+        pass
+
+    mgr = managers(memory=False)
+    with pytest.raises(ckpt.StateError, match="only plain tensors"):
+        mgr.save(1, {"x": torch.zeros(2).as_subclass(Fancy)})
+
+
+def test_a_bare_top_level_value_is_refused_since_it_could_not_be_restored(managers):
+    mgr = managers(memory=False)
+    with pytest.raises(ckpt.StateError) as err:
+        mgr.save(1, {"step": 3})
+    assert "'step'" in err.value.message and err.value.hint
