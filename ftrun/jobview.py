@@ -1,11 +1,15 @@
 """What a job is and was, folded from its event log: the one model `status` and `inspect` render.
 
-Pure except for `controller_alive`, which asks the OS whether the recorded controller still runs
-(pid plus start time, so a recycled pid is not mistaken for it).
+`fold` is pure except for `controller_alive`, which asks the OS whether the recorded controller
+still runs (pid plus start time, so a recycled pid is not mistaken for it). `load_job` also reads,
+for each restart, what the relaunched ranks restored: `ftrun.checkpoint` prints one line,
+`ftrun-checkpoint: restored step N from memory|storage` (or `no checkpoint found`), into the rank
+log that the agent already relays into the job directory, so no new message kind is needed.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +20,11 @@ import psutil
 from ftrun.journal import read_events
 
 STATES = ("running", "succeeded", "failed", "stopped")
+# Printed by ftrun.checkpoint on restore (ftrun/checkpoint/restore.py, `_done`); not imported
+# from there because that module imports torch. tests/unit/test_jobview.py checks both agree.
+RESTORE_LINE = re.compile(r"^ftrun-checkpoint: (?:restored step (\d+) from (memory|storage)"
+                          r"|no checkpoint found, starting from step (0))$")
+RESTORE_SCAN_BYTES = 1 << 20  # restore runs at start-up: its line is near the top of the log
 
 
 @dataclass
@@ -47,6 +56,8 @@ class Incident:
     next_generation: int | None = None
     first_step_t: float | None = None
     step_resumed: int | None = None
+    restored_step: int | None = None   # what the relaunched ranks restored (from their logs)
+    restored_tier: str | None = None   # "memory", "storage" or "none"
 
     @property
     def detected_s(self) -> float | None:
@@ -61,8 +72,13 @@ class Incident:
 
     @property
     def lost_steps(self) -> int | None:
-        # Steps done again: the run reached step_at_fault, and resumed at step_resumed.
-        if self.step_at_fault is None or self.step_resumed is None:
+        # Steps done again: the run reached step_at_fault and restarts after the step it restored
+        # (else, for scripts without ftrun.checkpoint, at the first step it reported again).
+        if self.step_at_fault is None:
+            return None
+        if self.restored_step is not None:
+            return max(0, self.step_at_fault - self.restored_step)
+        if self.step_resumed is None:
             return None
         return max(0, self.step_at_fault - self.step_resumed + 1)
 
@@ -78,7 +94,8 @@ class Incident:
             "rank": self.rank, "exit_code": self.exit_code, "signal": self.signal,
             "detected_s": _round(self.detected_s), "recovered_s": _round(self.recovered_s),
             "lost_steps": self.lost_steps, "step_at_fault": self.step_at_fault,
-            "step_resumed": self.step_resumed, "traceback": self.traceback, "rule": self.rule,
+            "step_resumed": self.step_resumed, "restored_step": self.restored_step,
+            "restored_tier": self.restored_tier, "traceback": self.traceback, "rule": self.rule,
             "injected": self.injected, "allowance_s": self.allowance_s,
             "past_allowance_s": self.past_allowance_s, "section": self.section,
             "stacks": self.stacks, "states": self.states,
@@ -145,7 +162,33 @@ def controller_alive(pid: int | None, create_time: float | None) -> bool:
 
 
 def load_job(job_dir: Path) -> JobView:
-    return fold(job_dir, read_events(job_dir))
+    view = fold(job_dir, read_events(job_dir))
+    for inc in view.incidents:
+        if inc.next_generation is not None:
+            found = read_restore(job_dir / "logs" / f"g{inc.next_generation}")
+            if found is not None:
+                inc.restored_step, inc.restored_tier = found
+    return view
+
+
+def read_restore(log_dir: Path) -> tuple[int, str] | None:
+    """(step, tier) that the ranks of one generation restored, from the first rank log that says
+    so (every rank restores the same step from the same tier); None if none says so (yet)."""
+    try:
+        logs = sorted(log_dir.glob("rank*.log"), key=lambda p: (len(p.name), p.name))
+    except OSError:
+        return None
+    for path in logs:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(RESTORE_SCAN_BYTES)
+        except OSError:
+            continue
+        for line in head.decode("utf-8", "replace").splitlines():
+            m = RESTORE_LINE.match(line.strip())
+            if m:
+                return (int(m.group(1)), m.group(2)) if m.group(1) else (0, "none")
+    return None
 
 
 def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:

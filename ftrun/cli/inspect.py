@@ -61,9 +61,8 @@ def print_timeline(view: JobView) -> None:
         for name, t in inc.phases():
             rel = "" if t is None else f"  (+{t - base:.3f}s)"
             console.print(f"      {name:<17} {clock(t)}{rel}")
-        if inc.lost_steps is not None:
-            console.print(f"      steps lost: {inc.lost_steps} (failed at step {inc.step_at_fault}, "
-                          f"resumed at step {inc.step_resumed})")
+        if inc.restored_tier is not None or inc.lost_steps is not None:
+            console.print(f"      {_recovery(inc)}", soft_wrap=True)
         if inc.traceback:
             console.print(Text("      " + inc.traceback.replace("\n", "\n      "), style="red"))
         for rank, text in sorted((inc.stacks or {}).items()):
@@ -74,6 +73,19 @@ def print_timeline(view: JobView) -> None:
                                f"        {shown}{more}", style="dim"))
     if view.ended_t:
         console.print(f"  {clock(view.ended_t)}  job {view.state}: {view.reason}", soft_wrap=True)
+
+
+def _recovery(inc: Incident) -> str:
+    """What the relaunch restored (ftrun.checkpoint reports it) and what the fault cost."""
+    if inc.restored_tier == "none":
+        restored = "restored: nothing (no checkpoint yet), restarted from step 0"
+    elif inc.restored_tier is not None:
+        restored = f"restored: step {inc.restored_step} from {inc.restored_tier}"
+    else:
+        restored = f"resumed at step {inc.step_resumed}"
+    if inc.lost_steps is None:
+        return restored
+    return f"{restored}; steps lost: {inc.lost_steps} (failed at step {inc.step_at_fault})"
 
 
 def _evidence(inc: Incident) -> str:
