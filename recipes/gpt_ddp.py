@@ -1,11 +1,17 @@
 """A small GPT-style language model trained with DDP (gloo on CPU, NCCL on GPUs).
 
-Runs unchanged under plain torchrun; under `ftrun launch` it also reports step progress
-(`ftrun.step`), and its checkpoints go to the job directory. It checkpoints every --ckpt-every
-steps (model, optimizer, step, RNG) and resumes from the newest one, so a restarted run continues
-where the checkpoint left off.
+Checkpoints with `ftrun.checkpoint`: a snapshot after every step (--ckpt-every), taken in the
+background while the next step runs, persisted to storage whenever the previous persist is done.
+The state is the model and optimizer (by parameter name), each rank's data position and
+generator, and the RNG states (saved automatically), so a resumed run continues the same stream.
+
+- under `ftrun launch`, checkpoints go to the job directory and snapshots also stay in host
+  memory (/dev/shm), so a restart in place restores from memory, not from disk;
+- under plain torchrun (or python), it runs unchanged: checkpoints go to ./checkpoints (or
+  --ckpt-dir) and a new run resumes from the newest valid one there.
 
     ftrun launch --nproc-per-node 2 recipes/gpt_ddp.py --steps 200
+    torchrun --standalone --nproc-per-node 2 recipes/gpt_ddp.py --steps 200
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import ftrun
+import ftrun.checkpoint as ckpt
 
 
 class Block(nn.Module):
@@ -30,7 +37,8 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
+                                 nn.Dropout(0.1))  # draws from the RNG: it is in the checkpoint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.size(1)
@@ -62,6 +70,31 @@ def corpus(length: int, vocab: int) -> torch.Tensor:
     return (base[steps % 97] + steps // 97) % vocab
 
 
+class Batches:
+    """Random windows of the corpus, drawn from this rank's own generator. Its position and
+    generator are checkpoint state, so a resumed run draws the batches it would have drawn."""
+
+    def __init__(self, data: torch.Tensor, batch: int, context: int, seed: int) -> None:
+        self.data, self.batch, self.context = data, batch, context
+        self.generator = torch.Generator().manual_seed(seed)
+        self.position = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.position += 1
+        starts = torch.randint(0, len(self.data) - self.context - 1, (self.batch,),
+                               generator=self.generator)
+        x = torch.stack([self.data[s:s + self.context] for s in starts])
+        y = torch.stack([self.data[s + 1:s + self.context + 1] for s in starts])
+        return x, y
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.position = sd["position"]
+        self.generator.set_state(sd["generator"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
@@ -70,56 +103,43 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--ckpt-every", type=int, default=1, help="snapshot every N steps")
     p.add_argument("--ckpt-dir", default=None,
                    help="default: <ftrun job dir>/checkpoints, or ./checkpoints outside ftrun")
     args = p.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if backend == "nccl" else "cpu")
     torch.manual_seed(0)
     vocab = 256
-    model = GPT(vocab, args.dim, args.layers, heads=4, context=args.context).to(device)
-    model = DistributedDataParallel(model, device_ids=[device] if backend == "nccl" else None)
+    net = GPT(vocab, args.dim, args.layers, heads=4, context=args.context).to(device)
+    model = DistributedDataParallel(net, device_ids=[device] if backend == "nccl" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    data = corpus(200_000, vocab)
+    batches = Batches(corpus(200_000, vocab), args.batch, args.context, seed=1000 + rank)
 
-    ckpt_dir = args.ckpt_dir or os.path.join(os.environ.get("FTRUN_JOB_DIR", "."), "checkpoints")
-    ckpt = os.path.join(ckpt_dir, "gpt.pt")
-    start = 0
-    if os.path.exists(ckpt):
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = state["step"]
-        if rank == 0:
-            print(f"resumed from step {start}", flush=True)
+    state = {"train": ckpt.TrainState(net, opt), "data": ckpt.PerRank(batches)}
+    mgr = ckpt.Manager(args.ckpt_dir)
+    start = mgr.restore(state)  # every run calls it: 0 and nothing loaded when there is none
+    if rank == 0 and start:
+        print(f"resumed from step {start} ({mgr.restored.tier})", flush=True)
 
     for step in range(start + 1, args.steps + 1):
         t0 = time.perf_counter()
-        # The batch is a pure function of (step, rank): a resumed run sees the same data.
-        g = torch.Generator().manual_seed(step * world + rank)
-        starts = torch.randint(0, len(data) - args.context - 1, (args.batch,), generator=g)
-        x = torch.stack([data[s:s + args.context] for s in starts]).to(device)
-        y = torch.stack([data[s + 1:s + args.context + 1] for s in starts]).to(device)
+        x, y = (t.to(device) for t in batches.next())
         loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        opt.step()  # first waits, if needed, for the previous snapshot's copy
         ftrun.step(step)
+        if step % args.ckpt_every == 0:
+            mgr.save(step, state)  # returns at once; the copy overlaps the next step
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(f"step {step} loss {loss.item():.4f} ppl {math.exp(loss.item()):.1f} "
                   f"({(time.perf_counter() - t0) * 1000:.0f} ms)", flush=True)
-        if step % args.ckpt_every == 0:
-            if rank == 0:
-                os.makedirs(ckpt_dir, exist_ok=True)
-                torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
-                            "step": step}, ckpt + ".tmp")
-                os.replace(ckpt + ".tmp", ckpt)  # never leave a torn checkpoint behind
-            dist.barrier()
 
+    mgr.close()  # persists the last snapshot if the background persist had not reached it
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo: train the GPT recipe on 2 local ranks, SIGKILL rank 1 mid-run, watch ftrun restart
-# the job in place from its last checkpoint, then show what `ftrun inspect` recorded.
+# the job in place from the snapshot it kept in host memory, then show what `ftrun inspect`
+# recorded (the step restored, from which tier, and the steps lost).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -36,3 +37,10 @@ trap - EXIT
 echo
 echo "== ftrun inspect $(basename "$job_dir")"
 "$PYTHON" -m ftrun inspect "$(basename "$job_dir")"
+# The job's host-memory snapshots (/dev/shm/ftrun-<job>) are the agent's to delete at job end;
+# removing them here too is harmless and keeps the demo clean whatever the agent did.
+"$PYTHON" - "$(basename "$job_dir")" <<'PY'
+import shutil, sys
+from ftrun.checkpoint import memory_tier_dir
+shutil.rmtree(memory_tier_dir(sys.argv[1]), ignore_errors=True)
+PY
