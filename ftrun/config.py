@@ -59,7 +59,17 @@ class LaunchConfig:
     agent_start_timeout_s: float = 30.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
+    # Hosts as the user wrote them (ftrun/hostlist.py). No --hosts: this machine, no ssh.
     hosts: tuple[str, ...] = ("localhost",)
+    spares: tuple[str, ...] = ()
+    # Fewest hosts the job may shrink to after losing some (torchrun's --nnodes MIN:MAX).
+    min_nodes: int = 1
+    ssh: bool = False
+    ssh_config: str | None = None
+    # The interpreter agents run on remote hosts [default: the controller's own path].
+    remote_python: str | None = None
+    # The address agents dial [default: the address this machine uses to reach each host].
+    controller_addr: str | None = None
     policy: FaultPolicy = field(default_factory=FaultPolicy)
 
     def __post_init__(self) -> None:
@@ -72,6 +82,11 @@ class LaunchConfig:
             problems.append(f"--master-port must be in 1..65535 (got {self.master_port})")
         if self.grace_period_s < 0:
             problems.append(f"--grace-period must be 0 or more (got {self.grace_period_s})")
+        if not 1 <= self.min_nodes <= len(self.hosts):
+            problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
+                            f"got {self.min_nodes}")
+        if self.spares and not self.ssh:
+            problems.append("--spares needs --hosts or --hostfile (spares are other machines)")
         if self.progress_regex is not None:
             try:
                 compiled = re.compile(self.progress_regex)
@@ -87,17 +102,23 @@ class LaunchConfig:
     def job_dir(self) -> Path:
         return self.run_dir / self.job_id
 
+    @property
+    def agent_python(self) -> str:
+        """The interpreter agents run: --remote-python on remote hosts, else ours."""
+        return (self.remote_python or self.python) if self.ssh else self.python
+
     def entrypoint(self) -> list[str]:
         """What each rank runs, in torchrun's terms (python is prepended unless --no-python)."""
         if self.no_python:
             return [self.script, *self.script_args]
         if self.module:
-            return [self.python, "-u", "-m", self.script, *self.script_args]
-        return [self.python, "-u", self.script, *self.script_args]
+            return [self.agent_python, "-u", "-m", self.script, *self.script_args]
+        return [self.agent_python, "-u", self.script, *self.script_args]
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["run_dir"] = str(self.run_dir)
         out["script_args"] = list(self.script_args)
         out["hosts"] = list(self.hosts)
+        out["spares"] = list(self.spares)
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from ftrun.agent.agent import Agent, Bootstrap
@@ -18,6 +19,8 @@ def main() -> int:
     except (ValueError, TypeError) as e:
         print(f"ftrun agent: bad bootstrap on stdin: {e}", file=sys.stderr)
         return 2
+    # Forwarded by the launcher; the zygote, torchrun and the ranks inherit it from us.
+    os.environ.update(boot.env)
     return asyncio.run(Agent(boot).run())
 
 

@@ -17,14 +17,13 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import inject, procs, stacks
+from ftrun.agent import inject, procs, stacks, workdir
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
@@ -52,6 +51,8 @@ class Bootstrap:
     fence_timeout_s: float
     warm_start: bool
     python: str = sys.executable
+    # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
+    env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> "Bootstrap":
@@ -78,7 +79,7 @@ class GenerationRun:
 class Agent:
     def __init__(self, boot: Bootstrap) -> None:
         self.boot = boot
-        self.work = Path(tempfile.mkdtemp(prefix="ftrun-agent-"))
+        self.work = workdir.create()
         self.sock_path = str(self.work / "agent.sock")
         self.zygote: asyncio.subprocess.Process | None = None
         self.chan: Channel | None = None
@@ -101,8 +102,11 @@ class Agent:
                 await self._start_zygote()
             self.chan = await open_channel(self.boot.controller_host, self.boot.controller_port,
                                            self.boot.secret, timeout_s=self.boot.fence_timeout_s)
+            # Our end of the control connection is an address the other hosts can reach too:
+            # the controller makes it the rendezvous address when we are node rank 0.
             self.chan.send("hello", agent_id=self.boot.agent_id, host=self.boot.host,
-                           pid=os.getpid())
+                           pid=os.getpid(), addr=self.chan.writer.get_extra_info("sockname")[0],
+                           port=free_port())
             self.last_heard = time.monotonic()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
@@ -123,6 +127,10 @@ class Agent:
                 await self.zygote.wait()
             self.datagrams.close()
             shutil.rmtree(self.work, ignore_errors=True)
+            if self.exit_code == 0:
+                # The job is over: its memory-tier checkpoints on this host go with it. (Not when
+                # fenced: the job goes on elsewhere, and hosts may share /dev/shm in a testbed.)
+                shutil.rmtree(workdir.memory_tier(self.boot.job_id), ignore_errors=True)
             if self.chan is not None:
                 self.chan.close()
         return self.exit_code or 0
@@ -255,7 +263,8 @@ class Agent:
             survivors = await self._kill_generation()
         else:
             survivors = []
-        self._send("stopped", gen=number, survivors=survivors)
+        # A fresh rendezvous port for the next generation, in case we are its node rank 0.
+        self._send("stopped", gen=number, survivors=survivors, port=free_port())
 
     async def _kill_generation(self) -> list[int]:
         run, self.gen = self.gen, None
@@ -391,6 +400,14 @@ class Agent:
             step = run.logs.last_step(lines)
             if step is not None:
                 self._on_step(run, rank, step)
+
+
+def free_port() -> int:
+    """A port for a generation's rendezvous, picked before it is needed, so a restart never
+    waits on a port still in TIME_WAIT from the generation it replaces."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def _signal_name(sig: int | None) -> str | None:

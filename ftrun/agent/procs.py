@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Iterable
 
@@ -66,3 +67,19 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return alive
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ftrun.agent.procs AGENT_ID`: the launcher's last resort on a host whose agent
+    did not exit when told (run over a fresh ssh session): kill everything tagged with the id."""
+    if len(argv) != 1:
+        print("usage: python -m ftrun.agent.procs AGENT_ID", file=sys.stderr)
+        return 2
+    survivors = kill_all([], argv[0])
+    if survivors:
+        print(f"survived SIGKILL: {survivors}", file=sys.stderr)
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -17,12 +17,13 @@ err_console = make_console(stderr=True)
 
 
 def _register() -> None:
-    from ftrun.cli import chaos, inspect, launch, status
+    from ftrun.cli import chaos, hosts, inspect, launch, status
 
     launch.register(app)
     status.register(app)
     inspect.register(app)
     chaos.register(app)
+    hosts.register(app)
 
 
 def main() -> None:

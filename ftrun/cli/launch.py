@@ -19,6 +19,7 @@ from ftrun.cli.render import make_console, ConsoleReporter, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import UsageError
+from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
 
 console = make_console(stderr=True)
 
@@ -52,9 +53,27 @@ def launch(
     hang_floor: Optional[float] = typer.Option(
         None, "--hang-floor", help="A rank is hung after max(floor, factor x step time) [2]."),
     hang_factor: Optional[float] = typer.Option(None, "--hang-factor", help="See --hang-floor [5]."),
+    hosts: Optional[str] = typer.Option(
+        None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."),
+    hostfile: Optional[Path] = typer.Option(
+        None, "--hostfile", help="One host per line, `host slots=N` (slots optional), # comments."),
+    spares: Optional[str] = typer.Option(
+        None, "--spares", help="Hosts that wait, ready, to replace a lost one: d,e."),
+    min_nodes: Optional[int] = typer.Option(
+        None, "--min-nodes", help="Fewest hosts the job may shrink to [1]."),
+    ssh_config: Optional[Path] = typer.Option(
+        None, "--ssh-config", envvar="FTRUN_SSH_CONFIG", help="ssh config file [~/.ssh/config]."),
+    remote_python: Optional[str] = typer.Option(
+        None, "--remote-python", help="Python on the hosts (default: the same path as here)."),
+    controller_addr: Optional[str] = typer.Option(
+        None, "--controller-addr", help="Address hosts dial to reach this machine (default: found per host)."),
 ) -> None:
-    """Run SCRIPT under torchrun on this host; restart it in place when a rank fails."""
+    """Run SCRIPT under torchrun on this host or on --hosts over ssh; restart it in place when
+    a rank fails, replace or shrink around a lost host."""
     problems = _check_entrypoint(script, module=module, no_python=no_python)
+    host_list = _host_options(hosts, hostfile, spares, ssh_config, problems)
+    if host_list.slots is not None:
+        nproc_per_node = host_list.slots
     if master_port is not None and 0 < master_port < 65536 and _port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
@@ -66,7 +85,12 @@ def launch(
                               no_python=no_python, nproc_per_node=nproc_per_node,
                               max_restarts=max_restarts, master_port=master_port,
                               progress_regex=progress_regex, grace_period_s=grace_period,
-                              warm_start=warm_start, policy=fault_policy)
+                              warm_start=warm_start, policy=fault_policy,
+                              hosts=host_list.hosts, spares=host_list.spares,
+                              min_nodes=min_nodes if min_nodes is not None else 1,
+                              ssh=host_list.ssh, remote_python=remote_python,
+                              ssh_config=str(ssh_config) if ssh_config else None,
+                              controller_addr=controller_addr)
     except UsageError as e:
         problems.insert(0, e.message)
     if problems:
@@ -79,6 +103,7 @@ def run(config: LaunchConfig) -> int:
     from ftrun.controller.supervisor import Supervisor
     from ftrun.journal import Journal
     from ftrun.transport.local import LocalTransport
+    from ftrun.transport.ssh import SshTransport
 
     journal = Journal(config.job_dir)
     journal.write_config(config.to_json())
@@ -89,8 +114,10 @@ def run(config: LaunchConfig) -> int:
     reporter = ConsoleReporter(console)
     reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
     try:
-        supervisor = Supervisor(config, journal=journal, transport=LocalTransport(config.python),
-                                reporter=reporter)
+        transport = (SshTransport(python=config.agent_python, ssh_config=config.ssh_config,
+                                  controller_addr=config.controller_addr)
+                     if config.ssh else LocalTransport(config.python))
+        supervisor = Supervisor(config, journal=journal, transport=transport, reporter=reporter)
         outcome = asyncio.run(supervisor.run())
     finally:
         journal.close()
@@ -104,6 +131,38 @@ def run(config: LaunchConfig) -> int:
                         else f" --run-dir {config.run_dir}")
         reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
     return outcome.exit_code
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hosts:
+    hosts: tuple[str, ...] = (LOCALHOST,)
+    spares: tuple[str, ...] = ()
+    ssh: bool = False
+    slots: int | None = None
+
+
+def _host_options(hosts: str | None, hostfile: Path | None, spares: str | None,
+                  ssh_config: Path | None, problems: list[str]) -> _Hosts:
+    """--hosts / --hostfile / --spares → host targets; problems are collected, not raised."""
+    if hosts is not None and hostfile is not None:
+        problems.append("--hosts and --hostfile cannot be used together")
+        return _Hosts()
+    if ssh_config is not None and not ssh_config.is_file():
+        problems.append(f"--ssh-config {str(ssh_config)!r} is not a file")
+    try:
+        entries = (read_hostfile(hostfile) if hostfile is not None
+                   else parse_host_list(hosts) if hosts is not None else [])
+        spare_entries = parse_host_list(spares, what="--spares") if spares else []
+        if hosts is not None and not entries:
+            problems.append("--hosts names no host")
+        if not entries:
+            return _Hosts(spares=tuple(e.target for e in spare_entries))
+        check_roles(entries, spare_entries, None)
+        return _Hosts(tuple(e.target for e in entries), tuple(e.target for e in spare_entries),
+                      ssh=True, slots=uniform_slots(entries + spare_entries))
+    except UsageError as e:
+        problems.append(e.message)
+        return _Hosts()
 
 
 def _fault_policy(path: Path | None, startup_timeout: float | None, hang_floor: float | None,
@@ -169,6 +228,9 @@ def _check_run_dir(run_dir: Path) -> None:
 def _hint(problems: list[str]) -> str:
     if any("in use" in p for p in problems):
         return "pick another --master-port, or leave it out to get a free port per generation"
+    if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):
+        return ("hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "
+                "line in a --hostfile); see `ftrun launch --help`")
     if any("policy" in p for p in problems):
         return "see docs/policy.md for the policy file format"
     if any("script" in p or "executable" in p for p in problems):

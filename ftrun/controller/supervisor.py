@@ -24,24 +24,28 @@ from typing import Any, Protocol
 
 import psutil
 
-from ftrun.agent.agent import Bootstrap
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence as ev_from
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.evidence import Failure
+from ftrun.controller.fleet import Fleet
 from ftrun.controller.hosts import HostHealth
 from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
+from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
-from ftrun.transport.base import AgentHandle, Transport
+from ftrun.transport.base import Transport
 
 log = logging.getLogger("ftrun.controller")
 
 PROGRESS_EVENT_INTERVAL_S = 5.0
 TEARDOWN_MARGIN_S = 10.0
 CONTROL_FILE = "control.json"
+# A lost agent fences (kills its ranks) fence_timeout_s after it last heard from us, checking
+# every heartbeat interval; a margin for the kill itself. The next generation waits for it.
+FENCE_MARGIN_S = 0.5
 
 
 class Reporter(Protocol):
@@ -73,6 +77,14 @@ class GenWatch:
     order: list[str] = field(default_factory=list)  # agent ids by node rank
 
 
+@dataclass
+class Reconfigure:
+    """A planned new generation (not a fault): grow onto ready hosts, or drop a removed one."""
+
+    why: str  # grow | remove
+    detail: str
+
+
 class Supervisor:
     def __init__(self, config: LaunchConfig, *, journal: Journal, transport: Transport,
                  reporter: Reporter) -> None:
@@ -81,13 +93,15 @@ class Supervisor:
         self.transport = transport
         self.reporter = reporter
         self.secret = new_secret()
-        self.agent_hosts = {f"{host}#{i}": host for i, host in enumerate(config.hosts)}
-        self.server = ControlServer(self.secret, expected_agents=set(self.agent_hosts),
+        self.server = ControlServer(self.secret, expected_agents=set(),
                                     heartbeat_interval_s=config.heartbeat_interval_s,
                                     host_lost_timeout_s=config.host_lost_timeout_s)
+        self.fleet = Fleet(config, transport=transport, server=self.server, journal=journal,
+                           reporter=reporter, secret=self.secret, environ=dict(os.environ))
+        self.roster = self.fleet.roster
         self.health = HostHealth(config.policy.quarantine)
         self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
-        self.handles: list[AgentHandle] = []
+        self.fenced_by: dict[str, float] = {}  # lost host → when its agent has surely fenced
         self.signals = 0
         self.generation = 0
         self.watch: GenWatch | None = None
@@ -98,12 +112,14 @@ class Supervisor:
 
     async def run(self) -> JobOutcome:
         cfg = self.config
-        port = await self.server.start(host="127.0.0.1")
+        bind = self.transport.bind_address()
+        port = await self.server.start(host=bind)
         me = psutil.Process()
-        self._write_control_file(port)
+        self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
         self.journal.record("job_started", job_id=cfg.job_id, name=cfg.job_name,
                             controller_pid=me.pid, controller_create_time=me.create_time(),
-                            control_port=port, hosts=list(cfg.hosts),
+                            control_port=port, hosts=list(cfg.hosts), spares=list(cfg.spares),
+                            min_nodes=cfg.min_nodes,
                             nproc_per_node=cfg.nproc_per_node, max_restarts=cfg.max_restarts,
                             entrypoint=cfg.entrypoint())
         loop = asyncio.get_running_loop()
@@ -126,12 +142,13 @@ class Supervisor:
                             restarts=self.restarts, generation=self.generation)
         return outcome
 
-    def _write_control_file(self, port: int) -> None:
-        """Where `ftrun chaos` finds the controller, with the job secret: readable by the owner only."""
+    def _write_control_file(self, host: str, port: int) -> None:
+        """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:
+        readable by the owner only."""
         path = self.journal.job_dir / CONTROL_FILE
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"host": "127.0.0.1", "port": port, "secret": self.secret}, f)
+            json.dump({"host": host, "port": port, "secret": self.secret}, f)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
@@ -147,38 +164,52 @@ class Supervisor:
 
     async def _start_agents(self, port: int) -> JobOutcome | None:
         cfg = self.config
-        for agent_id, host in self.agent_hosts.items():
-            boot = Bootstrap(controller_host=self.transport.controller_address(),
-                             controller_port=port, secret=self.secret, job_id=cfg.job_id,
-                             agent_id=agent_id, host=host,
-                             heartbeat_interval_s=cfg.heartbeat_interval_s,
-                             fence_timeout_s=cfg.fence_timeout_s, warm_start=cfg.warm_start,
-                             python=cfg.python)
-            self.handles.append(await self.transport.start_agent(
-                boot, log_path=self.journal.job_dir / "agents" / f"{host}.log"))
-        waiting = set(self.agent_hosts)
+        waiting = set(await self.fleet.start_all(port))
         deadline = time.monotonic() + cfg.agent_start_timeout_s
         while waiting:
             try:
                 agent_id, msg = await asyncio.wait_for(self.server.inbox.get(),
                                                        max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                raise FtrunError(f"agents did not connect within {cfg.agent_start_timeout_s:g} s: "
-                                 f"{', '.join(self.agent_hosts[a] for a in sorted(waiting))}",
-                                 hint=f"see {self.journal.job_dir / 'agents'}") from None
+                self.fleet.never_connected(waiting)
+                break
             if msg["kind"] == "stop_requested":
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped before the job started")
             if msg["kind"] == "hello":
+                self.fleet.on_message(agent_id, msg)
                 waiting.discard(agent_id)
-                self.journal.record("agent_connected", host=msg.get("host"), pid=msg.get("pid"))
+            elif msg["kind"] == "agent_lost":
+                self.fleet.on_lost(agent_id)
+                waiting.discard(agent_id)
             else:
-                self.chaos.handle(agent_id, msg, None)
+                self._side_channel(agent_id, msg, None)
         return None
 
     async def _stop_agents(self) -> None:
-        self.server.broadcast("shutdown")
-        await asyncio.gather(*(h.terminate(timeout_s=5.0) for h in self.handles),
-                             return_exceptions=True)
+        await self.fleet.stop_all()
+
+    def _side_channel(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
+        """Chaos, `ftrun hosts`, agents (re)connecting: handled the same in every phase."""
+        if self.chaos.handle(sender, msg, watch):
+            return True
+        if msg["kind"] == "hosts" and sender in self.server.clients:
+            ok, text = self.fleet.request(msg)
+            self.server.send(sender, "hosts_ack", ok=ok, message=text)
+            return True
+        if msg["kind"] == "hello":
+            return self.fleet.on_message(sender, msg)
+        if msg["kind"] == "agent_lost" and (watch is None or sender not in watch.agents):
+            self._host_lost(sender)
+            return True
+        self.fleet.on_message(sender, msg)  # a stopped agent's fresh port
+        return False
+
+    def _host_lost(self, agent_id: str) -> str | None:
+        host = self.fleet.on_lost(agent_id)
+        if host is not None:
+            self.fenced_by[host] = (time.monotonic() + self.config.fence_timeout_s
+                                    + self.config.heartbeat_interval_s + FENCE_MARGIN_S)
+        return host
 
     # ---- generations ------------------------------------------------------------------------
 
@@ -187,19 +218,39 @@ class Supervisor:
         previous: Evidence | None = None
         failures_in_row = 0
         incident = 0
+        try:
+            hosts = self._plan()
+        except NotEnoughHosts as e:
+            return JobOutcome("failed", EXIT_JOB_FAILED, self._too_few("cannot start", e),
+                              {"hint": "check the unreachable hosts, add --spares, or lower "
+                                       "--min-nodes"})
         while True:
             self.generation += 1
-            watch = self._launch(self.generation)
+            watch = self._launch(self.generation, hosts)
             result = await self._watch(watch)
             if result == "succeeded":
                 self.journal.record("generation_ended", gen=watch.number, outcome="succeeded",
                                     step=watch.max_step)
                 return JobOutcome("succeeded", EXIT_OK, "every rank exited 0")
             if result == "stopped":
-                await self._teardown(watch.number, graceful=self.signals < 2)
+                await self._teardown(watch, graceful=self.signals < 2)
                 self.journal.record("generation_ended", gen=watch.number, outcome="stopped",
                                     step=watch.max_step)
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+            if isinstance(result, Reconfigure):
+                # Planned: the ranks get SIGTERM and the grace period (a script that saves on
+                # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
+                self.journal.record("reconfigure", gen=watch.number, why=result.why,
+                                    detail=result.detail, step=watch.max_step)
+                self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
+                await self._teardown(watch, graceful=True)
+                self.journal.record("generation_ended", gen=watch.number, outcome="reconfigured",
+                                    step=watch.max_step)
+                try:
+                    hosts = self._plan()
+                except NotEnoughHosts as e:
+                    return JobOutcome("failed", EXIT_JOB_FAILED, self._too_few(result.detail, e))
+                continue
 
             assert isinstance(result, Failure)
             ev = result.evidence
@@ -220,7 +271,7 @@ class Supervisor:
             self.journal.record("fault_classified", incident=incident, tier=decision.tier.value,
                                 decision="stop" if decision.tier is Tier.FATAL else "restart",
                                 rule=decision.rule, reason=decision.reason)
-            await self._teardown(watch.number, graceful=False)
+            await self._teardown(watch, graceful=False)
             self.journal.record("torn_down", incident=incident, gen=watch.number)
             self.journal.record("generation_ended", gen=watch.number, outcome="failed",
                                 step=watch.max_step)
@@ -228,6 +279,16 @@ class Supervisor:
                 self.reporter.notice(f"fatal: {decision.reason}", level="error")
                 return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
                                   self._root_cause(ev, watch.number, result))
+            try:
+                hosts = self._plan()
+            except NotEnoughHosts as e:
+                reason = self._too_few(decision.reason, e)
+                self.reporter.notice(f"fatal: {reason}", level="error")
+                return JobOutcome("failed", EXIT_JOB_FAILED, reason,
+                                  self._root_cause(ev, watch.number, result))
+            self._journal_replan(incident, watch, hosts)
+            if await self._wait_fenced(incident):
+                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
             failures_in_row = 1 if progressed else failures_in_row + 1
             delay = backoff_s(failures_in_row, base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s)
             self.restarts += 1
@@ -244,6 +305,11 @@ class Supervisor:
         decision = classify(ev, history, max_restarts=cfg.max_restarts, rules=cfg.policy.rules)
         now = time.monotonic()
         if ev.host is not None and decision.tier is not Tier.FATAL:
+            if ev.kind == "host-lost":
+                # Benched until its agent is back (the fleet keeps retrying it); a host that
+                # keeps failing is benched for the policy's expiry below, like any other.
+                self.journal.record("host_quarantined", host=ev.host, until="its agent is back",
+                                    failures=self.health.recent_failures(ev.host) + 1)
             if self.health.record_failure(ev.host, now):
                 q = cfg.policy.quarantine
                 self.journal.record("host_quarantined", host=ev.host,
@@ -255,51 +321,83 @@ class Supervisor:
                                     f"{ev.describe()}; host {ev.host} is quarantined for "
                                     f"{q.expiry_s:g} s after {self.health.recent_failures(ev.host)} "
                                     f"failures within {q.window_s:g} s", "quarantine")
-        if decision.tier is Tier.REPLACE_NODE:
-            # Node replacement (spares, shrinking) needs more than one host; until a job has
-            # them, a host that needs replacing ends it.
-            decision = Decision(Tier.FATAL, decision.reason + ", and this job has no spare host "
-                                "to take its place", decision.rule)
         return decision
 
-    def _launch(self, number: int) -> GenWatch:
+    def _plan(self) -> list[str]:
+        now = time.monotonic()
+        return self.roster.plan(excluded=lambda host: self.health.quarantined(host, now))
+
+    def _too_few(self, why: str, e: NotEnoughHosts) -> str:
+        left = ", ".join(e.usable) or "none"
+        return (f"{why}, and no spare host is ready to take its place: {len(e.usable)} usable "
+                f"host(s) ({left}), fewer than --min-nodes {e.min_nodes}")
+
+    def _journal_replan(self, incident: int, watch: GenWatch, hosts: list[str]) -> None:
+        before = list(watch.hosts.values())
+        gone = [h for h in before if h not in hosts]
+        new = [h for h in hosts if h not in before]
+        if not gone and not new:
+            return
+        how = "replaced" if len(hosts) >= len(before) else "shrunk"
+        self.journal.record("hosts_changed", incident=incident, how=how, removed=gone, added=new,
+                            hosts=hosts, nodes_before=len(before), nodes_after=len(hosts))
+        change = f"{', '.join(gone)} → {', '.join(new)}" if new else f"without {', '.join(gone)}"
+        self.reporter.notice(f"{how}: {change} ({len(hosts)} host(s))", level="warning")
+
+    async def _wait_fenced(self, incident: int) -> bool:
+        """Lost hosts' ranks must be dead before the next generation starts: wait out their
+        agents' fence timeout (they kill their ranks when they stop hearing from us).
+        True when a stop was requested meanwhile."""
+        if not self.fenced_by:
+            return False
+        until = max(self.fenced_by.values())
+        hosts, self.fenced_by = sorted(self.fenced_by), {}
+        wait = until - time.monotonic()
+        if wait <= 0:
+            return False
+        self.journal.record("fence_wait", incident=incident, hosts=hosts, wait_s=round(wait, 3))
+        return await self._stop_requested_within(wait)
+
+    def _launch(self, number: int, hosts: list[str]) -> GenWatch:
         cfg = self.config
-        agents = [a for a in self.agent_hosts if not self.server.links[a].lost]
-        port = cfg.master_port or _free_port()
+        agents = [self.fleet.agent_of(h) or "" for h in hosts]
+        master = agents[0]
+        port = cfg.master_port or self.fleet.take_port(master) or _free_port()
         hang = dataclasses.replace(cfg.policy.hang, expect_progress=(
             cfg.policy.hang.expect_progress or bool(cfg.progress_regex) or self.ever_progressed))
         for node_rank, agent_id in enumerate(agents):
             self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
                              node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,
-                             master_addr="127.0.0.1", master_port=port,
-                             entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
+                             master_addr=self.fleet.addrs.get(master, "127.0.0.1"),
+                             master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
                              progress_regex=cfg.progress_regex, hang=dataclasses.asdict(hang),
                              env={"FTRUN_JOB_DIR": str(self.journal.job_dir)})
-        hosts = [self.agent_hosts[a] for a in agents]
         world = len(agents) * cfg.nproc_per_node
         self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
-                            master_port=port)
+                            master_port=port, master_addr=self.fleet.addrs.get(master))
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
-        self.watch = GenWatch(number, set(agents), {a: self.agent_hosts[a] for a in agents},
-                              order=agents)
+        self.watch = GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents)
         return self.watch
 
-    async def _watch(self, watch: GenWatch) -> str | Failure:
+    async def _watch(self, watch: GenWatch) -> str | Failure | Reconfigure:
         while True:
             agent_id, msg = await self.server.inbox.get()
             kind = msg["kind"]
             if kind == "stop_requested":
                 return "stopped"
-            if self.chaos.handle(agent_id, msg, watch):
+            if kind == "agent_lost" and agent_id in watch.agents:
+                host = self._host_lost(agent_id) or watch.hosts[agent_id]
+                return ev_from.host_lost(msg, host, watch.max_step)
+            if self._side_channel(agent_id, msg, watch):
+                if (change := self._reconfiguration(watch)) is not None:
+                    return change
                 continue
-            host = self.agent_hosts.get(agent_id, "?")
-            if kind == "agent_lost":
-                if agent_id in watch.agents:
-                    return ev_from.host_lost(msg, host, watch.max_step)
-                continue
+            host = watch.hosts.get(agent_id, "?")
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
             if self._record_output(watch, host, msg):
+                if kind == "progress" and (change := self._reconfiguration(watch)) is not None:
+                    return change
                 continue
             if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
                 watch.max_step = max(watch.max_step or 0, msg["step"])
@@ -317,6 +415,21 @@ class Supervisor:
                         return "succeeded"
                 else:
                     return ev_from.torchrun_exit(msg, host, watch.max_step, time.time())
+
+    def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
+        """A host of this generation was removed, or ready hosts can grow a shrunken job. Grow
+        only once this generation steps (its start-up is paid; no flapping while it starts)."""
+        removed = self.roster.needs_replacing()
+        if removed:
+            return Reconfigure("remove", f"{', '.join(removed)} removed from the job")
+        if not watch.first_step_seen:
+            return None
+        now = time.monotonic()
+        joining = self.roster.can_grow(excluded=lambda host: self.health.quarantined(host, now))
+        if joining:
+            return Reconfigure("grow", f"{', '.join(joining)} ready: growing from "
+                                       f"{len(watch.agents)} host(s)")
+        return None
 
     def _record_output(self, watch: GenWatch, host: str, msg: dict[str, Any]) -> bool:
         """Handle logs, progress and rank starts; True when the message was one of those."""
@@ -350,11 +463,11 @@ class Supervisor:
             return True
         return False
 
-    async def _teardown(self, number: int, *, graceful: bool) -> None:
+    async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
+        number = watch.number
         grace = self.config.grace_period_s if graceful else 0.0
         pending = {a for a, link in self.server.links.items() if not link.lost}
         self.server.broadcast("stop", gen=number, grace_s=grace)
-        watch = GenWatch(number, set(pending), dict(self.agent_hosts))
         deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
         while pending:
             try:
@@ -363,16 +476,20 @@ class Supervisor:
             except asyncio.TimeoutError:
                 log.error("agents did not confirm the stop of generation %s: %s", number, pending)
                 return
-            if self.chaos.handle(agent_id, msg, None):
-                continue
-            if msg["kind"] == "agent_lost" or (msg["kind"] == "stopped" and msg.get("gen") == number):
+            if msg["kind"] == "agent_lost":
                 pending.discard(agent_id)
+                self._host_lost(agent_id)
+            elif msg["kind"] == "stopped" and msg.get("gen") == number:
+                pending.discard(agent_id)
+                self.fleet.on_message(agent_id, msg)
                 if msg.get("survivors"):
                     self.reporter.notice(f"processes survived SIGKILL on "
-                                         f"{self.agent_hosts[agent_id]}: {msg['survivors']}",
-                                         level="error")
-            elif msg.get("gen") == number:
-                self._record_output(watch, self.agent_hosts.get(agent_id, "?"), msg)
+                                         f"{watch.hosts.get(agent_id, agent_id)}: "
+                                         f"{msg['survivors']}", level="error")
+            elif msg.get("gen") == number and agent_id in watch.agents:
+                self._record_output(watch, watch.hosts[agent_id], msg)
+            else:
+                self._side_channel(agent_id, msg, None)
         self.journal.close_generation_logs(number)
 
     async def _stop_requested_within(self, delay_s: float) -> bool:
@@ -384,7 +501,7 @@ class Supervisor:
                 return False
             if msg["kind"] == "stop_requested":
                 return True
-            self.chaos.handle(agent_id, msg, None)
+            self._side_channel(agent_id, msg, None)
         return False
 
     def _root_cause(self, ev: Evidence, number: int, result: Failure) -> dict[str, Any]:

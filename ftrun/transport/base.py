@@ -19,8 +19,10 @@ class AgentHandle(Protocol):
 
 
 class Transport(Protocol):
-    def controller_address(self) -> str:
-        """The address agents started by this transport dial to reach the controller."""
+    def bind_address(self) -> str:
+        """Where the controller listens so that agents started by this transport reach it."""
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> AgentHandle:
-        """Start the agent for boot.host; the bootstrap (with the job secret) goes on stdin."""
+        """Start the agent for boot.host; the bootstrap (with the job secret) goes on stdin.
+        The transport fills in boot.controller_host: the address that host dials.
+        Raises FtrunError (with the transport's own error) when the host cannot be reached."""

@@ -7,6 +7,7 @@ connection as a remote agent, so multi-host is another transport, not another de
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -57,10 +58,11 @@ class LocalTransport:
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
 
-    def controller_address(self) -> str:
+    def bind_address(self) -> str:
         return "127.0.0.1"
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> LocalAgent:
+        boot = dataclasses.replace(boot, controller_host="127.0.0.1")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(

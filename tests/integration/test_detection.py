@@ -115,7 +115,9 @@ def test_repeated_failures_quarantine_the_host(ftrun, tmp_path):
     assert proc.wait(timeout=30) == 1
     job = ftrun.status_json(job_id)
     assert "quarantined" in job["reason"] and "no spare host" in job["reason"]
-    assert [i["tier"] for i in job["incidents"]] == ["restart-in-place", "fatal"]
+    # Classified replace-node; with no other host to take its place, the job ends.
+    assert [i["tier"] for i in job["incidents"]] == ["restart-in-place", "replace-node"]
+    assert job["state"] == "failed"
     assert any(e["kind"] == "host_quarantined" for e in ftrun.events(job_id))
 
 

@@ -1,0 +1,208 @@
+"""The job's hosts and their agents: start them (all at once), learn where they are, restart the
+agents of lost hosts, take `ftrun hosts add/remove` requests, stop them all at the end.
+
+Which hosts a generation runs on is the Roster's business (pure); this module does the I/O
+around it: the transport, the journal, the console.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ftrun.agent.agent import Bootstrap
+from ftrun.config import LaunchConfig
+from ftrun.controller.roster import HostState, Roster
+from ftrun.controller.server import ControlServer
+from ftrun.errors import FtrunError
+from ftrun.journal import Journal
+from ftrun.transport.base import AgentHandle, Transport
+
+if TYPE_CHECKING:
+    from ftrun.controller.supervisor import Reporter
+
+log = logging.getLogger("ftrun.controller")
+
+# Environment worth forwarding to remote agents (over ssh nothing is inherited), the way
+# DeepSpeed's launcher forwards NCCL_*, PYTHON*, ...; FTRUN_* carries ftrun's own settings.
+FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "PYTHON", "OMP_", "FTRUN_", "CUDA_", "UCX_")
+RETRY_FIRST_S = 1.0
+RETRY_CAP_S = 30.0
+TERMINATE_TIMEOUT_S = 5.0
+
+
+class Fleet:
+    def __init__(self, config: LaunchConfig, *, transport: Transport, server: ControlServer,
+                 journal: Journal, reporter: "Reporter", secret: str, environ: dict[str, str]) -> None:
+        self.config = config
+        self.transport = transport
+        self.server = server
+        self.journal = journal
+        self.reporter = reporter
+        self.secret = secret
+        self.env = {k: v for k, v in environ.items() if k.startswith(FORWARD_PREFIXES)}
+        self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
+        self.handles: dict[str, AgentHandle] = {}
+        self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
+        self.ports: dict[str, int] = {}  # agent id → a free port on its host, for the rendezvous
+        self.port = 0
+        self._waits: set[asyncio.Task[Any]] = set()  # retry back-offs: cancelled at the end
+        self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
+        self._retry_at: dict[str, float] = {}
+        self.closing = False
+
+    # ---- starting -----------------------------------------------------------------------------
+
+    async def start_all(self, port: int) -> list[str]:
+        """Start every host's agent at once; returns the agent ids that started (they say hello
+        on the server's inbox). A host that cannot be reached is journaled, reported and LOST."""
+        self.port = port
+        hosts = list(self.roster.slots)
+        started = await asyncio.gather(*(self._start(h) for h in hosts))
+        return [a for a in started if a is not None]
+
+    async def _start(self, host: str, *, retry: bool = False) -> str | None:
+        cfg = self.config
+        agent_id = self.roster.new_agent(host)
+        self.server.expected.add(agent_id)
+        boot = Bootstrap(controller_host="", controller_port=self.port, secret=self.secret,
+                         job_id=cfg.job_id, agent_id=agent_id, host=host,
+                         heartbeat_interval_s=cfg.heartbeat_interval_s,
+                         fence_timeout_s=cfg.fence_timeout_s, warm_start=cfg.warm_start,
+                         python=cfg.agent_python, env=self.env)
+        try:
+            self.handles[agent_id] = await self.transport.start_agent(
+                boot, log_path=self.journal.job_dir / "agents" / f"{_safe(host)}.log")
+        except FtrunError as e:
+            self.server.expected.discard(agent_id)
+            self.roster.lost(host)
+            self.journal.record("host_unreachable", host=host, error=e.message, retry=retry)
+            if not retry:
+                self.reporter.notice(e.message, level="warning")
+            self._schedule_retry(host)
+            return None
+        return agent_id
+
+    def never_connected(self, agent_ids: set[str]) -> None:
+        """Agents that started but did not say hello in time: their hosts are lost."""
+        for agent_id in agent_ids:
+            host = self.roster.host_of(agent_id)
+            if host is not None:
+                self.journal.record("host_unreachable", host=host,
+                                    error="its agent did not connect back to the controller")
+                self.reporter.notice(f"the agent on {host} did not connect back; see "
+                                     f"{self.journal.job_dir / 'agents'}", level="warning")
+                self._drop(agent_id, host)
+
+    # ---- what agents say ----------------------------------------------------------------------
+
+    def on_message(self, agent_id: str, msg: dict[str, Any]) -> bool:
+        """hello (ready, where) and stopped (a fresh port); True when the message was a hello."""
+        if isinstance(msg.get("port"), int):
+            self.ports[agent_id] = msg["port"]
+        if msg["kind"] != "hello":
+            return False
+        if self.roster.ready(agent_id):
+            self.addrs[agent_id] = str(msg.get("addr") or "127.0.0.1")
+            host = self.roster.host_of(agent_id)
+            self.journal.record("agent_connected", host=host, pid=msg.get("pid"),
+                                addr=self.addrs[agent_id], agent=agent_id)
+            self._retry_at.pop(host, None)
+            if self.roster.slots[host].incarnation > 1:
+                self.reporter.notice(f"{host} is back (ready to join)")
+        return True
+
+    def on_lost(self, agent_id: str) -> str | None:
+        """The agent's connection or heartbeats are gone: the host is LOST, and retried later."""
+        host = self.roster.host_of(agent_id)
+        if host is None:
+            return None
+        self._drop(agent_id, host)
+        return host
+
+    def take_port(self, agent_id: str) -> int | None:
+        """The agent's spare port for the next rendezvous (each is used once)."""
+        return self.ports.pop(agent_id, None)
+
+    def agent_of(self, host: str) -> str | None:
+        return self.roster.slots[host].agent_id if host in self.roster.slots else None
+
+    # ---- `ftrun hosts JOB add|remove HOST` ----------------------------------------------------
+
+    def request(self, msg: dict[str, Any]) -> tuple[bool, str]:
+        action, host = msg.get("action"), msg.get("host")
+        if not isinstance(host, str) or not host:
+            return False, "name a host"
+        if action == "add":
+            if host in self.roster.slots and self.roster.state(host) is not HostState.REMOVED:
+                return False, f"{host} is already part of the job ({self.roster.state(host).value})"
+            self.roster.add(host)
+            self.journal.record("host_added", host=host)
+            self._spawn(self._start(host, retry=True), self._work)
+            return True, f"adding {host}: it joins when its agent is ready"
+        if action == "remove":
+            if host not in self.roster.slots or self.roster.state(host) is HostState.REMOVED:
+                return False, f"{host} is not part of the job"
+            agent_id = self.roster.slots[host].agent_id
+            before = self.roster.remove(host)
+            self._retry_at.pop(host, None)
+            self.journal.record("host_removed", host=host, was=before.value)
+            if agent_id is not None:
+                self._terminate(agent_id)
+            return True, f"removed {host} ({before.value})"
+        return False, f"unknown hosts action {action!r} (add or remove)"
+
+    # ---- lost hosts: retried until they come back --------------------------------------------
+
+    def _drop(self, agent_id: str, host: str) -> None:
+        self.roster.lost(host)
+        self.server.expected.discard(agent_id)
+        self._terminate(agent_id)
+        self._schedule_retry(host)
+
+    def _terminate(self, agent_id: str) -> None:
+        handle = self.handles.pop(agent_id, None)
+        self.addrs.pop(agent_id, None)
+        self.ports.pop(agent_id, None)
+        if handle is not None:
+            self._spawn(handle.terminate(timeout_s=TERMINATE_TIMEOUT_S), self._work)
+
+    def _schedule_retry(self, host: str) -> None:
+        if self.closing or not self.config.ssh:
+            return  # this machine's own agent is not retried: the job ends without it
+        delay = min(RETRY_CAP_S, 2 * self._retry_at.get(host, RETRY_FIRST_S / 2))
+        self._retry_at[host] = delay
+        self._spawn(self._retry(host, delay), self._waits)
+
+    async def _retry(self, host: str, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if self.closing or self.roster.state(host) is not HostState.LOST:
+            return
+        log.info("retrying %s", host)
+        self._spawn(self._start(host, retry=True), self._work)
+
+    # ---- the end ------------------------------------------------------------------------------
+
+    async def stop_all(self) -> None:
+        self.closing = True
+        for task in list(self._waits):
+            task.cancel()
+        # Starts in flight finish (each is bounded by the ssh timeouts) so that their agents
+        # are stopped too; stops in flight finish.
+        await asyncio.gather(*self._work, return_exceptions=True)
+        self.server.broadcast("shutdown")
+        await asyncio.gather(*(h.terminate(timeout_s=TERMINATE_TIMEOUT_S)
+                               for h in self.handles.values()), return_exceptions=True)
+        self.handles.clear()
+
+    @staticmethod
+    def _spawn(coro: Any, tasks: set[asyncio.Task[Any]]) -> None:
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+def _safe(host: str) -> str:
+    """A host as a file name: user@host:port → user@host_port."""
+    return host.replace("/", "_").replace(":", "_")

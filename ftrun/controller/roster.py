@@ -1,0 +1,132 @@
+"""Which hosts the job has, in what state, and which of them the next generation runs on. Pure.
+
+    STARTING ──hello──▶ READY ──planned──▶ ACTIVE
+       ▲   └─unreachable─┐  ▲  └──────────────┤ (not planned: back to READY, a spare)
+       │                 ▼  └──────────────── │
+       └──── retry ───  LOST ◀──agent lost────┘
+    REMOVED ◀── `ftrun hosts JOB remove` (from any state);  `add` ──▶ STARTING
+
+The job wants `want` hosts: as many as it was launched with (torchrun's MAX in --nnodes MIN:MAX).
+`ftrun hosts add/remove` change the pool, not the want: an added host fills a shrunken job or
+waits as a spare; a removed one is replaced like a lost one. A plan keeps the hosts of the last generation that are still good, in their order (node rank 0
+stays where it was unless it is gone), then fills up from ready hosts, spares first as listed.
+Fewer than `min_nodes` good hosts: no plan (the caller makes that fatal).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+class HostState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    ACTIVE = "active"
+    LOST = "lost"
+    REMOVED = "removed"
+
+
+_USABLE = (HostState.READY, HostState.ACTIVE)
+
+
+@dataclass
+class HostSlot:
+    host: str
+    state: HostState = HostState.STARTING
+    agent_id: str | None = None
+    incarnation: int = 0
+
+
+class NotEnoughHosts(Exception):
+    def __init__(self, usable: list[str], min_nodes: int) -> None:
+        super().__init__(f"{len(usable)} usable host(s), fewer than --min-nodes {min_nodes}")
+        self.usable = usable
+        self.min_nodes = min_nodes
+
+
+class Roster:
+    def __init__(self, hosts: Iterable[str], spares: Iterable[str] = (), *, min_nodes: int = 1) -> None:
+        self.slots: dict[str, HostSlot] = {}
+        for host in [*hosts, *spares]:
+            self.slots[host] = HostSlot(host)
+        self.want = len(self.slots) - len(tuple(spares))
+        self.min_nodes = min_nodes
+        self.active: list[str] = []  # the current generation's hosts, by node rank
+
+    # ---- agents -------------------------------------------------------------------------------
+
+    def new_agent(self, host: str) -> str:
+        """A (re)start of the host's agent: a fresh id, so nothing from an older one is taken
+        for the new one's."""
+        slot = self.slots.setdefault(host, HostSlot(host))
+        slot.incarnation += 1
+        slot.agent_id = f"{host}#{slot.incarnation}"
+        slot.state = HostState.STARTING
+        return slot.agent_id
+
+    def host_of(self, agent_id: str) -> str | None:
+        host = agent_id.rpartition("#")[0]
+        slot = self.slots.get(host)
+        return host if slot is not None and slot.agent_id == agent_id else None
+
+    def ready(self, agent_id: str) -> bool:
+        """The agent said hello; False when it is not the host's current agent."""
+        host = self.host_of(agent_id)
+        if host is None or self.slots[host].state is not HostState.STARTING:
+            return False
+        self.slots[host].state = HostState.READY
+        return True
+
+    def lost(self, host: str) -> None:
+        slot = self.slots[host]
+        if slot.state is not HostState.REMOVED:
+            slot.state = HostState.LOST
+        slot.agent_id = None
+
+    def remove(self, host: str) -> HostState:
+        """The user took the host away; returns the state it was in."""
+        slot = self.slots[host]
+        before = slot.state
+        slot.state = HostState.REMOVED
+        slot.agent_id = None
+        return before
+
+    # ---- plans --------------------------------------------------------------------------------
+
+    def plan(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:
+        """The next generation's hosts, by node rank; marks them ACTIVE and the rest READY."""
+        keep = [h for h in self.active if self._usable(h, excluded)]
+        fill = [h for h in self.slots if h not in keep and self._usable(h, excluded)]
+        chosen = (keep + fill)[:self.want]
+        if len(chosen) < self.min_nodes or not chosen:
+            raise NotEnoughHosts(chosen, self.min_nodes)
+        for slot in self.slots.values():
+            if slot.state is HostState.ACTIVE:
+                slot.state = HostState.READY
+        for host in chosen:
+            self.slots[host].state = HostState.ACTIVE
+        self.active = chosen
+        return chosen
+
+    def can_grow(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:
+        """Ready hosts a bigger next generation would add (empty when the job has what it wants)."""
+        room = self.want - len(self.active)
+        if room <= 0:
+            return []
+        return [h for h in self.slots if self.slots[h].state is HostState.READY
+                and not excluded(h)][:room]
+
+    def needs_replacing(self) -> list[str]:
+        """Hosts of the current generation that are gone or were removed."""
+        return [h for h in self.active if self.slots[h].state is not HostState.ACTIVE]
+
+    def state(self, host: str) -> HostState:
+        return self.slots[host].state
+
+    def in_state(self, *states: HostState) -> list[str]:
+        return [h for h, s in self.slots.items() if s.state in states]
+
+    def _usable(self, host: str, excluded: Callable[[str], bool]) -> bool:
+        return self.slots[host].state in _USABLE and not excluded(host)

@@ -1,0 +1,217 @@
+"""The SSH transport: one agent per host, each in its own ssh session opened with Fabric.
+
+Fabric resolves what users expect from ssh: `~/.ssh/config` (or `--ssh-config`), User, Port,
+IdentityFile, ProxyJump, the ssh-agent and default keys. We then keep the session's channel
+open for the agent's whole life instead of running a command to completion:
+
+- the Bootstrap (with the job secret) is written to the agent's stdin, never on a command line;
+- the agent's stdin stays open: when the controller dies, its TCP connection to sshd closes, sshd
+  closes the agent's stdin, and the agent fences itself (the ssh client dying is not enough on
+  its own: the remote agent owns its children and must kill them itself);
+- the agent's stdout/stderr come back over the same channel into `<job>/agents/<host>.log`.
+
+Each host is opened in a worker thread (paramiko blocks), so all hosts start in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import shlex
+import socket
+import threading
+from pathlib import Path
+from typing import IO, Any, Callable, TypeVar
+
+from ftrun.agent.agent import Bootstrap
+from ftrun.errors import FtrunError
+from ftrun.hostlist import split_target
+
+log = logging.getLogger("ftrun.transport")
+T = TypeVar("T")
+
+DEFAULT_CONNECT_TIMEOUT_S = 10
+SWEEP_TIMEOUT_S = 10.0
+
+
+class HostUnreachable(FtrunError):
+    """ssh to a host failed at start: the message carries ssh's own error."""
+
+    def __init__(self, host: str, error: str) -> None:
+        super().__init__(f"cannot reach {host} over ssh: {error}",
+                         hint=f"check that `ssh {host} true` works from this machine")
+        self.host = host
+        self.error = error
+
+
+class SshAgent:
+    def __init__(self, host: str, agent_id: str, python: str, conn: Any, chan: Any,
+                 log_file: IO[bytes]) -> None:
+        self.host = host
+        self.agent_id = agent_id
+        self.python = python
+        self.conn = conn
+        self.chan = chan
+        self.log_file = log_file
+        self.ended = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(chan.fileno(), self._pump)
+
+    @property
+    def returncode(self) -> int | None:
+        if self.chan.exit_status_ready():
+            return int(self.chan.exit_status)
+        return -1 if self.chan.closed else None
+
+    def _pump(self) -> None:
+        """The channel has output, or it ended: copy output to the host's agent log."""
+        while self.chan.recv_ready():
+            data = self.chan.recv(65536)
+            if not data:
+                break
+            self.log_file.write(data)
+        self.log_file.flush()
+        if (self.chan.eof_received or self.chan.closed) and not self.chan.recv_ready():
+            self._loop.remove_reader(self.chan.fileno())
+            self.ended.set()
+
+    async def terminate(self, timeout_s: float) -> None:
+        # The agent was told to shut down. If it does not, closing its stdin makes it fence
+        # itself; if even that fails, a fresh ssh session kills everything tagged with its id.
+        for nudge in (None, self.chan.shutdown_write):
+            if nudge is not None and not self.chan.closed:
+                try:
+                    nudge()
+                except (OSError, EOFError):
+                    pass
+            try:
+                await asyncio.wait_for(self.ended.wait(), timeout_s / 2)
+                break
+            except asyncio.TimeoutError:
+                continue
+        else:
+            try:
+                await asyncio.wait_for(in_thread(self._sweep), SWEEP_TIMEOUT_S)
+            except (asyncio.TimeoutError, OSError, EOFError, Exception) as e:  # noqa: BLE001
+                # Unreachable (partitioned, powered off): the agent fences itself, on its own.
+                log.warning("%s: could not sweep the agent's processes: %s", self.host, e)
+        self._close()
+
+    def _sweep(self) -> None:
+        """Kill everything tagged with this agent's id, over a fresh session (bounded waits)."""
+        chan = self.conn.transport.open_session(timeout=SWEEP_TIMEOUT_S / 2)
+        try:
+            chan.exec_command(f"exec {shlex.quote(self.python)} -m ftrun.agent.procs "
+                              f"{shlex.quote(self.agent_id)}")
+            if not chan.status_event.wait(SWEEP_TIMEOUT_S / 2):
+                raise TimeoutError("the sweep did not finish")
+        finally:
+            chan.close()
+
+    def _close(self) -> None:
+        if not self.ended.is_set():
+            try:
+                self._loop.remove_reader(self.chan.fileno())
+            except (ValueError, OSError):
+                pass
+        self.chan.close()
+        self.conn.close()
+        self.log_file.close()
+
+
+class SshTransport:
+    def __init__(self, *, python: str, ssh_config: str | None = None,
+                 controller_addr: str | None = None) -> None:
+        self.python = python
+        self.ssh_config = ssh_config
+        self.controller_addr = controller_addr
+
+    def bind_address(self) -> str:
+        # Agents dial the address their host routes to us by, which we learn per host only
+        # once connected; listen on every interface (every message is authenticated anyway).
+        return self.controller_addr or "0.0.0.0"
+
+    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SshAgent:
+        conn, local_addr = await in_thread(self._connect, boot.host)
+        boot = dataclasses.replace(boot, controller_host=self.controller_addr or local_addr)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "ab")
+        try:
+            chan = await in_thread(self._exec, conn, boot)
+        except BaseException:
+            log_file.close()
+            conn.close()
+            raise
+        return SshAgent(boot.host, boot.agent_id, boot.python, conn, chan, log_file)
+
+    def _connect(self, host: str) -> tuple[Any, str]:
+        import fabric  # only the ssh transport needs fabric and paramiko: import on first use
+        import paramiko
+
+        target = split_target(host)
+        config = fabric.Config(runtime_ssh_path=self.ssh_config,
+                               overrides={"timeouts": {"connect": DEFAULT_CONNECT_TIMEOUT_S}})
+        conn = fabric.Connection(target.host, user=target.user, port=target.port, config=config,
+                                 connect_kwargs={"banner_timeout": DEFAULT_CONNECT_TIMEOUT_S,
+                                                 "auth_timeout": DEFAULT_CONNECT_TIMEOUT_S})
+        try:
+            conn.open()
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            conn.close()
+            raise HostUnreachable(host, _describe(e)) from None
+        sock = conn.transport.sock
+        local_addr = sock.getsockname()[0] if isinstance(sock, socket.socket) else "127.0.0.1"
+        return conn, local_addr
+
+    def _exec(self, conn: Any, boot: Bootstrap) -> Any:
+        import paramiko
+
+        command = (f"cd / && exec env FTRUN_AGENT_ID={shlex.quote(boot.agent_id)} "
+                   f"{shlex.quote(boot.python)} -m ftrun.agent")
+        try:
+            chan = conn.create_session()
+            chan.set_combine_stderr(True)
+            chan.exec_command(command)
+            chan.sendall(json.dumps(dataclasses.asdict(boot)).encode() + b"\n")
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise HostUnreachable(boot.host, f"could not start the agent: {_describe(e)}") from None
+        return chan
+
+
+def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
+    """Run a blocking ssh call in a daemon thread: paramiko blocks, and a call stuck on a dead
+    host must never hold up the controller's exit (executor threads would)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            result, error = None, e
+        else:
+            error = None
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for this any more
+
+    threading.Thread(target=work, name=f"ssh-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e) or e.__class__.__name__
+    if isinstance(e, socket.timeout) or isinstance(e, TimeoutError):
+        return f"connection timed out ({text})"
+    return text
