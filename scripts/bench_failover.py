@@ -1,0 +1,547 @@
+#!/usr/bin/env python3
+"""Host lost → training again: ftrun (spare, shrink) vs plain elastic torchrun, one run.
+
+On the namespace testbed (scripts/testbed.sh, docs/testbed.md: hosts node1..node4 with real sshd
+and TCP, one shared filesystem), the same script (tests/bin/train_toy.py: DDP on gloo, one rank
+per host, 50 ms steps, torch.save to a shared dir every 5 steps, resumes from it) runs on node1,
+node2 and node3. When a rank has printed step --fault-step, `testbed.sh kill node3` powers node3
+off: its link goes down first (no FIN or RST reaches anyone), then every process on it is
+SIGKILLed. Measured: fault (just before the kill) → the first training step after the restart,
+read from the `STEP n t=<wall time>` line that a rank prints after `resumed from step` (every
+host shares the machine's clock). Modes, alternated trial by trial:
+
+  torchrun      the anchor: `torchrun --nnodes 2:3 --nproc-per-node 1 --rdzv-backend c10d
+                --rdzv-endpoint <node1>:PORT --rdzv-id UUID --max-restarts 3`, started on each
+                host over ssh: torch's documented elastic setup (min 2, max 3 nodes). node1 hosts
+                the c10d store, so node3 is the one killed. Time read from node1's output.
+  ftrun-spare   `ftrun launch --hosts node1,node2,node3 --spares node4`: node4 replaces node3.
+  ftrun-shrink  `ftrun launch --hosts node1,node2,node3 --min-nodes 2`: the job goes on on 2.
+                For ftrun, ranks' output reaches the controller's stdout as `[rankN]: ...`; the
+                journal (`first_step` of the new generation, `ftrun inspect --json`: detected_s,
+                recovered_s) is the cross-check. Each trial ends with SIGINT to the controller's
+                process group (a Ctrl-C), after which no process may be left on any host.
+
+What torchrun does (torch.distributed.elastic, read in site-packages, torch 2.13): the agent on
+each host only watches its own workers (`_invoke_run`: every --monitor-interval it polls them;
+while they are HEALTHY it restarts only when `num_nodes_waiting() > 0`, i.e. for a node that
+*joins*). A dead node is noticed only inside a rendezvous round (`_sanitize` drops nodes with no
+keep-alive for 5 s × 3), and a round starts only after a local worker fails. After a silent host
+loss the surviving workers block in a gloo allreduce with the dead peer and fail only at the
+process group's timeout (gloo's default: 30 min); only then would the agents re-rendezvous, and
+with 2 of 3 nodes a round completes only after `last_call` (30 s) more. Measured here: node1 and
+node2 stop after the fault step, torchrun prints nothing, agents and workers are still there at
+--wait-s: "not recovered". Even a kill that lets RSTs out (node3's processes SIGKILLed, link up;
+tried once by hand) is no better here: the survivors fail at once and re-rendezvous after ≈ 35-45
+s, but the new 2-node worker groups die in gloo's connectFullMesh ("Connection refused" to
+node1), which looks like pytorch/pytorch#135712 (the agent-shared TCPStore keeps the previous
+round's keys); no step within 100 s.
+
+After every trial, every process on every host except the host's sshd is gone (leftovers are
+recorded, then SIGKILLed), and node3 is powered on again. The testbed uses its own prefix,
+subnet and state dir (defaults ftbf, 10.213.49.0/24) and is always torn down at the end.
+
+    python scripts/bench_failover.py [--trials 3] [--only torchrun|ftrun-spare|ftrun-shrink]
+                                     [--wait-s 60] [--json FILE]
+
+Target (DESIGN.md §9): host lost → training again ≤ 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.testbed import Host, Testbed, unavailable_reason  # noqa: E402
+
+SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
+PY = sys.executable
+MODES = ("torchrun", "ftrun-spare", "ftrun-shrink")
+HOSTS = ("node1", "node2", "node3")  # the job's hosts; node4 is the spare
+VICTIM = "node3"
+STEP = re.compile(r"^(?:\[rank(\d+)\]:\s*)?STEP (\d+) t=([\d.]+)")
+RESUMED = re.compile(r"^(?:\[rank(\d+)\]:\s*)?resumed from step (\d+)")
+TARGET_S = 10.0
+BOX = "│╭╮╰╯─┃━"
+
+
+class Run:
+    """A local process (ssh client or ftrun controller) in its own session, its output kept line
+    by line, its whole local tree killable (by session and by an environment tag)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        self.tag = uuid.uuid4().hex
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                                     cwd=ROOT, env={**os.environ, **(env or {}),
+                                                    "BENCH_TRIAL": self.tag})
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str] | None:
+        """The first line from the start matching `pattern`; None on timeout or exit."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while time.monotonic() < deadline:
+            for line in self.lines[seen:]:
+                m = pattern.search(line)
+                if m:
+                    return m
+            seen = len(self.lines)
+            if self.proc.poll() is not None and not self._reader.is_alive() \
+                    and seen == len(self.lines):
+                return None
+            time.sleep(0.02)
+        return None
+
+    def interrupt(self, timeout_s: float) -> int | None:
+        """SIGINT to the process group, as Ctrl-C in a terminal; the exit code, or None."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for proc in psutil.process_iter():  # local children that made sessions of their own
+            try:
+                if proc.environ().get("BENCH_TRIAL") == self.tag:
+                    proc.kill()
+            except psutil.Error:
+                continue
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=5)
+
+
+def recovery(lines: list[str], since: int) -> tuple[float, int, int] | None:
+    """(wall time, step, resumed-from step) of the first step after a `resumed from step` line
+    at or after line `since` (the earliest of the ranks' lines for that step); None if none yet."""
+    resumed, first, times = None, None, []
+    for line in lines[since:]:
+        if resumed is None:
+            m = RESUMED.search(line)
+            if m:
+                resumed = int(m.group(2))
+            continue
+        m = STEP.search(line)
+        if m and (first is None or int(m.group(2)) == first):
+            first = int(m.group(2))
+            times.append(float(m.group(3)))
+    return (min(times), first, resumed) if first is not None else None
+
+
+def last_step(lines: list[str]) -> int | None:
+    steps = [int(m.group(2)) for m in map(STEP.search, lines) if m]
+    return steps[-1] if steps else None
+
+
+def error_summary(lines: list[str], rc: int | None) -> str:
+    """The gist of a launcher's failure: its last meaningful lines, box drawing stripped."""
+    clean = [l.strip().strip(BOX).strip() for l in lines]
+    clean = [l for l in clean if l and l != "Error" and not l.startswith(("Try '", "Usage:"))
+             and not set(l) <= set(BOX)]
+    return " / ".join(clean[-2:]) + (f" (exit {rc})" if rc is not None else "") if clean \
+        else f"exited {rc} with no output"
+
+
+class Bench:
+    def __init__(self, bed: Testbed, tmp: Path, args: argparse.Namespace) -> None:
+        self.bed, self.tmp, self.args = bed, tmp, args
+        self.train = ["--steps", "100000", "--step-time", str(args.step_time),
+                      "--ckpt-every", str(args.ckpt_every)]
+        self.victim_down = False
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    def host_procs(self, host: Host) -> list[psutil.Process]:
+        """Processes on the host other than its sshd daemon."""
+        sshd = self.bed.state_dir / host.name / "sshd.pid"
+        try:
+            daemon = int(sshd.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            daemon = -1
+        out = []
+        for pid in self.bed.pids(host):
+            if pid == daemon:
+                continue
+            try:
+                out.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+        return out
+
+    def leftovers(self, wait_s: float) -> dict[str, list[str]]:
+        """What is still running on each host after up to wait_s (processes may be exiting)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            found: dict[str, list[str]] = {}
+            for host in self.bed.hosts:
+                procs = self.host_procs(host)
+                if procs:
+                    found[host.name] = [describe(p) for p in procs]
+            if not found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.2)
+
+    def clean_hosts(self) -> None:
+        """SIGKILL everything but sshd on every host; raise if something survives."""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            procs = [p for h in self.bed.hosts for p in self.host_procs(h)]
+            if not procs:
+                return
+            for p in procs:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            time.sleep(0.2)
+        raise RuntimeError(f"processes survive on the testbed: {self.leftovers(0)}")
+
+    def restore_victim(self) -> None:
+        """Power node3 on again if this trial killed it (`start` also kills anything left)."""
+        if self.victim_down:
+            self.bed.start(VICTIM)
+            self.victim_down = False
+
+    def kill_victim(self) -> tuple[float, float]:
+        before = time.time()
+        self.victim_down = True
+        self.bed.kill(VICTIM)
+        return before, time.time()
+
+    # -- the anchor ----------------------------------------------------------------------------
+
+    def torchrun_trial(self, i: int) -> dict[str, Any]:
+        a = self.args
+        work = self.tmp / f"torchrun-{i}"
+        ckpt = work / "ckpt"
+        ckpt.mkdir(parents=True)
+        endpoint = f"{self.bed.host('node1').address}:{a.port + i}"
+        remote = (f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} exec "
+                  + shlex.join([PY, "-m", "torch.distributed.run", "--nnodes", "2:3",
+                                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                "--rdzv-endpoint", endpoint, "--rdzv-id", uuid.uuid4().hex,
+                                "--max-restarts", "3", SCRIPT, *self.train,
+                                "--ckpt-dir", str(ckpt)]))
+        result: dict[str, Any] = {"mode": "torchrun", "trial": i, "recovered": False,
+                                  "recovery_s": None, "command": remote}
+        runs = {h: Run(self.bed.ssh_argv(h, remote)) for h in HOSTS}
+        try:
+            at = runs["node1"].wait_for(re.compile(rf"^STEP {a.fault_step} t="), a.start_timeout_s)
+            if at is None:
+                result["error"] = (f"torchrun: no step {a.fault_step} on node1 within "
+                                   f"{a.start_timeout_s:g} s: "
+                                   + error_summary(runs["node1"].lines, runs["node1"].proc.poll()))
+                return result
+            since = {h: len(r.lines) for h, r in runs.items()}
+            fault_t, killed_t = self.kill_victim()
+            result.update(fault_t=fault_t, kill_s=killed_t - fault_t)
+            node1 = runs["node1"]
+            deadline = fault_t + a.wait_s
+            found = None
+            while time.time() < deadline and found is None:
+                found = recovery(node1.lines, since["node1"])
+                time.sleep(0.05)
+            if found:
+                t, step, resumed = found
+                result.update(recovered=True, recovery_s=t - fault_t, first_step=step,
+                              resumed_from=resumed)
+            result["after_fault"] = {h: [l for l in runs[h].lines[since[h]:] if not STEP.search(l)]
+                                     [-a.keep_lines:] for h in ("node1", "node2")}
+            result["last_step"] = {h: last_step(runs[h].lines) for h in ("node1", "node2")}
+            result["still_running"] = {h: [describe(p) for p in self.host_procs(self.bed.host(h))]
+                                       for h in ("node1", "node2")}
+            return result
+        finally:
+            for r in runs.values():
+                r.close()
+            result["tail"] = {h: r.lines[-a.keep_lines:] for h, r in runs.items()}
+            self.clean_hosts()
+            self.restore_victim()
+
+    # -- ftrun ---------------------------------------------------------------------------------
+
+    def ftrun_trial(self, mode: str, i: int) -> dict[str, Any]:
+        a = self.args
+        work = self.tmp / f"{mode}-{i}"
+        ckpt, run_dir = work / "ckpt", work / "runs"
+        ckpt.mkdir(parents=True)
+        run_dir.mkdir()
+        policy = ["--spares", "node4"] if mode == "ftrun-spare" else ["--min-nodes", "2"]
+        cmd = [PY, "-m", "ftrun", "launch", "--hosts", ",".join(HOSTS), *policy,
+               "--ssh-config", str(self.bed.ssh_config), "--nproc-per-node", "1",
+               "--run-dir", str(run_dir), "--job-name", "bench-failover", SCRIPT, *self.train,
+               "--ckpt-dir", str(ckpt)]
+        result: dict[str, Any] = {"mode": mode, "trial": i, "recovered": False,
+                                  "recovery_s": None, "command": shlex.join(cmd)}
+        run = Run(cmd, env={"PYTHONPATH": str(ROOT)})
+        try:
+            at = run.wait_for(re.compile(rf"^\[rank\d+\]:\s*STEP {a.fault_step} t="),
+                              a.start_timeout_s)
+            if at is None:
+                rc = run.proc.poll()
+                why = ("launch failed: " if rc is not None
+                       else f"no step {a.fault_step} within {a.start_timeout_s:g} s: ")
+                result["error"] = "ftrun: " + why + error_summary(run.lines, rc)
+                result["launch_failed"] = rc is not None
+                return result
+            since = len(run.lines)
+            fault_t, killed_t = self.kill_victim()
+            result.update(fault_t=fault_t, kill_s=killed_t - fault_t)
+            deadline = fault_t + a.wait_s
+            found = None
+            while time.time() < deadline and found is None and run.proc.poll() is None:
+                found = recovery(run.lines, since)
+                time.sleep(0.05)
+            if found:
+                t, step, resumed = found
+                result.update(recovered=True, recovery_s=t - fault_t, first_step=step,
+                              resumed_from=resumed)
+                time.sleep(1.0)  # let the journal catch up with the first step
+            elif run.proc.poll() is not None:
+                result["error"] = "ftrun: exited after the fault: " + error_summary(
+                    run.lines, run.proc.returncode)
+            result["after_fault"] = [l for l in run.lines[since:]
+                                     if not STEP.search(l)][-a.keep_lines:]
+            rc = run.interrupt(a.stop_timeout_s)
+            result["stop_rc"] = rc
+            if rc is None:
+                result["stop_error"] = (f"controller still running {a.stop_timeout_s:g} s "
+                                        "after SIGINT")
+            result["left_on_hosts"] = self.leftovers(a.teardown_wait_s)
+            result["journal"] = journal_check(run_dir, fault_t)
+            return result
+        finally:
+            run.close()
+            result["tail"] = run.lines[-a.keep_lines:]
+            self.clean_hosts()
+            self.restore_victim()
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {' '.join(p.cmdline()).strip()[:160] or p.name()}"
+    except psutil.Error:
+        return str(p.pid)
+
+
+def journal_check(run_dir: Path, fault_t: float) -> dict[str, Any]:
+    """From the job's events.jsonl and `ftrun inspect --json`: when ftrun saw the loss and the
+    new generation's first step, on the benchmark's clock (fault_t = just before the kill)."""
+    jobs = [p for p in run_dir.iterdir() if (p / "events.jsonl").is_file()]
+    if len(jobs) != 1:
+        return {"error": f"expected one job in {run_dir}, found {len(jobs)}"}
+    out: dict[str, Any] = {"job": jobs[0].name}
+    events = []
+    for line in (jobs[0] / "events.jsonl").read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    detected = next((e for e in events if e.get("kind") == "fault_detected"
+                     and e.get("t", 0) >= fault_t), None)
+    if detected:
+        out["detected_s"] = (detected.get("detected_t") or detected["t"]) - fault_t
+        out["fault"] = detected.get("fault")
+        out["host"] = detected.get("host")
+        gen = detected.get("gen", 0)
+        first = next((e for e in events if e.get("kind") == "first_step"
+                      and e.get("gen", -1) > gen), None)
+        if first:
+            out["first_step_s"] = first["t"] - fault_t
+            out["generation"] = first.get("gen")
+        launched = next((e for e in events if e.get("kind") == "generation_launched"
+                         and e.get("gen", -1) > gen), None)
+        if launched:
+            out["new_hosts"] = launched.get("hosts")
+            out["world_size"] = launched.get("world_size")
+    insp = subprocess.run([PY, "-m", "ftrun", "inspect", jobs[0].name, "--json", "--run-dir",
+                           str(run_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if insp.returncode != 0:
+        out["inspect_error"] = error_summary(insp.stderr.splitlines() or insp.stdout.splitlines(),
+                                             insp.returncode)
+        return out
+    try:
+        view = json.loads(insp.stdout)
+    except json.JSONDecodeError:
+        out["inspect_error"] = f"not JSON: {insp.stdout[:200]!r}"
+        return out
+    out["incidents"] = [{k: inc.get(k) for k in ("kind", "decision", "host", "detected_s",
+                                                  "recovered_s", "lost_steps")}
+                        for inc in view.get("incidents", [])]
+    return out
+
+
+def summarize(results: list[dict[str, Any]], mode: str, wait_s: float) -> dict[str, Any]:
+    mine = [r for r in results if r["mode"] == mode]
+    ok = [r["recovery_s"] for r in mine if r["recovered"]]
+    errors = sorted({r["error"] for r in mine if r.get("error")})
+    journal = [r["journal"]["first_step_s"] for r in mine
+               if r.get("journal", {}).get("first_step_s") is not None]
+    detected = [r["journal"]["detected_s"] for r in mine
+                if r.get("journal", {}).get("detected_s") is not None]
+    left = [r["left_on_hosts"] for r in mine if r.get("left_on_hosts")]
+    return {"mode": mode, "trials": len(mine), "recovered": len(ok),
+            "median_s": statistics.median(ok) if ok else None,
+            "min_s": min(ok) if ok else None, "max_s": max(ok) if ok else None,
+            "journal_first_step_median_s": statistics.median(journal) if journal else None,
+            "detected_median_s": statistics.median(detected) if detected else None,
+            "trials_with_leftovers": len(left), "errors": errors, "wait_s": wait_s}
+
+
+def print_table(summary: list[dict[str, Any]], wait_s: float) -> None:
+    f = lambda x: "-" if x is None else f"{x:.2f}"
+    print(f"\n{'mode':<14}{'trials':>7}{'recovered':>11}{'median s':>10}{'min–max s':>14}"
+          f"{'detected s':>12}{'journal s':>11}  target ≤ {TARGET_S:g} s")
+    for s in summary:
+        spread = "-" if s["min_s"] is None else f"{s['min_s']:.2f}–{s['max_s']:.2f}"
+        verdict = ""
+        if s["median_s"] is not None and s["mode"] != "torchrun":
+            verdict = "met" if s["median_s"] <= TARGET_S else "MISSED"
+        elif s["median_s"] is None and s["trials"]:
+            verdict = f"not recovered within {wait_s:g} s" if not s["errors"] else s["errors"][0]
+        print(f"{s['mode']:<14}{s['trials']:>7}{s['recovered']:>6}/{s['trials']:<4}"
+              f"{f(s['median_s']):>10}{spread:>14}{f(s['detected_median_s']):>12}"
+              f"{f(s['journal_first_step_median_s']):>11}  {verdict}")
+    by = {s["mode"]: s for s in summary}
+    anchor = by.get("torchrun")
+    for s in summary:
+        if s["mode"] == "torchrun" or s["median_s"] is None or anchor is None:
+            continue
+        if anchor["median_s"]:
+            print(f"ratio {s['mode']}/torchrun (median): {s['median_s'] / anchor['median_s']:.3f}")
+        else:
+            print(f"ratio {s['mode']}/torchrun: none, torchrun did not recover within "
+                  f"{wait_s:g} s in {anchor['trials']}/{anchor['trials']} trials")
+    for s in summary:
+        if s["trials_with_leftovers"]:
+            print(f"{s['mode']}: processes left on hosts after SIGINT in "
+                  f"{s['trials_with_leftovers']}/{s['trials']} trials (see --json)")
+
+
+def show(r: dict[str, Any], n: int, wait_s: float) -> str:
+    head = f"trial {r['trial'] + 1}/{n} {r['mode']:<13} host lost → first step again: "
+    if r.get("error") and not r["recovered"]:
+        return head + r["error"]
+    if not r["recovered"]:
+        last, said = r.get("last_step", {}), r.get("after_fault")
+        if isinstance(said, dict):  # torchrun: what the survivors did
+            running = r.get("still_running", {})
+            return head + (f"not recovered within {wait_s:g} s  (last step: node1 "
+                           f"{last.get('node1')}, node2 {last.get('node2')}; other lines after the "
+                           f"fault: {sum(map(len, said.values()))}; processes still on "
+                           f"node1/node2: "
+                           f"{sum(map(len, running.values()))})")
+        return head + f"not recovered within {wait_s:g} s"
+
+    extra = ""
+    if "journal" in r:
+        j = r["journal"]
+        extra = (f"  (journal: detected {fmt(j.get('detected_s'))}, first step "
+                 f"{fmt(j.get('first_step_s'))}, hosts {j.get('new_hosts')})")
+    return head + f"{r['recovery_s']:.3f} s, step {r['first_step']} resumed from " \
+                  f"{r['resumed_from']}" + extra
+
+
+def fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f} s"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--only", default=",".join(MODES),
+                   help=f"comma-separated modes among {', '.join(MODES)}")
+    p.add_argument("--wait-s", type=float, default=60.0,
+                   help="after the fault, how long to wait for a step before 'not recovered'")
+    p.add_argument("--fault-step", type=int, default=20, help="kill node3 once a rank prints it")
+    p.add_argument("--step-time", type=float, default=0.05)
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--start-timeout-s", type=float, default=180.0,
+                   help="how long the job may take to reach --fault-step")
+    p.add_argument("--stop-timeout-s", type=float, default=60.0,
+                   help="how long the ftrun controller may take to exit after SIGINT")
+    p.add_argument("--teardown-wait-s", type=float, default=10.0,
+                   help="after the controller exits, how long hosts may take to be empty")
+    p.add_argument("--port", type=int, default=29611, help="torchrun's c10d port (+ trial)")
+    p.add_argument("--prefix", default="ftbf", help="testbed name prefix")
+    p.add_argument("--subnet", default="10.213.49.0/24", help="testbed /24")
+    p.add_argument("--keep-lines", type=int, default=40,
+                   help="output lines kept per host in --json")
+    p.add_argument("--json", default=None, help="also write every trial to this file")
+    args = p.parse_args()
+    modes = args.only.split(",")
+    bad = [m for m in modes if m not in MODES]
+    if bad or args.trials < 1:
+        p.error(f"unknown mode(s) {bad}; choose among {', '.join(MODES)}" if bad
+                else "--trials must be ≥ 1")
+    reason = unavailable_reason()
+    if reason:
+        print(f"bench_failover: {reason}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below runs
+
+    results: list[dict[str, Any]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    try:
+        with Testbed(4, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
+            bench = Bench(bed, tmp, args)
+            print(f"testbed {args.prefix} {args.subnet}: "
+                  + ", ".join(f"{h.name} {h.address}" for h in bed.hosts), flush=True)
+            skip: set[str] = set()
+            for i in range(args.trials):
+                for mode in modes:  # alternate, so drift on a shared machine hits every mode alike
+                    if mode in skip:
+                        continue
+                    r = (bench.torchrun_trial(i) if mode == "torchrun"
+                         else bench.ftrun_trial(mode, i))
+                    results.append(r)
+                    print(show(r, args.trials, args.wait_s), flush=True)
+                    if r.get("launch_failed"):
+                        skip.add(mode)  # it will fail the same way again; say so once
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    summary = [summarize(results, m, args.wait_s) for m in modes]
+    print_table(summary, args.wait_s)
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k != "json"}
+        Path(args.json).write_text(json.dumps({"config": config, "trials": results,
+                                               "summary": summary}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
