@@ -93,6 +93,11 @@ class Roster:
         slot.agent_id = None
         return before
 
+    def add(self, host: str) -> None:
+        """A host for the pool (new, or back after a removal); its agent starts next."""
+        self.slots.setdefault(host, HostSlot(host))
+        self.slots[host].state = HostState.STARTING
+
     # ---- plans --------------------------------------------------------------------------------
 
     def plan(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:

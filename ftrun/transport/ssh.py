@@ -168,7 +168,11 @@ class SshTransport:
     def _exec(self, conn: Any, boot: Bootstrap) -> Any:
         import paramiko
 
-        command = (f"cd / && exec env FTRUN_AGENT_ID={shlex.quote(boot.agent_id)} "
+        # The agent must import ftrun before it reads the bootstrap: a PYTHONPATH that makes it
+        # importable here goes on the command line (not secret; same paths on every host).
+        pythonpath = boot.env.get("PYTHONPATH")
+        path_env = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+        command = (f"cd / && exec env {path_env}FTRUN_AGENT_ID={shlex.quote(boot.agent_id)} "
                    f"{shlex.quote(boot.python)} -m ftrun.agent")
         try:
             chan = conn.create_session()

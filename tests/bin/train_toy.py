@@ -31,6 +31,7 @@ args = p.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+print(f"WORLD {world} rank {rank} on {os.environ.get('FTRUN_HOST', '?')}", flush=True)
 torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Sequential(
     torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)))

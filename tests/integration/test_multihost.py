@@ -1,0 +1,216 @@
+"""Multi-host jobs over real ssh on the namespace testbed (scripts/testbed.sh, docs/testbed.md):
+a killed host replaced by a spare, a job that shrinks and grows back, a partitioned host that
+fences itself before the next generation starts, unreachable hosts at start, and teardown that
+leaves nothing on any host."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import Output, wait_for
+from tests.testbed import Testbed, ssh_testbed_fixture
+
+BIN = Path(__file__).resolve().parent.parent / "bin"
+TOY = str(BIN / "train_toy.py")
+testbed = ssh_testbed_fixture(4, scope="module")
+
+
+@pytest.fixture
+def bed(testbed: Testbed):
+    """The testbed, with every host powered on and connected again after each test."""
+    yield testbed
+    for host in testbed.hosts:
+        testbed.heal(host)
+        if not any(_is_sshd(pid) for pid in testbed.pids(host)):
+            testbed.start(host)
+    wait_for(lambda: all(only_sshd(testbed, h) for h in testbed.hosts), 15,
+             "every host to be back to just its sshd")
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).name() == "sshd"
+    except psutil.Error:
+        return False
+
+
+def only_sshd(bed: Testbed, host) -> bool:
+    """Nothing of ours left on the host: every live process in it is its sshd listener."""
+    live = []
+    for pid in bed.pids(host):
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                live.append(proc)
+        except psutil.Error:
+            continue
+    return len(live) == 1 and live[0].name() == "sshd"
+
+
+def launch(ftrun, bed: Testbed, *flags: str, steps: int = 60, ckpt: Path):
+    proc = ftrun.start("launch", "--ssh-config", str(bed.ssh_config), *flags, TOY,
+                       "--steps", str(steps), "--step-time", "0.05", "--ckpt-dir", str(ckpt),
+                       "--ckpt-every", "5")
+    return proc, Output(proc)
+
+
+def kinds(events, kind):
+    return [e for e in events if e["kind"] == kind]
+
+
+def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
+    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4",
+                       ckpt=tmp_path)
+    out.wait_for("[rank2]: STEP 10 ", 120)
+    fault_t = time.time()
+    bed.kill("node3")
+    assert proc.wait(timeout=120) == 0, out.text()
+    job = ftrun.only_job()
+    events = ftrun.events(job["job_id"])
+    [detected] = kinds(events, "fault_detected")
+    assert (detected["fault"], detected["host"]) == ("host-lost", "node3")
+    assert detected["t"] - fault_t <= 1.5
+    [change] = kinds(events, "hosts_changed")
+    assert (change["how"], change["removed"], change["added"]) == ("replaced", ["node3"], ["node4"])
+    launched = kinds(events, "generation_launched")
+    assert [g["hosts"] for g in launched] == [["node1", "node2", "node3"],
+                                              ["node1", "node2", "node4"]]
+    assert [g["world_size"] for g in launched] == [3, 3]
+    assert "resumed from step" in out.text()
+    first_again = [e for e in kinds(events, "first_step") if e["gen"] == 2][0]
+    assert first_again["t"] - fault_t < 20  # the benchmark measures this; here: it happened
+    assert "WORLD 3 rank 2 on node4" in out.text()
+    # The rank logs of every host, the spare's too, are in the controller's job directory.
+    assert "STEP" in (ftrun.run_dir / job["job_id"] / "logs" / "g2" / "rank2.log").read_text()
+
+
+def test_without_a_spare_the_job_shrinks_then_grows_back(ftrun, bed, tmp_path):
+    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", "--min-nodes", "2",
+                       steps=100000, ckpt=tmp_path)
+    out.wait_for("[rank2]: STEP 10 ", 120)
+    bed.kill("node3")
+    out.wait_for("WORLD 2 rank 1 on node2", 60)
+    job_id = ftrun.only_job()["job_id"]
+    # The host powers on again: the controller's retries reach it, and the job grows back.
+    bed.start("node3")
+    out.wait_for("WORLD 3 rank 2 on node3", 90)
+    wait_for(lambda: any(e["kind"] == "first_step" and e["gen"] == 3
+                         for e in ftrun.events(job_id)), 60, "generation 3 to step")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    events = ftrun.events(job_id)
+    assert [g["world_size"] for g in kinds(events, "generation_launched")] == [3, 2, 3]
+    [change] = kinds(events, "hosts_changed")
+    assert (change["how"], change["removed"], change["nodes_after"]) == ("shrunk", ["node3"], 2)
+    [grow] = kinds(events, "reconfigure")
+    assert grow["why"] == "grow" and "node3" in grow["detail"]
+
+
+def test_hosts_remove_and_add_from_the_command_line(ftrun, bed, tmp_path):
+    proc, out = launch(ftrun, bed, "--hosts", "node1,node2", ckpt=tmp_path, steps=100000)
+    out.wait_for("[rank1]: STEP 3 ", 120)
+    job_id = ftrun.only_job()["job_id"]
+    removed = ftrun.run("hosts", job_id, "remove", "node2")
+    assert removed.returncode == 0 and "removed node2 (active)" in removed.stderr
+    out.wait_for("WORLD 1 rank 0 on node1", 60)
+    wait_for(lambda: only_sshd(bed, "node2"), 15, "node2 to be left alone")
+    again = ftrun.run("hosts", job_id, "remove", "node2")
+    assert again.returncode == 2 and "not part of the job" in again.stderr
+    assert ftrun.run("hosts", job_id, "add", "node2").returncode == 0
+    wait_for(lambda: len(kinds(ftrun.events(job_id), "generation_launched")) == 3, 60,
+             "the job to grow back onto node2")
+    out.wait_for("WORLD 2 rank 1 on node2", 60)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    events = ftrun.events(job_id)
+    assert [r["why"] for r in kinds(events, "reconfigure")] == ["remove", "grow"]
+    assert [g["hosts"] for g in kinds(events, "generation_launched")] == [
+        ["node1", "node2"], ["node1"], ["node1", "node2"]]
+    assert not kinds(events, "fault_detected")  # planned changes are not incidents
+
+
+def test_partitioned_host_fences_before_the_next_generation(ftrun, bed, tmp_path):
+    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4",
+                       ckpt=tmp_path, steps=150)
+    out.wait_for("[rank2]: STEP 10 ", 120)
+    job_id = ftrun.only_job()["job_id"]
+    [victim] = [e["pid"] for e in ftrun.events(job_id)
+                if e["kind"] == "rank_started" and e["host"] == "node3"]
+    died = DeathWatch(victim)
+    bed.cut("node3")
+    wait_for(lambda: kinds(ftrun.events(job_id), "generation_launched")[1:], 30, "generation 2")
+    launched_t = kinds(ftrun.events(job_id), "generation_launched")[1]["t"]
+    assert died.wait(10) is not None, "the partitioned host's rank is still alive"
+    assert died.t <= launched_t, f"rank died {died.t - launched_t:.3f} s after generation 2 began"
+    bed.heal("node3")
+    assert proc.wait(timeout=120) == 0, out.text()
+    events = ftrun.events(job_id)
+    # Nothing from the fenced host's generation was taken after the new one began.
+    assert not [e for e in events if e["t"] > launched_t and e.get("host") == "node3"
+                and e.get("gen") == 1]
+    assert kinds(events, "fence_wait")[0]["hosts"] == ["node3"]
+
+
+def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, tmp_path):
+    nowhere = bed.subnet.rsplit(".", 1)[0] + ".99"  # in the testbed's /24, no host there
+    proc, out = launch(ftrun, bed, "--hosts", f"node1,{nowhere}", "--spares", "node2",
+                       ckpt=tmp_path, steps=10)
+    assert proc.wait(timeout=120) == 0, out.text()
+    events = ftrun.events(ftrun.only_job()["job_id"])
+    [unreachable] = [e for e in kinds(events, "host_unreachable") if not e["retry"]]
+    assert unreachable["host"] == nowhere and "Unable to connect" in unreachable["error"]
+    assert kinds(events, "generation_launched")[0]["hosts"] == ["node1", "node2"]
+
+    result = ftrun.run("launch", "--ssh-config", str(bed.ssh_config), "--hosts",
+                       f"node1,{nowhere}", "--min-nodes", "2", TOY, timeout=120)
+    assert result.returncode == 1
+    assert f"cannot reach {nowhere} over ssh" in result.stderr
+    assert "fewer than --min-nodes 2" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "controller-killed"])
+def test_teardown_reaches_every_host(ftrun, bed, tmp_path, how):
+    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", ckpt=tmp_path, steps=100000)
+    out.wait_for("[rank2]: STEP 3 ", 120)
+    assert not only_sshd(bed, "node2")
+    if how == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    else:
+        proc.kill()  # the remote agents see their stdin and connection close, and fence
+        proc.wait(timeout=10)
+    wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2", "node3")), 15,
+             "no process of the job on any host")
+
+
+class DeathWatch:
+    """Records when a process stops being alive (10 ms resolution), from another thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.t: float | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                alive = psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                self.t = time.time()
+                break
+            time.sleep(0.01)
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> float | None:
+        self._done.wait(timeout_s)
+        return self.t
