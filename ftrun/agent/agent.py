@@ -381,18 +381,10 @@ class Agent:
         """Capture the stacks of the overdue ranks, then report the hang. The controller tears
         the generation down only after this, so the stacks are taken from the live processes."""
         live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
-        states = {r: stacks.process_state(pid) for r, pid in live.items()}
-        # A stopped process is the culprit for sure; else the rank that stopped progressing first.
-        culprit = next((o for o in overdue if states.get(o.rank) == "stopped"), overdue[0])
-        # Every live rank's stacks: the ones waiting in a collective show where the job stands.
-        dumps = await stacks.capture(run.logs, live, flush=lambda: self._flush_logs(run))
-        mono_to_wall = time.time() - time.monotonic()
-        self._send("rank_hung", gen=run.number, rank=culprit.rank, step=self._job_step(run),
-                   rank_step=culprit.step, last_progress_t=culprit.last_progress_t + mono_to_wall,
-                   allowance_s=culprit.allowance_s, section=culprit.section,
-                   detected_t=detected_t, stacks={str(r): t for r, t in dumps.items()},
-                   states={str(r): s for r, s in states.items()},
-                   overdue=[o.rank for o in overdue], tail=run.logs.tail(culprit.rank)[-20:])
+        report = await stacks.hang_report(overdue, live, run.logs,
+                                          flush=lambda: self._flush_logs(run))
+        self._send("rank_hung", gen=run.number, step=self._job_step(run), detected_t=detected_t,
+                   **report)
 
     def _flush_logs(self, run: GenerationRun) -> None:
         for rank, lines in run.logs.poll().items():

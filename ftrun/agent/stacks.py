@@ -13,10 +13,11 @@ import os
 import shutil
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
+from ftrun.agent.hang import Overdue
 from ftrun.agent.tail import GenerationLogs
 
 STACKS_SIGNAL = signal.SIGUSR2  # the same as ftrun.runtime.STACKS_SIGNAL (agent must not import it)
@@ -66,6 +67,23 @@ async def capture(logs: GenerationLogs, pids: dict[int, int],
         dumps.setdefault(rank, f"no stacks: the process is {process_state(pid)} and could not "
                                "run its stack-dump handler (install py-spy to read its stacks)")
     return dumps
+
+
+async def hang_report(overdue: list[Overdue], live: dict[int, int], logs: GenerationLogs, *,
+                      flush: Callable[[], None]) -> dict[str, Any]:
+    """The culprit among the overdue ranks, and the stacks and states of every live rank."""
+    states = {r: process_state(pid) for r, pid in live.items()}
+    # A stopped process is the culprit for sure; else the rank that stopped progressing first.
+    culprit = next((o for o in overdue if states.get(o.rank) == "stopped"), overdue[0])
+    # Every live rank's stacks: the ones waiting in a collective show where the job stands.
+    dumps = await capture(logs, live, flush=flush)
+    mono_to_wall = time.time() - time.monotonic()
+    return {"rank": culprit.rank, "rank_step": culprit.step,
+            "last_progress_t": culprit.last_progress_t + mono_to_wall,
+            "allowance_s": culprit.allowance_s, "section": culprit.section,
+            "stacks": {str(r): t for r, t in dumps.items()},
+            "states": {str(r): st for r, st in states.items()},
+            "overdue": [o.rank for o in overdue], "tail": logs.tail(culprit.rank)[-20:]}
 
 
 def _line_count(logs: GenerationLogs, rank: int) -> int:

@@ -13,7 +13,7 @@ from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
 
 if TYPE_CHECKING:
-    from ftrun.controller.supervisor import GenWatch
+    from ftrun.controller.generation import GenWatch
 
 RANK_ACTIONS = ("kill-rank", "hang-rank")
 HOST_ACTIONS = ("kill-agent", "freeze-agent")

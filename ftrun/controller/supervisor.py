@@ -17,9 +17,8 @@ import json
 import logging
 import os
 import signal
-import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psutil
@@ -29,6 +28,7 @@ from ftrun.controller import evidence as ev_from
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.evidence import Failure
 from ftrun.controller.fleet import Fleet
+from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record_output, root_cause
 from ftrun.controller.hosts import HostHealth
 from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
 from ftrun.controller.roster import NotEnoughHosts
@@ -40,12 +40,9 @@ from ftrun.transport.base import Transport
 
 log = logging.getLogger("ftrun.controller")
 
-PROGRESS_EVENT_INTERVAL_S = 5.0
 TEARDOWN_MARGIN_S = 10.0
 CONTROL_FILE = "control.json"
-# A lost agent fences (kills its ranks) fence_timeout_s after it last heard from us, checking
-# every heartbeat interval; a margin for the kill itself. The next generation waits for it.
-FENCE_MARGIN_S = 0.5
+
 
 
 class Reporter(Protocol):
@@ -64,27 +61,6 @@ class JobOutcome:
     root_cause: dict[str, Any] | None = None
 
 
-@dataclass
-class GenWatch:
-    number: int
-    agents: set[str]
-    hosts: dict[str, str]
-    done: set[str] = field(default_factory=set)
-    max_step: int | None = None
-    first_step_seen: bool = False
-    last_progress_event: float = 0.0
-    injected: dict[str, Any] | None = None
-    order: list[str] = field(default_factory=list)  # agent ids by node rank
-
-
-@dataclass
-class Reconfigure:
-    """A planned new generation (not a fault): grow onto ready hosts, or drop a removed one."""
-
-    why: str  # grow | remove
-    detail: str
-
-
 class Supervisor:
     def __init__(self, config: LaunchConfig, *, journal: Journal, transport: Transport,
                  reporter: Reporter) -> None:
@@ -101,7 +77,6 @@ class Supervisor:
         self.roster = self.fleet.roster
         self.health = HostHealth(config.policy.quarantine)
         self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
-        self.fenced_by: dict[str, float] = {}  # lost host → when its agent has surely fenced
         self.signals = 0
         self.generation = 0
         self.watch: GenWatch | None = None
@@ -199,17 +174,10 @@ class Supervisor:
         if msg["kind"] == "hello":
             return self.fleet.on_message(sender, msg)
         if msg["kind"] == "agent_lost" and (watch is None or sender not in watch.agents):
-            self._host_lost(sender)
+            self.fleet.on_lost(sender)
             return True
         self.fleet.on_message(sender, msg)  # a stopped agent's fresh port
         return False
-
-    def _host_lost(self, agent_id: str) -> str | None:
-        host = self.fleet.on_lost(agent_id)
-        if host is not None:
-            self.fenced_by[host] = (time.monotonic() + self.config.fence_timeout_s
-                                    + self.config.heartbeat_interval_s + FENCE_MARGIN_S)
-        return host
 
     # ---- generations ------------------------------------------------------------------------
 
@@ -278,27 +246,32 @@ class Supervisor:
             if decision.tier is Tier.FATAL:
                 self.reporter.notice(f"fatal: {decision.reason}", level="error")
                 return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
-                                  self._root_cause(ev, watch.number, result))
+                                  root_cause(self.journal, ev, watch.number, result))
+            if await self._wait_fenced(incident):
+                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+            failures_in_row = 1 if progressed else failures_in_row + 1
+            delay = backoff_s(failures_in_row, base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s)
+            if delay:
+                self.reporter.notice(f"{decision.reason}; next attempt in {delay:g} s",
+                                     level="warning")
+                if await self._stop_requested_within(delay):
+                    return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+            # Planned only now, right before the launch: hosts may have been lost (or come back)
+            # while we waited.
             try:
                 hosts = self._plan()
             except NotEnoughHosts as e:
                 reason = self._too_few(decision.reason, e)
                 self.reporter.notice(f"fatal: {reason}", level="error")
                 return JobOutcome("failed", EXIT_JOB_FAILED, reason,
-                                  self._root_cause(ev, watch.number, result))
-            self._journal_replan(incident, watch, hosts)
-            if await self._wait_fenced(incident):
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
-            failures_in_row = 1 if progressed else failures_in_row + 1
-            delay = backoff_s(failures_in_row, base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s)
+                                  root_cause(self.journal, ev, watch.number, result))
+            self.fleet.journal_replan(incident, list(watch.hosts.values()), hosts)
             self.restarts += 1
             previous = ev
             self.journal.record("restart", incident=incident, next_gen=self.generation + 1,
                                 backoff_s=delay, restarts=self.restarts)
-            self.reporter.notice(f"{decision.reason} (restart {self.restarts}/{cfg.max_restarts}"
-                                 + (f", after {delay:g} s" if delay else "") + ")", level="warning")
-            if delay and await self._stop_requested_within(delay):
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+            self.reporter.notice(f"{decision.reason} (restart {self.restarts}/{cfg.max_restarts})",
+                                 level="warning")
 
     def _decide(self, ev: Evidence, history: History) -> Decision:
         cfg = self.config
@@ -332,27 +305,11 @@ class Supervisor:
         return (f"{why}, and no spare host is ready to take its place: {len(e.usable)} usable "
                 f"host(s) ({left}), fewer than --min-nodes {e.min_nodes}")
 
-    def _journal_replan(self, incident: int, watch: GenWatch, hosts: list[str]) -> None:
-        before = list(watch.hosts.values())
-        gone = [h for h in before if h not in hosts]
-        new = [h for h in hosts if h not in before]
-        if not gone and not new:
-            return
-        how = "replaced" if len(hosts) >= len(before) else "shrunk"
-        self.journal.record("hosts_changed", incident=incident, how=how, removed=gone, added=new,
-                            hosts=hosts, nodes_before=len(before), nodes_after=len(hosts))
-        change = f"{', '.join(gone)} → {', '.join(new)}" if new else f"without {', '.join(gone)}"
-        self.reporter.notice(f"{how}: {change} ({len(hosts)} host(s))", level="warning")
-
     async def _wait_fenced(self, incident: int) -> bool:
         """Lost hosts' ranks must be dead before the next generation starts: wait out their
         agents' fence timeout (they kill their ranks when they stop hearing from us).
         True when a stop was requested meanwhile."""
-        if not self.fenced_by:
-            return False
-        until = max(self.fenced_by.values())
-        hosts, self.fenced_by = sorted(self.fenced_by), {}
-        wait = until - time.monotonic()
+        hosts, wait = self.fleet.fence_wait()
         if wait <= 0:
             return False
         self.journal.record("fence_wait", incident=incident, hosts=hosts, wait_s=round(wait, 3))
@@ -362,7 +319,7 @@ class Supervisor:
         cfg = self.config
         agents = [self.fleet.agent_of(h) or "" for h in hosts]
         master = agents[0]
-        port = cfg.master_port or self.fleet.take_port(master) or _free_port()
+        port = cfg.master_port or self.fleet.take_port(master) or free_port()
         hang = dataclasses.replace(cfg.policy.hang, expect_progress=(
             cfg.policy.hang.expect_progress or bool(cfg.progress_regex) or self.ever_progressed))
         for node_rank, agent_id in enumerate(agents):
@@ -386,7 +343,7 @@ class Supervisor:
             if kind == "stop_requested":
                 return "stopped"
             if kind == "agent_lost" and agent_id in watch.agents:
-                host = self._host_lost(agent_id) or watch.hosts[agent_id]
+                host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
                 return ev_from.host_lost(msg, host, watch.max_step)
             if self._side_channel(agent_id, msg, watch):
                 if (change := self._reconfiguration(watch)) is not None:
@@ -395,7 +352,7 @@ class Supervisor:
             host = watch.hosts.get(agent_id, "?")
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
-            if self._record_output(watch, host, msg):
+            if record_output(self.journal, self.reporter, watch, host, msg):
                 if kind == "progress" and (change := self._reconfiguration(watch)) is not None:
                     return change
                 continue
@@ -431,38 +388,6 @@ class Supervisor:
                                        f"{len(watch.agents)} host(s)")
         return None
 
-    def _record_output(self, watch: GenWatch, host: str, msg: dict[str, Any]) -> bool:
-        """Handle logs, progress and rank starts; True when the message was one of those."""
-        kind = msg["kind"]
-        if kind == "log":
-            rank, lines = msg.get("rank"), msg.get("lines") or []
-            if rank is None:
-                self.journal.append_log(watch.number, f"{host}.torchrun", lines)
-                self.reporter.torchrun_output(host, lines)
-            else:
-                self.journal.append_log(watch.number, f"rank{rank}", lines)
-                self.reporter.rank_output(rank, lines)
-            return True
-        if kind == "progress":
-            step = msg.get("step")
-            if step is not None:
-                watch.max_step = step if watch.max_step is None else max(watch.max_step, step)
-            now = time.monotonic()
-            if msg.get("first") and not watch.first_step_seen:
-                watch.first_step_seen = True
-                self.journal.record("first_step", gen=watch.number, host=host,
-                                    rank=msg.get("rank"), step=step, rank_t=msg.get("t"))
-                watch.last_progress_event = now
-            elif now - watch.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
-                self.journal.record("progress", gen=watch.number, step=watch.max_step)
-                watch.last_progress_event = now
-            return True
-        if kind == "rank_started":
-            self.journal.record("rank_started", gen=watch.number, host=host,
-                                rank=msg.get("rank"), pid=msg.get("pid"))
-            return True
-        return False
-
     async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
         number = watch.number
         grace = self.config.grace_period_s if graceful else 0.0
@@ -478,7 +403,7 @@ class Supervisor:
                 return
             if msg["kind"] == "agent_lost":
                 pending.discard(agent_id)
-                self._host_lost(agent_id)
+                self.fleet.on_lost(agent_id)
             elif msg["kind"] == "stopped" and msg.get("gen") == number:
                 pending.discard(agent_id)
                 self.fleet.on_message(agent_id, msg)
@@ -487,7 +412,7 @@ class Supervisor:
                                          f"{watch.hosts.get(agent_id, agent_id)}: "
                                          f"{msg['survivors']}", level="error")
             elif msg.get("gen") == number and agent_id in watch.agents:
-                self._record_output(watch, watch.hosts[agent_id], msg)
+                record_output(self.journal, self.reporter, watch, watch.hosts[agent_id], msg)
             else:
                 self._side_channel(agent_id, msg, None)
         self.journal.close_generation_logs(number)
@@ -503,19 +428,3 @@ class Supervisor:
                 return True
             self._side_channel(agent_id, msg, None)
         return False
-
-    def _root_cause(self, ev: Evidence, number: int, result: Failure) -> dict[str, Any]:
-        stream = f"rank{ev.rank}" if ev.rank is not None else f"{ev.host}.torchrun"
-        return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
-                "signal": ev.signal, "exception": ev.exception, "generation": number,
-                "traceback": result.detail.get("traceback"),
-                "tail": (result.detail.get("tail") or [])[-15:],
-                "log": str(self.journal.log_path(number, stream))}
-
-
-def _free_port() -> int:
-    """A port for the next generation's rendezvous, picked before it is needed so a restart
-    never waits on a port still in TIME_WAIT from the generation it replaces."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
