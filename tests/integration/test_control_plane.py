@@ -42,3 +42,43 @@ def test_malformed_messages_never_crash_controller_or_agent(ftrun):
     assert log.count("refused a connection") == len(attacks)
     agent_log = (ftrun.run_dir / job_id / "agents" / "localhost.log").read_text()
     assert "dropped a malformed datagram" in agent_log
+
+
+def test_authenticated_but_stale_agents_are_refused(ftrun):
+    """Even with the job secret, an agent id that is not a host's current agent (an old
+    incarnation, or a second copy of a live one) cannot join: nothing it says is taken."""
+    import asyncio
+    import json
+
+    from ftrun.protocol import open_channel
+
+    proc = ftrun.start("launch", str(BIN / "sleeper.py"))
+    out = Output(proc)
+    try:
+        out.wait_for("[rank0]: step 2")
+        job_id = ftrun.status_json()[0]["job_id"]
+        control = json.loads((ftrun.run_dir / job_id / "control.json").read_text())
+
+        async def pose_as(agent_id: str) -> bool:
+            chan = await open_channel(control["host"], control["port"], control["secret"], 5)
+            chan.send("hello", agent_id=agent_id, host="localhost", pid=1)
+            chan.send("gen_exited", gen=1, exit_code=0)  # would end the job if it were taken
+            await chan.drain()
+            try:
+                await asyncio.wait_for(chan.receive(), 5)
+                return True
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return False
+            finally:
+                chan.close()
+
+        for impostor in ("localhost#1", "localhost#0", "localhost#2"):
+            assert asyncio.run(pose_as(impostor)) is False, impostor
+        seen = len(out.lines)
+        wait_for(lambda: len(out.lines) > seen + 3, 10, "the ranks to keep training")
+        assert ftrun.status_json(job_id)["state"] == "running"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+    log = (ftrun.run_dir / job_id / "controller.log").read_text()
+    assert log.count("refused a connection") == 3
