@@ -144,11 +144,12 @@ def main() -> None:
     p.add_argument("--max-delay-s", type=float, default=1.0)
     p.add_argument("--dir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--job", default=None, help="memory-tier job id (default: a fresh one)")
     p.add_argument("--check-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     own_dir = args.dir is None
     args.dir = args.dir or f"/tmp/ftrun-crash-{uuid.uuid4().hex[:8]}"
-    job = f"crash-{uuid.uuid4().hex[:8]}"
+    job = args.job or f"crash-{uuid.uuid4().hex[:8]}"
     rng = random.Random(args.seed)
     failures, last, tiers = [], 0, {}
     try:
