@@ -127,10 +127,10 @@ class Agent:
                 await self.zygote.wait()
             self.datagrams.close()
             shutil.rmtree(self.work, ignore_errors=True)
-            if self.exit_code == 0:
-                # The job is over: its memory-tier checkpoints on this host go with it. (Not when
-                # fenced: the job goes on elsewhere, and hosts may share /dev/shm in a testbed.)
-                shutil.rmtree(workdir.memory_tier(self.boot.job_id), ignore_errors=True)
+            # Whether the job ended or this host left it, its memory-tier checkpoints here are
+            # of no more use and hold RAM. (Hosts of the ssh testbed share one /dev/shm: there a
+            # leaving host takes the others' memory tier too, and they restore from storage.)
+            shutil.rmtree(workdir.memory_tier(self.boot.job_id), ignore_errors=True)
             if self.chan is not None:
                 self.chan.close()
         return self.exit_code or 0

@@ -147,8 +147,8 @@ def _host_options(hosts: str | None, hostfile: Path | None, spares: str | None,
     if hosts is not None and hostfile is not None:
         problems.append("--hosts and --hostfile cannot be used together")
         return _Hosts()
-    if ssh_config is not None and not ssh_config.is_file():
-        problems.append(f"--ssh-config {str(ssh_config)!r} is not a file")
+    if ssh_config is not None:
+        problems.extend(_ssh_config_problems(ssh_config))
     try:
         entries = (read_hostfile(hostfile) if hostfile is not None
                    else parse_host_list(hosts) if hosts is not None else [])
@@ -159,10 +159,22 @@ def _host_options(hosts: str | None, hostfile: Path | None, spares: str | None,
             return _Hosts(spares=tuple(e.target for e in spare_entries))
         check_roles(entries, spare_entries, None)
         return _Hosts(tuple(e.target for e in entries), tuple(e.target for e in spare_entries),
-                      ssh=True, slots=uniform_slots(entries + spare_entries))
+                      ssh=True, slots=uniform_slots(entries))  # spares run as many
     except UsageError as e:
         problems.append(e.message)
         return _Hosts()
+
+
+def _ssh_config_problems(path: Path) -> list[str]:
+    if not path.is_file():
+        return [f"--ssh-config {str(path)!r} is not a file"]
+    import paramiko  # what Fabric parses it with
+
+    try:
+        paramiko.SSHConfig.from_path(str(path))
+    except Exception as e:  # noqa: BLE001 - ConfigParseError, or an unreadable file
+        return [f"--ssh-config {str(path)!r} cannot be parsed: {e}"]
+    return []
 
 
 def _fault_policy(path: Path | None, startup_timeout: float | None, hang_floor: float | None,

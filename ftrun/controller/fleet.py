@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftrun.controller")
 
 # Environment worth forwarding to remote agents (over ssh nothing is inherited), the way
-# DeepSpeed's launcher forwards NCCL_*, PYTHON*, ...; FTRUN_* carries ftrun's own settings.
-FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "PYTHON", "OMP_", "FTRUN_", "CUDA_", "UCX_")
+# DeepSpeed's launcher forwards NCCL_*, UCX_*, ...; FTRUN_* carries ftrun's own settings. Not
+# CUDA_* (CUDA_VISIBLE_DEVICES is per host) and not PYTHONHOME (per interpreter).
+FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "OMP_", "FTRUN_", "UCX_")
+FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER")
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
 TERMINATE_TIMEOUT_S = 5.0
@@ -45,7 +47,8 @@ class Fleet:
         self.journal = journal
         self.reporter = reporter
         self.secret = secret
-        self.env = {k: v for k, v in environ.items() if k.startswith(FORWARD_PREFIXES)}
+        self.env = {k: v for k, v in environ.items()
+                    if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES}
         self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
         self.handles: dict[str, AgentHandle] = {}
         self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
@@ -87,7 +90,18 @@ class Fleet:
                 self.reporter.notice(e.message, level="warning")
             self._schedule_retry(host)
             return None
+        if self.roster.host_of(agent_id) != host or self.roster.state(host) is HostState.REMOVED:
+            self._terminate(agent_id)  # removed (or restarted) while it was starting
+            return None
+        self._spawn(self._hello_deadline(agent_id, host), self._waits)
         return agent_id
+
+    async def _hello_deadline(self, agent_id: str, host: str) -> None:
+        """An agent that started but never says hello (cannot dial us, exited at once) makes
+        its host lost, to be retried, instead of leaving it STARTING for ever."""
+        await asyncio.sleep(self.config.agent_start_timeout_s)
+        if self.roster.host_of(agent_id) == host and self.roster.state(host) is HostState.STARTING:
+            self.never_connected({agent_id})
 
     def never_connected(self, agent_ids: set[str]) -> None:
         """Agents that started but did not say hello in time: their hosts are lost."""
@@ -162,6 +176,8 @@ class Fleet:
         action, host = msg.get("action"), msg.get("host")
         if not isinstance(host, str) or not host:
             return False, "name a host"
+        if not self.config.ssh:
+            return False, "this job runs on this machine only; hosts need `ftrun launch --hosts`"
         if action == "add":
             if host in self.roster.slots and self.roster.state(host) is not HostState.REMOVED:
                 return False, f"{host} is already part of the job ({self.roster.state(host).value})"
@@ -172,14 +188,34 @@ class Fleet:
         if action == "remove":
             if host not in self.roster.slots or self.roster.state(host) is HostState.REMOVED:
                 return False, f"{host} is not part of the job"
+            others = [h for h in self.roster.in_state(HostState.ACTIVE, HostState.READY)
+                      if h != host]
+            if self.roster.state(host) is HostState.ACTIVE and len(others) < self.config.min_nodes:
+                return False, (f"without {host} the job would have {len(others)} host(s), fewer "
+                               f"than --min-nodes {self.config.min_nodes}")
             agent_id = self.roster.slots[host].agent_id
             before = self.roster.remove(host)
             self._retry_at.pop(host, None)
             self.journal.record("host_removed", host=host, was=before.value)
             if agent_id is not None:
-                self._terminate(agent_id)
+                self.server.expected.discard(agent_id)
+                if before is not HostState.ACTIVE:
+                    self._release(agent_id)
+                # An active host's agent stops after the generation's graceful teardown
+                # (release_removed), so its ranks get the grace period like everyone's.
             return True, f"removed {host} ({before.value})"
         return False, f"unknown hosts action {action!r} (add or remove)"
+
+    def release_removed(self) -> None:
+        """Stop the agents of removed hosts (after the teardown that gave their ranks grace)."""
+        for agent_id, handle in list(self.handles.items()):
+            if handle.host in self.roster.slots and \
+                    self.roster.state(handle.host) is HostState.REMOVED:
+                self._release(agent_id)
+
+    def _release(self, agent_id: str) -> None:
+        self.server.send(agent_id, "shutdown")
+        self._terminate(agent_id)
 
     # ---- lost hosts: retried until they come back --------------------------------------------
 

@@ -9,7 +9,8 @@
 The job wants `want` hosts: as many as it was launched with (torchrun's MAX in --nnodes MIN:MAX).
 `ftrun hosts add/remove` change the pool, not the want: an added host fills a shrunken job or
 waits as a spare; a removed one is replaced like a lost one. A plan keeps the hosts of the last generation that are still good, in their order (node rank 0
-stays where it was unless it is gone), then fills up from ready hosts, spares first as listed.
+stays where it was unless it is gone), then fills up from ready hosts, spares first as listed,
+hosts lost since the last plan (and back already) last.
 Fewer than `min_nodes` good hosts: no plan (the caller makes that fatal).
 """
 
@@ -54,6 +55,9 @@ class Roster:
         self.want = len(self.slots) - len(tuple(spares))
         self.min_nodes = min_nodes
         self.active: list[str] = []  # the current generation's hosts, by node rank
+        # Lost since the last plan: even if back already, the next plan takes them last (after
+        # spares), so a flaky host does not go straight back into the job it just broke.
+        self.recently_lost: set[str] = set()
 
     # ---- agents -------------------------------------------------------------------------------
 
@@ -84,6 +88,7 @@ class Roster:
         if slot.state is not HostState.REMOVED:
             slot.state = HostState.LOST
         slot.agent_id = None
+        self.recently_lost.add(host)
 
     def remove(self, host: str) -> HostState:
         """The user took the host away; returns the state it was in."""
@@ -102,8 +107,9 @@ class Roster:
 
     def plan(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:
         """The next generation's hosts, by node rank; marks them ACTIVE and the rest READY."""
-        keep = [h for h in self.active if self._usable(h, excluded)]
+        keep = [h for h in self.active if self._usable(h, excluded) and h not in self.recently_lost]
         fill = [h for h in self.slots if h not in keep and self._usable(h, excluded)]
+        fill.sort(key=lambda h: h in self.recently_lost)  # stable: spares in order, then those
         chosen = (keep + fill)[:self.want]
         if len(chosen) < self.min_nodes or not chosen:
             raise NotEnoughHosts(chosen, self.min_nodes)
@@ -113,6 +119,7 @@ class Roster:
         for host in chosen:
             self.slots[host].state = HostState.ACTIVE
         self.active = chosen
+        self.recently_lost.clear()
         return chosen
 
     def can_grow(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:

@@ -124,6 +124,15 @@ class ControlServer:
                 await self.inbox.put((link.agent_id, msg))
         self._lose(link, reason)
 
+    def drop(self, agent_id: str, reason: str) -> None:
+        """Stop talking to an agent we no longer trust (it fences for lack of our heartbeats)."""
+        link = self.links.get(agent_id)
+        if link is not None:
+            link.lost = True  # no agent_lost item: the caller handles the loss itself
+            link.channel.close()
+            self._by_last_seen.pop(agent_id, None)
+            log.warning("dropped %s: %s", agent_id, reason)
+
     def _lose(self, link: AgentLink, reason: str) -> None:
         if link.lost:
             return

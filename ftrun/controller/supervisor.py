@@ -193,6 +193,8 @@ class Supervisor:
                               {"hint": "check the unreachable hosts, add --spares, or lower "
                                        "--min-nodes"})
         while True:
+            if self.signals:  # a Ctrl-C that came while we tore down, waited or planned
+                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
             self.generation += 1
             watch = self._launch(self.generation, hosts)
             result = await self._watch(watch)
@@ -214,6 +216,9 @@ class Supervisor:
                 await self._teardown(watch, graceful=True)
                 self.journal.record("generation_ended", gen=watch.number, outcome="reconfigured",
                                     step=watch.max_step)
+                self.fleet.release_removed()
+                if await self._wait_fenced(0):  # a host lost during the teardown
+                    return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
                 try:
                     hosts = self._plan()
                 except NotEnoughHosts as e:
@@ -247,6 +252,7 @@ class Supervisor:
                 self.reporter.notice(f"fatal: {decision.reason}", level="error")
                 return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
                                   root_cause(self.journal, ev, watch.number, result))
+            self.fleet.release_removed()
             if await self._wait_fenced(incident):
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
             failures_in_row = 1 if progressed else failures_in_row + 1
@@ -399,8 +405,13 @@ class Supervisor:
                 agent_id, msg = await asyncio.wait_for(self.server.inbox.get(),
                                                        max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
+                # Not confirmed: we cannot count on those hosts; they fence once we stop
+                # talking to them, and the next generation waits for that.
                 log.error("agents did not confirm the stop of generation %s: %s", number, pending)
-                return
+                for agent_id in pending:
+                    self.server.drop(agent_id, "did not confirm the stop of its generation")
+                    self.fleet.on_lost(agent_id)
+                break
             if msg["kind"] == "agent_lost":
                 pending.discard(agent_id)
                 self.fleet.on_lost(agent_id)

@@ -33,6 +33,7 @@ log = logging.getLogger("ftrun.transport")
 T = TypeVar("T")
 
 DEFAULT_CONNECT_TIMEOUT_S = 10
+START_TIMEOUT_S = 30.0  # connect + authenticate, then start the agent: each bounded by this
 SWEEP_TIMEOUT_S = 10.0
 
 
@@ -48,10 +49,11 @@ class HostUnreachable(FtrunError):
 
 class SshAgent:
     def __init__(self, host: str, agent_id: str, python: str, conn: Any, chan: Any,
-                 log_file: IO[bytes]) -> None:
+                 log_file: IO[bytes], *, env_prefix: str = "") -> None:
         self.host = host
         self.agent_id = agent_id
         self.python = python
+        self.env_prefix = env_prefix
         self.conn = conn
         self.chan = chan
         self.log_file = log_file
@@ -82,9 +84,9 @@ class SshAgent:
         # itself; if even that fails, a fresh ssh session kills everything tagged with its id.
         for nudge in (None, self.chan.shutdown_write):
             if nudge is not None and not self.chan.closed:
-                try:
-                    nudge()
-                except (OSError, EOFError):
+                try:  # paramiko may block on a full send window or a key exchange: off the loop
+                    await asyncio.wait_for(in_thread(nudge), timeout_s / 2)
+                except (asyncio.TimeoutError, OSError, EOFError):
                     pass
             try:
                 await asyncio.wait_for(self.ended.wait(), timeout_s / 2)
@@ -97,28 +99,33 @@ class SshAgent:
             except (asyncio.TimeoutError, OSError, EOFError, Exception) as e:  # noqa: BLE001
                 # Unreachable (partitioned, powered off): the agent fences itself, on its own.
                 log.warning("%s: could not sweep the agent's processes: %s", self.host, e)
-        self._close()
+        if not self.ended.is_set():
+            self._loop.remove_reader(self.chan.fileno())
+        # Closing may block like any paramiko send; closing the transport unblocks the rest.
+        try:
+            await asyncio.wait_for(in_thread(self._close), timeout_s / 2)
+        except asyncio.TimeoutError:
+            log.warning("%s: the ssh connection did not close in time", self.host)
+        self.log_file.close()
 
     def _sweep(self) -> None:
         """Kill everything tagged with this agent's id, over a fresh session (bounded waits)."""
         chan = self.conn.transport.open_session(timeout=SWEEP_TIMEOUT_S / 2)
         try:
-            chan.exec_command(f"exec {shlex.quote(self.python)} -m ftrun.agent.procs "
-                              f"{shlex.quote(self.agent_id)}")
+            chan.set_combine_stderr(True)
+            chan.exec_command(f"exec env {self.env_prefix}{shlex.quote(self.python)} "
+                              f"-m ftrun.agent.procs {shlex.quote(self.agent_id)}")
             if not chan.status_event.wait(SWEEP_TIMEOUT_S / 2):
                 raise TimeoutError("the sweep did not finish")
+            if chan.recv_exit_status() != 0:
+                output = chan.recv(4096).decode("utf-8", "replace").strip()
+                raise RuntimeError(f"exit {chan.recv_exit_status()}: {output[-500:]}")
         finally:
             chan.close()
 
     def _close(self) -> None:
-        if not self.ended.is_set():
-            try:
-                self._loop.remove_reader(self.chan.fileno())
-            except (ValueError, OSError):
-                pass
         self.chan.close()
         self.conn.close()
-        self.log_file.close()
 
 
 class SshTransport:
@@ -130,29 +137,48 @@ class SshTransport:
 
     def bind_address(self) -> str:
         # Agents dial the address their host routes to us by, which we learn per host only
-        # once connected; listen on every interface (every message is authenticated anyway).
-        return self.controller_addr or "0.0.0.0"
+        # once connected (or --controller-addr, which may be a NAT address we cannot bind):
+        # listen on every interface (every message is authenticated anyway).
+        return "0.0.0.0"
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SshAgent:
-        conn, local_addr = await in_thread(self._connect, boot.host)
+        try:
+            conn, local_addr = await asyncio.wait_for(in_thread(self._connect, boot.host),
+                                                      START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise HostUnreachable(boot.host, f"no ssh session within {START_TIMEOUT_S:g} s") from None
+        if self.controller_addr is None and local_addr is None:
+            conn.close()
+            raise HostUnreachable(boot.host, "it is reached through a proxy (ProxyJump or "
+                                  "ProxyCommand), so ftrun cannot tell which address it should "
+                                  "dial back; pass --controller-addr")
         boot = dataclasses.replace(boot, controller_host=self.controller_addr or local_addr)
+        env_prefix = _env_prefix(boot)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")
         try:
-            chan = await in_thread(self._exec, conn, boot)
-        except BaseException:
+            chan = await asyncio.wait_for(in_thread(self._exec, conn, boot, env_prefix),
+                                          START_TIMEOUT_S)
+        except BaseException as e:
             log_file.close()
-            conn.close()
+            conn.close()  # also unblocks a thread still waiting inside paramiko
+            if isinstance(e, asyncio.TimeoutError):
+                raise HostUnreachable(boot.host, "the agent did not start within "
+                                      f"{START_TIMEOUT_S:g} s of logging in") from None
             raise
-        return SshAgent(boot.host, boot.agent_id, boot.python, conn, chan, log_file)
+        return SshAgent(boot.host, boot.agent_id, boot.python, conn, chan, log_file,
+                        env_prefix=env_prefix)
 
     def _connect(self, host: str) -> tuple[Any, str]:
         import fabric  # only the ssh transport needs fabric and paramiko: import on first use
         import paramiko
 
         target = split_target(host)
-        config = fabric.Config(runtime_ssh_path=self.ssh_config,
-                               overrides={"timeouts": {"connect": DEFAULT_CONNECT_TIMEOUT_S}})
+        try:
+            config = fabric.Config(runtime_ssh_path=self.ssh_config,
+                                   overrides={"timeouts": {"connect": DEFAULT_CONNECT_TIMEOUT_S}})
+        except Exception as e:  # noqa: BLE001 - paramiko's ConfigParseError and friends
+            raise HostUnreachable(host, f"cannot read the ssh config: {e}") from None
         conn = fabric.Connection(target.host, user=target.user, port=target.port, config=config,
                                  connect_kwargs={"banner_timeout": DEFAULT_CONNECT_TIMEOUT_S,
                                                  "auth_timeout": DEFAULT_CONNECT_TIMEOUT_S})
@@ -162,26 +188,30 @@ class SshTransport:
             conn.close()
             raise HostUnreachable(host, _describe(e)) from None
         sock = conn.transport.sock
-        local_addr = sock.getsockname()[0] if isinstance(sock, socket.socket) else "127.0.0.1"
+        # Through a proxy the "socket" is an ssh channel: no address of ours the host can dial.
+        local_addr = sock.getsockname()[0] if isinstance(sock, socket.socket) else None
         return conn, local_addr
 
-    def _exec(self, conn: Any, boot: Bootstrap) -> Any:
+    def _exec(self, conn: Any, boot: Bootstrap, env_prefix: str) -> Any:
         import paramiko
 
-        # The agent must import ftrun before it reads the bootstrap: a PYTHONPATH that makes it
-        # importable here goes on the command line (not secret; same paths on every host).
-        pythonpath = boot.env.get("PYTHONPATH")
-        path_env = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
-        command = (f"cd / && exec env {path_env}FTRUN_AGENT_ID={shlex.quote(boot.agent_id)} "
+        command = (f"cd / && exec env {env_prefix}FTRUN_AGENT_ID={shlex.quote(boot.agent_id)} "
                    f"{shlex.quote(boot.python)} -m ftrun.agent")
         try:
-            chan = conn.create_session()
+            chan = conn.transport.open_session(timeout=START_TIMEOUT_S)
             chan.set_combine_stderr(True)
             chan.exec_command(command)
             chan.sendall(json.dumps(dataclasses.asdict(boot)).encode() + b"\n")
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise HostUnreachable(boot.host, f"could not start the agent: {_describe(e)}") from None
         return chan
+
+
+def _env_prefix(boot: Bootstrap) -> str:
+    """The agent must import ftrun before it reads the bootstrap: a PYTHONPATH that makes it
+    importable here goes on the command line (not secret; same paths on every host)."""
+    pythonpath = boot.env.get("PYTHONPATH")
+    return f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
 
 
 def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":

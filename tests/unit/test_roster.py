@@ -86,3 +86,21 @@ def test_removed_hosts_are_replaced_and_can_be_added_back():
     roster.add("b")
     assert roster.ready(roster.new_agent("b"))
     assert roster.state("b") is HostState.READY  # a spare now: the job has its two hosts
+
+
+def test_a_host_back_right_after_its_loss_comes_after_the_spares():
+    roster = ready_roster(["a", "b", "c"], ["s"])
+    roster.plan()
+    roster.lost("c")
+    assert roster.ready(roster.new_agent("c"))  # a partition that healed at once
+    assert roster.plan() == ["a", "b", "s"]
+    roster.lost("s")
+    assert roster.plan() == ["a", "b", "c"]     # no spare left: better than shrinking
+
+
+def test_without_a_spare_a_host_back_at_once_keeps_the_job_whole():
+    roster = ready_roster(["a", "b"])
+    roster.plan()
+    roster.lost("a")
+    assert roster.ready(roster.new_agent("a"))
+    assert roster.plan() == ["b", "a"]
