@@ -110,9 +110,18 @@ def _copy_view(slot: Slot, src: torch.Tensor, entry: TensorEntry) -> None:
 
 
 class Snapshotter:
-    """One background thread, at nice +5, that runs SnapshotJobs in order."""
+    """One background thread, in the SCHED_IDLE class, that runs SnapshotJobs in order.
 
-    NICE = 5  # below the training threads, yet done before the optimizer step in practice
+    Why idle and not merely niced: when training keeps every core busy (CPU training, or a
+    dataloader), a niced copy thread still takes its share from one of the intra-op threads, and
+    the others then wait for that one at every barrier, so the whole step slows by about the
+    copy's CPU time. An idle-class thread runs only on a core nothing else wants (intra-op
+    threads sleep between kernels, ranks wait in collectives); what it has not copied by the next
+    optimizer step, the training thread and it finish together with nothing else running.
+    Measured here (1 GiB state, 1.4 s steps, a snapshot every step, two A/B runs alternating in
+    one process): nice 5 kept 0.93/0.95 of the no-checkpoint throughput, SCHED_IDLE 1.00/0.98,
+    at a 22 ms median wait in the optimizer hook.
+    """
 
     def __init__(self, *, timeout_s: float) -> None:
         self._timeout_s = timeout_s
@@ -135,10 +144,14 @@ class Snapshotter:
         return True
 
     def _run(self) -> None:
-        try:  # Linux: niceness is per thread; the copy yields to the training threads
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.NICE)
+        tid = threading.get_native_id()  # Linux: scheduling policy and niceness are per thread
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         except (OSError, AttributeError):
-            pass
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, 19)
+            except (OSError, AttributeError):
+                pass
         while (job := self._jobs.get()) is not None:  # idle until close() sends None
             try:
                 if job.slot is not None:
