@@ -133,6 +133,7 @@ class JobView:
     generations: list[Generation] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    hosts: dict[str, str] = field(default_factory=dict)  # host → active, spare, lost, ...
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - (self.started_t or time.time())
@@ -142,7 +143,7 @@ class JobView:
             "job_id": self.job_id, "name": self.name, "state": self.state, "reason": self.reason,
             "generation": self.generation, "restarts": self.restarts, "step": self.step,
             "started_t": self.started_t, "ended_t": self.ended_t, "exit_code": self.exit_code,
-            "job_dir": str(self.job_dir),
+            "job_dir": str(self.job_dir), "hosts": self.hosts,
         }
         if detail:
             out["root_cause"] = self.root_cause
@@ -268,8 +269,37 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
     if view.ended_t is None and not controller_alive(view.controller_pid, create_time):
         view.state = "failed"
         view.reason = "the controller died without finishing the job (killed, or its host was lost)"
+    view.hosts = fold_hosts(events)
     return view
 
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
+
+
+def fold_hosts(events: list[dict[str, Any]]) -> dict[str, str]:
+    """Each host's state as the journal tells it: active (in the current generation), spare
+    (connected, waiting), starting, unreachable, lost, removed."""
+    hosts: dict[str, str] = {}
+    for ev in events:
+        kind, host = ev.get("kind"), ev.get("host")
+        if kind == "job_started":
+            for h in [*ev.get("hosts", []), *ev.get("spares", [])]:
+                hosts[h] = "starting"
+        elif kind == "agent_connected" and host is not None:
+            hosts[host] = "spare" if hosts.get(host) != "active" else "active"
+        elif kind == "host_unreachable" and host is not None and hosts.get(host) != "removed":
+            hosts[host] = "unreachable"
+        elif kind == "fault_detected" and ev.get("fault") == "host-lost" and host is not None:
+            hosts[host] = "lost"
+        elif kind == "host_removed" and host is not None:
+            hosts[host] = "removed"
+        elif kind == "host_added" and host is not None:
+            hosts[host] = "starting"
+        elif kind == "generation_launched":
+            for h, state in hosts.items():
+                if state == "active":
+                    hosts[h] = "spare"
+            for h in ev.get("hosts", []):
+                hosts[h] = "active"
+    return hosts

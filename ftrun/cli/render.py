@@ -98,6 +98,11 @@ def print_job(console: Console, v: JobView) -> None:
     console.print(f"started {clock(v.started_t)}, "
                   + (f"ended {clock(v.ended_t)}" if v.ended_t else f"running for {age(v.age_s())}")
                   + f"; directory {v.job_dir}", soft_wrap=True)
+    if len(v.hosts) > 1 or any(h != "localhost" for h in v.hosts):
+        order = {"active": 0, "spare": 1, "starting": 2, "unreachable": 3, "lost": 4, "removed": 5}
+        shown = sorted(v.hosts.items(), key=lambda item: order.get(item[1], 9))
+        console.print("hosts: " + ", ".join(f"{h} ({state})" for h, state in shown),
+                      soft_wrap=True)
     if v.incidents:
         console.print()
         console.print(incidents_table(v.incidents))
