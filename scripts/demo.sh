@@ -37,10 +37,3 @@ trap - EXIT
 echo
 echo "== ftrun inspect $(basename "$job_dir")"
 "$PYTHON" -m ftrun inspect "$(basename "$job_dir")"
-# The job's host-memory snapshots (/dev/shm/ftrun-<job>) are the agent's to delete at job end;
-# removing them here too is harmless and keeps the demo clean whatever the agent did.
-"$PYTHON" - "$(basename "$job_dir")" <<'PY'
-import shutil, sys
-from ftrun.checkpoint import memory_tier_dir
-shutil.rmtree(memory_tier_dir(sys.argv[1]), ignore_errors=True)
-PY

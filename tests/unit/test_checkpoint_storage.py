@@ -103,6 +103,8 @@ def test_prune_keeps_the_newest_k_and_removes_stale_temp_dirs(tmp_path):
 
 def test_memory_tier_dir_and_job_id_validation():
     assert memory_tier_dir("job-1.a_b") == Path("/dev/shm/ftrun-job-1.a_b")
+    from ftrun.agent import workdir  # the agent deletes this directory at job end
+    assert workdir.memory_tier("job-1.a_b") == memory_tier_dir("job-1.a_b")
     assert memory_tier_dir("j", root="/x") == Path("/x/ftrun-j")
     for bad in ("", "../etc", "a/b", "-x"):
         with pytest.raises(CheckpointDirError):
