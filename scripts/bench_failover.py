@@ -252,7 +252,9 @@ class Bench:
                   + shlex.join([PY, "-m", "torch.distributed.run", "--nnodes", "2:3",
                                 "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                                 "--rdzv-endpoint", endpoint, "--rdzv-id", uuid.uuid4().hex,
-                                "--max-restarts", "3", SCRIPT, *self.train,
+                                "--max-restarts", "3",
+                                "--log-dir", str(work / "torchelastic"),  # not /tmp for good
+                                SCRIPT, *self.train,
                                 "--ckpt-dir", str(ckpt)]))
         result: dict[str, Any] = {"mode": "torchrun", "trial": i, "recovered": False,
                                   "recovery_s": None, "command": remote}

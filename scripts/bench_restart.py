@@ -138,4 +138,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Plain torchrun leaves a mkdtemp of its own (torchelastic_*) in $TMPDIR on every run: the
+    # launchers get a scratch TMPDIR that goes away with the benchmark.
+    with tempfile.TemporaryDirectory(prefix="bench-tmp-") as scratch:
+        os.environ["TMPDIR"] = scratch
+        main()

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,17 @@ def ftrun(tmp_path: Path, test_id: str, no_survivors: None) -> Ftrun:
     return Ftrun(tmp_path / "runs", test_id)
 
 
+def torchrun_temp_dirs() -> set[str]:
+    """What torchrun leaves in the temp dir when it is not given --log-dir."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("torchelastic_*")}
+
+
 @pytest.fixture
 def no_survivors(test_id: str):
+    before = torchrun_temp_dirs()
     yield
+    left_dirs = torchrun_temp_dirs() - before
+    assert not left_dirs, f"torchrun temp dirs left behind: {sorted(left_dirs)}"
     try:
         wait_for(lambda: not tagged(test_id), 5.0, "the test's processes to exit")
     except AssertionError:

@@ -221,6 +221,9 @@ class Agent:
                "--nproc-per-node", str(msg["nproc_per_node"]),
                "--master-addr", msg["master_addr"], "--master-port", str(msg["master_port"]),
                "--max-restarts", "0", "--monitor-interval", "0.1",
+               # torchrun's own files (error files, a mkdtemp per run) go with the agent's
+               # work dir, not into /tmp for good.
+               "--log-dir", str(directory / "torchrun"),
                SHIM, "rank", *msg["entrypoint"]]
         try:
             run.proc = await asyncio.create_subprocess_exec(
