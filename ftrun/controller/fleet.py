@@ -54,9 +54,9 @@ class Fleet:
         self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
         self.ports: dict[str, int] = {}  # agent id → a free port on its host, for the rendezvous
         self.port = 0
-        self._waits: set[asyncio.Task[Any]] = set()  # retry back-offs: cancelled at the end
+        self._waits: set[asyncio.Task[Any]] = set()  # back-offs, hello deadlines: cancelled at the end
         self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
-        self._retry_at: dict[str, float] = {}
+        self._retry_delay: dict[str, float] = {}
         self.closing = False
         self.fenced_by: dict[str, float] = {}  # lost host → when its agent has surely fenced
 
@@ -127,7 +127,7 @@ class Fleet:
             host = self.roster.host_of(agent_id)
             self.journal.record("agent_connected", host=host, pid=msg.get("pid"),
                                 addr=self.addrs[agent_id], agent=agent_id)
-            self._retry_at.pop(host, None)
+            self._retry_delay.pop(host, None)
             if self.roster.slots[host].incarnation > 1:
                 self.reporter.notice(f"{host} is back (ready to join)")
         return True
@@ -195,7 +195,7 @@ class Fleet:
                                f"than --min-nodes {self.config.min_nodes}")
             agent_id = self.roster.slots[host].agent_id
             before = self.roster.remove(host)
-            self._retry_at.pop(host, None)
+            self._retry_delay.pop(host, None)
             self.journal.record("host_removed", host=host, was=before.value)
             if agent_id is not None:
                 self.server.expected.discard(agent_id)
@@ -235,8 +235,8 @@ class Fleet:
     def _schedule_retry(self, host: str) -> None:
         if self.closing or not self.config.ssh:
             return  # this machine's own agent is not retried: the job ends without it
-        delay = min(RETRY_CAP_S, 2 * self._retry_at.get(host, RETRY_FIRST_S / 2))
-        self._retry_at[host] = delay
+        delay = min(RETRY_CAP_S, 2 * self._retry_delay.get(host, RETRY_FIRST_S / 2))
+        self._retry_delay[host] = delay
         self._spawn(self._retry(host, delay), self._waits)
 
     async def _retry(self, host: str, delay_s: float) -> None:
