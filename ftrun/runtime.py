@@ -44,30 +44,30 @@ def register_stack_dumps() -> None:
         pass  # stderr has no file descriptor, or the platform lacks it: no stacks, no harm
 
 
+def _where() -> tuple[socket.socket, str, int, int] | None:
+    """The agent's socket and this rank's identity, resolved once; None outside ftrun."""
+    global _target
+    if _target is _UNSET:
+        _target = _resolve()
+    return _target  # type: ignore[return-value]
+
+
 def step(n: int) -> None:
     """Report that this rank finished training step n (call it once per step)."""
-    global _target
     try:
-        if _target is _UNSET:
-            _target = _resolve()
-        if _target is None:
-            return
-        sock, path, gen, rank = _target  # type: ignore[misc]
-        sock.sendto(b'{"e":"step","g":%d,"r":%d,"s":%d}' % (gen, rank, int(n)), path)
+        if (target := _where()) is not None:
+            sock, path, gen, rank = target
+            sock.sendto(b'{"e":"step","g":%d,"r":%d,"s":%d}' % (gen, rank, int(n)), path)
     except Exception:  # noqa: BLE001 - progress reporting must never break training
         pass
 
 
 def _send(event: dict) -> None:
-    global _target
     try:
-        if _target is _UNSET:
-            _target = _resolve()
-        if _target is None:
-            return
-        sock, path, gen, rank = _target  # type: ignore[misc]
-        sock.sendto(json.dumps({**event, "g": gen, "r": rank}).encode(), path)
-    except Exception:  # noqa: BLE001
+        if (target := _where()) is not None:
+            sock, path, gen, rank = target
+            sock.sendto(json.dumps({**event, "g": gen, "r": rank}).encode(), path)
+    except Exception:  # noqa: BLE001 - likewise
         pass
 
 
