@@ -54,6 +54,13 @@ class Bootstrap:
     # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
     env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def process_tag(self) -> str:
+        """The FTRUN_AGENT_ID every process of this agent carries, and that its sweeps kill by.
+        Unique per job: agent ids (host#N) repeat across jobs, and two jobs on one host must
+        never sweep each other's processes."""
+        return f"{self.job_id}/{self.agent_id}"
+
     @classmethod
     def from_json(cls, text: str) -> "Bootstrap":
         return cls(**json.loads(text))
@@ -147,7 +154,7 @@ class Agent:
         path = self.work / "zygote.sock"
         self.zygote = await asyncio.create_subprocess_exec(
             self.boot.python, "-m", "ftrun.agent.zygote", str(path), stdin=asyncio.subprocess.PIPE,
-            start_new_session=True, env={**os.environ, "FTRUN_AGENT_ID": self.boot.agent_id})
+            start_new_session=True, env={**os.environ, "FTRUN_AGENT_ID": self.boot.process_tag})
         deadline = time.monotonic() + 10
         while not path.exists() and time.monotonic() < deadline and self.zygote.returncode is None:
             await asyncio.sleep(0.01)
@@ -212,7 +219,7 @@ class Agent:
             await self._start_zygote()
         env = {**os.environ, **msg.get("env", {}),
                "FTRUN_JOB_ID": self.boot.job_id, "FTRUN_GENERATION": str(number),
-               "FTRUN_HOST": self.boot.host, "FTRUN_AGENT_ID": self.boot.agent_id,
+               "FTRUN_HOST": self.boot.host, "FTRUN_AGENT_ID": self.boot.process_tag,
                "FTRUN_AGENT_SOCK": self.sock_path, "FTRUN_RANK_LOG_DIR": str(directory)}
         if self.boot.warm_start:
             env["FTRUN_ZYGOTE_SOCK"] = str(self.work / "zygote.sock")
@@ -275,7 +282,7 @@ class Agent:
             return []
         exclude = [self.zygote.pid] if self.zygote is not None else []
         survivors = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: procs.kill_all(run.pgids, self.boot.agent_id, exclude=exclude))
+            None, lambda: procs.kill_all(run.pgids, self.boot.process_tag, exclude=exclude))
         if run.proc is not None:
             try:
                 await asyncio.wait_for(run.proc.wait(), 5)

@@ -20,9 +20,9 @@ from ftrun.agent.agent import Bootstrap
 
 
 class LocalAgent:
-    def __init__(self, host: str, agent_id: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, host: str, process_tag: str, proc: asyncio.subprocess.Process) -> None:
         self.host = host
-        self.agent_id = agent_id
+        self.process_tag = process_tag
         self.proc = proc
 
     @property
@@ -46,7 +46,7 @@ class LocalAgent:
         self._close_stdin()
         # Whatever the agent could not kill (it was SIGKILLed, say), we do.
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: procs.kill_all([], self.agent_id, timeout_s=timeout_s))
+            None, lambda: procs.kill_all([], self.process_tag, timeout_s=timeout_s))
 
 
     def _close_stdin(self) -> None:
@@ -68,8 +68,8 @@ class LocalTransport:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
                 stderr=log, start_new_session=True,
-                env={**os.environ, "FTRUN_AGENT_ID": boot.agent_id})
+                env={**os.environ, "FTRUN_AGENT_ID": boot.process_tag})
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(asdict(boot)).encode() + b"\n")
         await proc.stdin.drain()
-        return LocalAgent(boot.host, boot.agent_id, proc)
+        return LocalAgent(boot.host, boot.process_tag, proc)

@@ -48,10 +48,10 @@ class HostUnreachable(FtrunError):
 
 
 class SshAgent:
-    def __init__(self, host: str, agent_id: str, python: str, conn: Any, chan: Any,
+    def __init__(self, host: str, process_tag: str, python: str, conn: Any, chan: Any,
                  log_file: IO[bytes], *, env_prefix: str = "") -> None:
         self.host = host
-        self.agent_id = agent_id
+        self.process_tag = process_tag
         self.python = python
         self.env_prefix = env_prefix
         self.conn = conn
@@ -114,7 +114,7 @@ class SshAgent:
         try:
             chan.set_combine_stderr(True)
             chan.exec_command(f"exec env {self.env_prefix}{shlex.quote(self.python)} "
-                              f"-m ftrun.agent.procs {shlex.quote(self.agent_id)}")
+                              f"-m ftrun.agent.procs {shlex.quote(self.process_tag)}")
             if not chan.status_event.wait(SWEEP_TIMEOUT_S / 2):
                 raise TimeoutError("the sweep did not finish")
             if chan.recv_exit_status() != 0:
@@ -166,7 +166,7 @@ class SshTransport:
                 raise HostUnreachable(boot.host, "the agent did not start within "
                                       f"{START_TIMEOUT_S:g} s of logging in") from None
             raise
-        return SshAgent(boot.host, boot.agent_id, boot.python, conn, chan, log_file,
+        return SshAgent(boot.host, boot.process_tag, boot.python, conn, chan, log_file,
                         env_prefix=env_prefix)
 
     def _connect(self, host: str) -> tuple[Any, str]:
@@ -195,7 +195,7 @@ class SshTransport:
     def _exec(self, conn: Any, boot: Bootstrap, env_prefix: str) -> Any:
         import paramiko
 
-        command = (f"cd / && exec env {env_prefix}FTRUN_AGENT_ID={shlex.quote(boot.agent_id)} "
+        command = (f"cd / && exec env {env_prefix}FTRUN_AGENT_ID={shlex.quote(boot.process_tag)} "
                    f"{shlex.quote(boot.python)} -m ftrun.agent")
         try:
             chan = conn.transport.open_session(timeout=START_TIMEOUT_S)

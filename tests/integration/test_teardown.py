@@ -70,3 +70,24 @@ def test_controller_sigkill_makes_the_agent_fence(ftrun, tmp_path, test_id):
     assert job["state"] == "failed" and "controller died" in job["reason"]
     agent_log = (ftrun.run_dir / job["job_id"] / "agents" / "localhost.log").read_text()
     assert "fencing" in agent_log
+
+
+def test_a_job_ending_beside_another_leaves_it_running(ftrun, tmp_path):
+    """Agent ids (host#N) repeat across jobs; each job's teardown sweep must kill only its own
+    processes. (Once, a second job's sweep killed the first job's agent: a false host-lost.)"""
+    pid_dir = tmp_path / "long"
+    pid_dir.mkdir()
+    long_job = ftrun.start("launch", "--nproc-per-node", "2", SLEEPER, "--pid-dir", str(pid_dir))
+    out = Output(long_job)
+    out.wait_for("[rank1]: step 3")
+    pids = rank_pids(pid_dir)
+    # A second job on the same host that fails and is torn down (restarts, then gives up).
+    short = ftrun.run("launch", "--max-restarts", "1", str(BIN / "bad_import.py"), timeout=60)
+    assert short.returncode == 1, short.stderr
+    last_line = len(out.lines)
+    wait_for(lambda: any("[rank1]: step" in line for line in out.lines[last_line:]), 10,
+             "a step after the other job's teardown")
+    assert all(alive(p) for p in pids), "the other job's teardown killed this job's ranks"
+    assert long_job.poll() is None and "lost" not in "".join(out.lines[last_line:])
+    long_job.send_signal(signal.SIGINT)
+    assert long_job.wait(timeout=20) == 130
