@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import inject, procs, stacks, workdir
+from ftrun.agent import inject, proctitle, procs, stacks, workdir
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
@@ -153,7 +153,9 @@ class Agent:
     async def _start_zygote(self) -> None:
         path = self.work / "zygote.sock"
         self.zygote = await asyncio.create_subprocess_exec(
-            self.boot.python, "-m", "ftrun.agent.zygote", str(path), stdin=asyncio.subprocess.PIPE,
+            # The padding argument is room for each fork's own command line (proctitle.py).
+            self.boot.python, "-m", "ftrun.agent.zygote", str(path), proctitle.title_room(),
+            stdin=asyncio.subprocess.PIPE,
             start_new_session=True, env={**os.environ, "FTRUN_AGENT_ID": self.boot.process_tag})
         deadline = time.monotonic() + 10
         while not path.exists() and time.monotonic() < deadline and self.zygote.returncode is None:

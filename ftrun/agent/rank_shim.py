@@ -74,30 +74,54 @@ def warm_request(mode: str, argv: list[str]) -> dict | None:
     """How the warm interpreter should run this command, or None if it cannot (a non-Python
     entrypoint, or python with options other than -u)."""
     if mode == "torchrun":
-        return {"mode": "torchrun", "argv": ["torchrun", *argv]}
+        return {"mode": "torchrun", "argv": ["torchrun", *argv],
+                "cmdline": [sys.executable, "-u", "-m", "torch.distributed.run", *argv]}
     if len(argv) >= 3 and argv[1] == "-u" and os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
         if argv[2] == "-m" and len(argv) >= 4:
-            return {"mode": "module", "target": argv[3], "argv": [argv[3], *argv[4:]]}
+            return {"mode": "module", "target": argv[3], "argv": [argv[3], *argv[4:]],
+                    "cmdline": list(argv)}
         if not argv[2].startswith("-"):
-            return {"mode": "script", "target": argv[2], "argv": argv[2:]}
+            return {"mode": "script", "target": argv[2], "argv": argv[2:], "cmdline": list(argv)}
     return None
+
+
+def exec_identity() -> dict:
+    """What an exec'd child would inherit from us beyond stdio, env and cwd: the umask and the
+    signals we ignore (exec keeps SIG_IGN). Read before we install our forwarding handlers."""
+    mask = os.umask(0)
+    os.umask(mask)
+    ignored = [int(s) for s in signal.valid_signals()
+               if isinstance(s, signal.Signals) and s not in (signal.SIGPIPE, signal.SIGXFSZ)
+               and _ignored(s)]
+    return {"umask": mask, "ignored_signals": ignored}
+
+
+def _ignored(sig: signal.Signals) -> bool:
+    try:
+        return signal.getsignal(sig) is signal.SIG_IGN
+    except (OSError, ValueError):
+        return False
 
 
 def run_warm(zygote_path: str, request: dict, fds: list[int]) -> dict | None:
     """Ask the zygote to fork the child. Returns its exit status, or None if the zygote could not
-    be reached at all (the caller then starts the child cold)."""
+    be reached at all or refused (the caller then starts the child cold)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.connect(zygote_path)
     except OSError:
         sock.close()
         return None
-    request.update(env=dict(os.environ), cwd=os.getcwd())
+    request.update(env=dict(os.environ), cwd=os.getcwd(), **exec_identity())
     socket.send_fds(sock, [json.dumps(request).encode()], fds)
     reply = sock.recv(ZYGOTE_MAX_MESSAGE)
     if not reply:
         return None
-    pid = json.loads(reply)["pid"]
+    answer = json.loads(reply)
+    if "cold" in answer:
+        print(f"ftrun: starting cold: {answer['cold']}", file=sys.stderr)
+        return None
+    pid = answer["pid"]
     on_started(pid)
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, lambda s, _f: _killpg_quietly(pid, s))

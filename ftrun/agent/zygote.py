@@ -6,8 +6,15 @@ generation's torchrun and ranks are forks of it (rank_shim.py asks, passing its 
 stderr over SCM_RIGHTS), so a restart pays milliseconds instead of seconds. The technique is
 Android's zygote; DESIGN.md §5 lists the precedent (TrainMover's warm-up sandbox).
 
+A fork does not run the user's code inside the zygote's loop: it returns out of `serve()` to
+`main()` and becomes the process `python -u script.py` would have been (as_main.py), so the
+interpreter finalizes it as it finalizes any script. A request whose interpreter-level
+environment (PYTHON*, LD_*) differs from the zygote's is refused: the shim starts that one cold.
+
 Fork-safety: the zygote starts no threads and runs no torch operation before forking, so the
-child inherits no held locks and no thread pool; CUDA is never initialised here.
+child inherits no held locks and no thread pool; CUDA is never initialised here. (Importing torch
+starts one thread, NumPy's OpenBLAS server, which stops and restarts itself around fork() through
+its pthread_atfork handlers.)
 
 Lifetime: the zygote dies when the agent does (EOF on stdin), and every fork dies with the zygote
 (PR_SET_PDEATHSIG) or when the shim that asked for it goes away (EOF on its connection).
@@ -15,23 +22,26 @@ Lifetime: the zygote dies when the agent does (EOF on stdin), and every fork die
 
 from __future__ import annotations
 
-import atexit
 import ctypes
-import faulthandler
 import importlib
 import json
 import os
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import traceback
+from typing import Any, Mapping
+
+from ftrun.agent import as_main, proctitle
 
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
 # torch._dynamo is what DistributedDataParallel imports on first use (~1 s here, 800 modules).
 DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch.distributed.run,torch._dynamo"
+# Variables a fresh interpreter reads before its first line (sys.path, flags, hashing, the
+# dynamic loader): a fork of a zygote started with other values could not honour them.
+INTERPRETER_ENV_PREFIXES = ("PYTHON", "LD_")
 
 
 class Zygote:
@@ -44,12 +54,15 @@ class Zygote:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (conn, pidfd)
         self.libc = ctypes.CDLL(None, use_errno=True)
+        self.pid = os.getpid()
 
     def preload(self, modules: str) -> None:
         for name in filter(None, (m.strip() for m in modules.split(","))):
             importlib.import_module(name)
 
-    def serve(self) -> None:
+    def serve(self) -> dict[str, Any]:
+        """Serve start requests until the agent goes. Returns only in a forked child: the
+        request that child is to become."""
         self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.selector.register(sys.stdin, selectors.EVENT_READ, ("agent", None))
         signal.signal(signal.SIGTERM, lambda *_: self.shutdown())
@@ -58,7 +71,9 @@ class Zygote:
                 what, pid = key.data
                 try:
                     if what == "accept":
-                        self._accept()
+                        request = self._accept()
+                        if request is not None:
+                            return request
                     elif what == "agent":
                         if not os.read(sys.stdin.fileno(), 4096):
                             self.shutdown()
@@ -67,21 +82,32 @@ class Zygote:
                     elif what == "conn":
                         self._on_conn(pid)
                 except Exception:  # noqa: BLE001 - one bad request must not take the zygote down
+                    if os.getpid() != self.pid:
+                        raise  # a child that failed to become its process: it must not serve
                     traceback.print_exc()
 
-    def _accept(self) -> None:
+    def _accept(self) -> dict[str, Any] | None:
+        """Fork a child for one request: in the child, returns the request; here, None."""
         conn, _ = self.listener.accept()
         try:
             data, fds, _flags, _addr = socket.recv_fds(conn, MAX_MESSAGE, 3)
             request = json.loads(data)
         except (OSError, ValueError):
             conn.close()
-            return
+            return None
+        mismatch = interpreter_env_mismatch(request.get("env", {}), os.environ)
+        if mismatch:
+            _send(conn, {"cold": f"{mismatch} differs from the warm interpreter's"})
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._become(request, fds, conn)  # never returns
+            self._leave(fds, conn)
+            return request
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -89,6 +115,7 @@ class Zygote:
         self.selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
         self.selector.register(conn, selectors.EVENT_READ, ("conn", pid))
         _send(conn, {"pid": pid})
+        return None
 
     def _reap(self, pid: int) -> None:
         conn, pidfd = self.children.pop(pid)
@@ -122,87 +149,33 @@ class Zygote:
             _killpg(pid, signal.SIGKILL)
         os._exit(0)
 
-    def _become(self, request: dict, fds: list[int], conn: socket.socket) -> None:
-        """In the forked child: take the shim's stdio, environment and arguments, and run."""
-        code = 1
-        try:
-            os.setsid()
-            self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            for other_conn, pidfd in self.children.values():
-                other_conn.close()
-                os.close(pidfd)
-            conn.close()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
-                signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
-            self.selector.close()
-            self.listener.close()
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-                os.close(fd)
-            os.environ.clear()
-            os.environ.update(request["env"])
-            os.chdir(request["cwd"])
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", buffering=1, closefd=False)
-            sys.stderr = open(2, "w", buffering=1, closefd=False)
-            code = _run(request)
-        except SystemExit as e:
-            code = _exit_code(e)
-        except BaseException as e:
-            _print_user_traceback(e)
-            code = 1
-        finally:
-            try:
-                atexit._run_exitfuncs()  # as a normal exit would; C++ static teardown is skipped
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+    def _leave(self, fds: list[int], conn: socket.socket) -> None:
+        """In the forked child: leave the zygote behind (its session, sockets, children) and
+        take the shim's stdin/stdout/stderr. as_main.prepare() does the rest."""
+        os.setsid()
+        self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        for other_conn, pidfd in self.children.values():
+            other_conn.close()
+            os.close(pidfd)
+        self.children.clear()
+        conn.close()
+        self.selector.close()
+        self.listener.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
 
 
-def _run(request: dict) -> int:
-    mode, argv = request["mode"], request["argv"]
-    sys.argv = list(argv)
-    if mode != "torchrun":
-        # Zero-code stack dumps for hang reports (ftrun.runtime registers the same on first use).
-        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads and threads.isdigit() and "torch" in sys.modules:
-        # A fresh interpreter would read OMP_NUM_THREADS when torch loads; this one already has.
-        sys.modules["torch"].set_num_threads(int(threads))
-    if mode == "torchrun":
-        from torch.distributed.run import main
-        main(argv[1:])
-        return 0
-    if mode == "module":
-        sys.path[0] = os.getcwd()
-        runpy.run_module(request["target"], run_name="__main__", alter_sys=True)
-        return 0
-    script = os.path.abspath(request["target"])
-    sys.path[0] = os.path.dirname(script)
-    runpy.run_path(script, run_name="__main__")
-    return 0
+def interpreter_env_mismatch(requested: Mapping[str, str], ours: Mapping[str, str]) -> str | None:
+    """The first variable read at interpreter start-up whose value differs, or None."""
+    names = {n for n in (*requested, *ours) if n.startswith(INTERPRETER_ENV_PREFIXES)}
+    for name in sorted(names):
+        if requested.get(name) != ours.get(name):
+            return name
+    return None
 
 
-def _print_user_traceback(e: BaseException) -> None:
-    """Print the traceback as a plain `python script.py` would: without our frames above it."""
-    tb = e.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
-                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
-        tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb or e.__traceback__)
-
-
-def _exit_code(e: SystemExit) -> int:
-    if e.code is None:
-        return 0
-    if isinstance(e.code, int):
-        return e.code
-    print(e.code, file=sys.stderr)
-    return 1
-
-
-def _send(conn: socket.socket, body: dict) -> None:
+def _send(conn: socket.socket, body: dict[str, Any]) -> None:
     try:
         conn.send(json.dumps(body).encode())
     except OSError:
@@ -218,9 +191,15 @@ def _killpg(pid: int, sig: int) -> None:
 
 def main() -> None:
     path = sys.argv[1]
+    proctitle.set_title(f"ftrun-zygote {path}")
     zygote = Zygote(path)  # listen first: shims that connect while we import just wait
     zygote.preload(os.environ.get("FTRUN_ZYGOTE_PRELOAD", DEFAULT_PRELOAD))
-    zygote.serve()
+    request = zygote.serve()
+    # Only a forked child gets here. It becomes the requested process; when that code returns
+    # or raises, this interpreter finalizes it as it would after `python -u script.py`.
+    del zygote
+    as_main.prepare(request)
+    as_main.run(request)
 
 
 if __name__ == "__main__":
