@@ -95,8 +95,15 @@ class GenerationLogs:
         return list(log.last_lines) if log else []
 
 
+# torch.distributed's excepthook (installed by init_process_group) prefixes every line of an
+# uncaught exception's traceback with "[rankN]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+
+
 def extract_traceback(lines: list[str]) -> str | None:
-    """The last Python traceback in these lines, through its exception line."""
+    """The last Python traceback in these lines, through its exception line, without the rank
+    prefix torch.distributed may have put on it."""
+    lines = [_RANK_PREFIX.sub("", line) for line in lines]
     start = None
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):

@@ -22,3 +22,13 @@ def test_extracts_the_last_traceback():
     assert tb.startswith("Traceback") and "b.py" in tb and "a.py" not in tb
     assert exception_line(tb) == "KeyError: 'k'"
     assert extract_traceback(["no traceback here"]) is None
+
+
+def test_traceback_with_torch_distributed_rank_prefix():
+    # After init_process_group, torch's excepthook prefixes each line with "[rankN]: ".
+    lines = ["step 3", "[rank1]: Traceback (most recent call last):",
+             '[rank1]:   File "train.py", line 60, in <module>',
+             '[rank1]:     raise RuntimeError("injected")', "[rank1]: RuntimeError: injected"]
+    text = extract_traceback(lines)
+    assert text is not None and text.splitlines()[0] == "Traceback (most recent call last):"
+    assert exception_line(text) == "RuntimeError: injected"
