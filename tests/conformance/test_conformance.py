@@ -1,0 +1,39 @@
+"""A fast subset of the conformance corpus (scripts/conformance.py runs all of it, repeatedly):
+ordinary torchrun scripts behave the same under warm ftrun, cold ftrun and plain torchrun."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance.runner import CORPUS, MODES, compare, run_one
+
+pytestmark = pytest.mark.slow
+FAST = ("ddp_no_destroy", "uncaught", "conf_module", "nondaemon_thread")
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_script_behaves_as_under_torchrun(name, test_id, no_survivors):
+    script = next(s for s in CORPUS if s.name == name)
+    env = {"FTRUN_TEST_ID": test_id}
+    outcomes = [run_one(mode, script, killed=False, extra_env=env) for mode in MODES]
+    problems, _ = compare(outcomes, killed=False)
+    assert not problems, "\n".join(problems) + "\n\n" + outcomes[0].output[-3000:]
+    warm = outcomes[0]
+    assert warm.conf, "the script printed nothing to compare"
+
+
+def test_killed_rank_resumes_the_same_losses(test_id, no_survivors):
+    """A rank SIGKILLed mid-run: warm and cold ftrun restart the job, the script resumes from
+    its checkpoint, and the losses after the resume are the unkilled run's, bit for bit."""
+    script = next(s for s in CORPUS if s.name == "ddp_no_destroy")
+    env = {"FTRUN_TEST_ID": test_id}
+    clean = run_one("warm", script, killed=False, extra_env=env)
+    killed = [run_one(mode, script, killed=True, extra_env=env) for mode in ("warm", "cold")]
+    problems, _ = compare(killed, killed=True)
+    assert not problems, "\n".join(problems)
+    for outcome in killed:
+        assert outcome.exit_code == 0, outcome.output[-3000:]
+        for rank, lines in outcome.conf.items():
+            assert lines[0] == "resumed at 5", lines
+            resumed = [line for line in lines if line.startswith("step")]
+            assert resumed == [line for line in clean.conf[rank] if line.startswith("step")][5:]
