@@ -228,6 +228,8 @@ class Agent:
                "--nproc-per-node", str(msg["nproc_per_node"]),
                "--master-addr", msg["master_addr"], "--master-port", str(msg["master_port"]),
                "--max-restarts", "0", "--monitor-interval", "0.1",
+               # TORCHELASTIC_RUN_ID, as torchrun defines it: one id for the whole job.
+               "--rdzv-id", self.boot.job_id,
                # torchrun's own files (error files, a mkdtemp per run) go with the agent's
                # work dir, not into /tmp for good.
                "--log-dir", str(directory / "torchrun"),

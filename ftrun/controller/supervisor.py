@@ -334,13 +334,20 @@ class Supervisor:
                              master_addr=self.fleet.addrs.get(master, "127.0.0.1"),
                              master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
                              progress_regex=cfg.progress_regex, hang=dataclasses.asdict(hang),
-                             env={"FTRUN_JOB_DIR": str(self.journal.job_dir)})
+                             env=self._rank_env())
         world = len(agents) * cfg.nproc_per_node
         self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
                             master_port=port, master_addr=self.fleet.addrs.get(master))
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
         self.watch = GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents)
         return self.watch
+
+    def _rank_env(self) -> dict[str, str]:
+        """ftrun's variables for this generation's ranks. The TORCHELASTIC_ ones replace
+        torchrun's own (always 0: it never restarts under ftrun) in the rank shim."""
+        return {"FTRUN_JOB_DIR": str(self.journal.job_dir),
+                "FTRUN_TORCHELASTIC_RESTART_COUNT": str(self.restarts),
+                "FTRUN_TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts)}
 
     async def _watch(self, watch: GenWatch) -> str | Failure | Reconfigure:
         while True:
