@@ -78,6 +78,7 @@ def root_cause(journal: Journal, ev: Evidence, number: int, result: Failure) -> 
     return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
             "signal": ev.signal, "exception": ev.exception, "generation": number,
             "traceback": result.detail.get("traceback"),
+            "traceback_source": result.detail.get("traceback_source"),
             "tail": (result.detail.get("tail") or [])[-15:],
             "log": str(journal.log_path(number, stream))}
 

@@ -374,7 +374,8 @@ class Supervisor:
             if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
                 self.journal.record("rank_exited", gen=watch.number, host=host,
                                     **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
-                                                               "t_exit", "step", "traceback")})
+                                                               "t_exit", "step", "exception",
+                                                               "traceback", "traceback_source")})
                 return ev_from.crash(msg, host, watch.max_step)
             if kind == "rank_hung":
                 return ev_from.hang(msg, host, watch.max_step)

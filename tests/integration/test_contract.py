@@ -39,3 +39,21 @@ def test_torchelastic_variables_as_torchrun_defines_them_in_every_generation(ftr
         assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"/{env['LOCAL_RANK']}/error.json"), env
         error_files.add(env["TORCHELASTIC_ERROR_FILE"])
     assert len(error_files) == 4, "each rank of each generation has its own error file"
+
+
+def test_record_error_file_is_the_root_cause(ftrun):
+    result = ftrun.run("launch", "--max-restarts", "0", str(BIN / "record_error.py"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout  # the rank printed none: only its error file has it
+    assert "died with exit code 1: DatasetCorrupt: shard 17 has a bad header" in result.stderr
+    assert "raise DatasetCorrupt" in result.stderr
+    job_id = ftrun.only_job()["job_id"]
+    inspected = json.loads(ftrun.run("inspect", job_id, "--json").stdout)
+    root = inspected["root_cause"]
+    assert root["exception"] == "DatasetCorrupt: shard 17 has a bad header"
+    assert root["traceback_source"] == "error file"
+    assert "in open_shard" in root["traceback"] and "record_error.py" in root["traceback"]
+    [incident] = inspected["incidents"]
+    assert incident["exception"] == root["exception"]
+    assert incident["traceback"] == root["traceback"]
+    assert "DatasetCorrupt: shard 17" in ftrun.run("inspect", job_id).stdout
