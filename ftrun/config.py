@@ -52,7 +52,8 @@ class LaunchConfig:
     warm_start: bool = True
     cwd: str = field(default_factory=os.getcwd)
     python: str = sys.executable
-    grace_period_s: float = 5.0
+    # SIGTERM → SIGKILL for ranks when the job is stopped or reconfigured (--term-timeout).
+    term_timeout_s: float = 5.0
     heartbeat_interval_s: float = 0.25
     host_lost_timeout_s: float = 1.0
     fence_timeout_s: float = 3.0
@@ -80,8 +81,8 @@ class LaunchConfig:
             problems.append(f"--max-restarts must be 0 or more (got {self.max_restarts})")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             problems.append(f"--master-port must be in 1..65535 (got {self.master_port})")
-        if self.grace_period_s < 0:
-            problems.append(f"--grace-period must be 0 or more (got {self.grace_period_s})")
+        if self.term_timeout_s < 0:
+            problems.append(f"--term-timeout must be 0 or more (got {self.term_timeout_s:g})")
         if not 1 <= self.min_nodes <= len(self.hosts):
             problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                             f"got {self.min_nodes}")

@@ -42,8 +42,11 @@ def launch(
                                               help="Rendezvous port [default: a free one per generation]."),
     progress_regex: Optional[str] = typer.Option(
         None, "--progress-regex", help="Derive step progress from output, e.g. 'step (\\d+)'."),
-    grace_period: float = typer.Option(5.0, "--grace-period",
-                                       help="Seconds between SIGTERM and SIGKILL on stop."),
+    term_timeout: Optional[float] = typer.Option(
+        None, "--term-timeout", help="Seconds ranks get between SIGTERM and SIGKILL when the job "
+                                     "is stopped [5]."),
+    grace_period: Optional[float] = typer.Option(None, "--grace-period", hidden=True,
+                                                 help="The old name of --term-timeout."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
     policy: Optional[Path] = typer.Option(None, "--policy",
@@ -79,12 +82,15 @@ def launch(
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
     fault_policy = _fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
+    if term_timeout is not None and grace_period is not None:
+        problems.append("--grace-period is the old name of --term-timeout: give one of them")
     try:
         config = LaunchConfig(job_id=new_job_id(name), job_name=name, run_dir=resolved_run_dir,
                               script=script, script_args=tuple(script_args or ()), module=module,
                               no_python=no_python, nproc_per_node=nproc_per_node,
                               max_restarts=max_restarts, master_port=master_port,
-                              progress_regex=progress_regex, grace_period_s=grace_period,
+                              progress_regex=progress_regex,
+                              term_timeout_s=_first(term_timeout, grace_period, default=5.0),
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,
@@ -198,6 +204,10 @@ def _fault_policy(path: Path | None, startup_timeout: float | None, hang_floor: 
     if hang_factor is not None:
         hang = dataclasses.replace(hang, factor=hang_factor)
     return dataclasses.replace(policy, hang=hang)
+
+
+def _first(*values: float | None, default: float) -> float:
+    return next((v for v in values if v is not None), default)
 
 
 def _check_entrypoint(script: str, *, module: bool, no_python: bool) -> list[str]:

@@ -130,7 +130,7 @@ class Supervisor:
         self.journal.record("stop_requested", signal=sig.name, count=self.signals)
         if self.signals == 1:
             self.reporter.notice(f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
-                                 f"{self.config.grace_period_s:g} s (again to kill now)",
+                                 f"{self.config.term_timeout_s:g} s (again to kill now)",
                                  level="warning")
         else:
             self.reporter.notice("killing now", level="warning")
@@ -404,7 +404,7 @@ class Supervisor:
 
     async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
         number = watch.number
-        grace = self.config.grace_period_s if graceful else 0.0
+        grace = self.config.term_timeout_s if graceful else 0.0
         pending = {a for a, link in self.server.links.items() if not link.lost}
         self.server.broadcast("stop", gen=number, grace_s=grace)
         deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S

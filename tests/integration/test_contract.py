@@ -4,12 +4,16 @@ and what reaches it from the launcher (variables, signals), with real ranks."""
 from __future__ import annotations
 
 import json
+import signal
+import time
 
+import psutil
 import pytest
 
-from tests.conftest import BIN
+from tests.conftest import BIN, Output
 
 CONTRACT = str(BIN / "contract.py")
+SIGNALS = str(BIN / "signals.py")
 
 
 def contract_lines(stdout: str) -> list[dict[str, str | None]]:
@@ -57,3 +61,35 @@ def test_record_error_file_is_the_root_cause(ftrun):
     assert incident["exception"] == root["exception"]
     assert incident["traceback"] == root["traceback"]
     assert "DatasetCorrupt: shard 17" in ftrun.run("inspect", job_id).stdout
+
+
+def test_sigterm_reaches_every_rank_and_its_handler_gets_the_term_timeout(ftrun, tmp_path):
+    proc = ftrun.start("launch", "--nproc-per-node", "2", "--term-timeout", "30", SIGNALS,
+                       "--dir", str(tmp_path), "--save-s", "1.5")
+    out = Output(proc)
+    out.wait_for("[rank1]: step 3")
+    out.wait_for("[rank0]: step 3")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=40) == 130, out.text()
+    took = time.monotonic() - started
+    for rank in (0, 1):  # each rank saved: 1.5 s of work, within the term timeout, not killed
+        assert (tmp_path / f"saved-rank{rank}").exists(), out.text()
+        assert f"[rank{rank}]: saved at step" in out.text()
+    assert 1.5 <= took < 25, f"the stop took {took:.1f} s: it should end when the ranks do"
+    job = ftrun.only_job()
+    assert job["state"] == "stopped" and job["incidents"] == []
+
+
+def test_term_timeout_bounds_a_rank_that_ignores_sigterm(ftrun, tmp_path):
+    proc = ftrun.start("launch", "--term-timeout", "1", str(BIN / "sleeper.py"),
+                       "--ignore-sigterm", "--pid-dir", str(tmp_path))
+    out = Output(proc)
+    out.wait_for("[rank0]: step 3")
+    [pid] = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 130, out.text()
+    took = time.monotonic() - started
+    assert 1.0 <= took < 8, f"SIGKILL came {took:.1f} s after SIGTERM with --term-timeout 1"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
