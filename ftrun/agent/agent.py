@@ -181,6 +181,8 @@ class Agent:
                 if msg.get("grace_s", 0) <= 0:
                     self.force_stop.set()
                 asyncio.create_task(self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+            elif kind == "signal":
+                self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
             elif kind == "inject":
                 if self.gen is not None and self.gen.number == msg.get("gen"):
                     self.gen.pending_injections.append(msg)
@@ -188,6 +190,23 @@ class Agent:
             elif kind == "shutdown":
                 self._finish(0, "shutdown")
                 return
+
+    def _signal_ranks(self, number: Any, name: str) -> None:
+        """--forward-signal: to each live rank's own process, not its process group (a rank's
+        data-loader workers would die of a SIGUSR1 they do not handle)."""
+        run = self.gen
+        if run is None or run.number != number or name not in signal.Signals.__members__:
+            log.info("%s for generation %s: no such generation running here", name, number)
+            return
+        sent = []
+        for rank, pid in sorted(run.rank_pids.items()):
+            if rank not in run.exited_ranks:
+                try:
+                    os.kill(pid, signal.Signals[name])
+                    sent.append(rank)
+                except OSError:
+                    pass
+        self._send("signalled", gen=run.number, signal=name, ranks=sent)
 
     async def _heartbeat_loop(self) -> None:
         assert self.chan is not None

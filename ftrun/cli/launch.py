@@ -16,7 +16,7 @@ import typer
 
 from ftrun.cli.app import exit_with
 from ftrun.cli.render import make_console, ConsoleReporter, print_root_cause
-from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
+from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
@@ -47,6 +47,9 @@ def launch(
                                      "is stopped [5]."),
     grace_period: Optional[float] = typer.Option(None, "--grace-period", hidden=True,
                                                  help="The old name of --term-timeout."),
+    forward_signal: Optional[List[str]] = typer.Option(
+        None, "--forward-signal", metavar="SIGS",
+        help="Signals passed on to every rank, e.g. USR1,USR2 (preemption notices)."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
     policy: Optional[Path] = typer.Option(None, "--policy",
@@ -91,6 +94,9 @@ def launch(
                               max_restarts=max_restarts, master_port=master_port,
                               progress_regex=progress_regex,
                               term_timeout_s=_first(term_timeout, grace_period, default=5.0),
+                              forward_signals=tuple(dict.fromkeys(
+                                  signal_name(s) for v in forward_signal or () for s in v.split(",")
+                                  if s.strip())),
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,

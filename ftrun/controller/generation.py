@@ -66,6 +66,10 @@ def record_output(journal: Journal, reporter: "Reporter", watch: GenWatch, host:
             journal.record("progress", gen=watch.number, step=watch.max_step)
             watch.last_progress_event = now
         return True
+    if kind == "signalled":
+        journal.record("signal_delivered", gen=watch.number, host=host,
+                       signal=msg.get("signal"), ranks=msg.get("ranks"))
+        return True
     if kind == "rank_started":
         journal.record("rank_started", gen=watch.number, host=host,
                             rank=msg.get("rank"), pid=msg.get("pid"))

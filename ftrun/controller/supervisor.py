@@ -100,6 +100,9 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        forwarded = [signal.Signals[name] for name in cfg.forward_signals]
+        for sig in forwarded:
+            loop.add_signal_handler(sig, self._forward_signal, sig)
         try:
             outcome = await self._start_agents(port)
             if outcome is None:
@@ -107,7 +110,7 @@ class Supervisor:
         except FtrunError as e:
             outcome = JobOutcome("failed", e.exit_code, e.message, {"hint": e.hint})
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, *forwarded):
                 loop.remove_signal_handler(sig)
             await self._stop_agents()
             await self.server.close()
@@ -136,6 +139,13 @@ class Supervisor:
             self.reporter.notice("killing now", level="warning")
             self.server.broadcast("stop", gen=self.generation, grace_s=0)
         self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
+
+    def _forward_signal(self, sig: signal.Signals) -> None:
+        """--forward-signal: to every rank of the running generation (not to torchrun, which
+        would die of it), for the script's own handler: a preemption notice, say."""
+        self.journal.record("signal_forwarded", signal=sig.name, gen=self.generation or None)
+        self.reporter.notice(f"{sig.name}: passing it on to the ranks")
+        self.server.broadcast("signal", gen=self.generation, signal=sig.name)
 
     async def _start_agents(self, port: int) -> JobOutcome | None:
         cfg = self.config

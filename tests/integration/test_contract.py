@@ -93,3 +93,23 @@ def test_term_timeout_bounds_a_rank_that_ignores_sigterm(ftrun, tmp_path):
     took = time.monotonic() - started
     assert 1.0 <= took < 8, f"SIGKILL came {took:.1f} s after SIGTERM with --term-timeout 1"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_forward_signal_reaches_each_rank_handler_and_the_job_goes_on(ftrun, tmp_path):
+    proc = ftrun.start("launch", "--nproc-per-node", "2", "--forward-signal", "usr1", SIGNALS,
+                       "--dir", str(tmp_path), "--after-usr1", "10")
+    out = Output(proc)
+    out.wait_for("[rank1]: step 3")
+    out.wait_for("[rank0]: step 3")
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=60) == 0, out.text()  # the launcher neither died nor stopped
+    for rank in (0, 1):
+        assert (tmp_path / f"usr1-rank{rank}").exists(), out.text()
+        assert f"[rank{rank}]: got SIGUSR1 at step" in out.text()
+    job = ftrun.only_job()
+    assert (job["state"], job["generation"], job["incidents"]) == ("succeeded", 1, [])
+    events = ftrun.events(job["job_id"])
+    assert [(e["signal"], e["gen"]) for e in events if e["kind"] == "signal_forwarded"] == [
+        ("SIGUSR1", 1)]
+    [delivered] = [e for e in events if e["kind"] == "signal_delivered"]
+    assert delivered["ranks"] == [0, 1] and delivered["host"] == "localhost"
