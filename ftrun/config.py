@@ -66,6 +66,9 @@ class LaunchConfig:
     term_timeout_s: float = 5.0
     # Signals the launcher passes on to every rank (SIGUSR1, ...), for the script's handlers.
     forward_signals: tuple[str, ...] = ()
+    # The user's variables for every rank on every host (ftrun/userenv.py): values may be
+    # secrets, so they stay out of repr() and config.json.
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     heartbeat_interval_s: float = 0.25
     host_lost_timeout_s: float = 1.0
     fence_timeout_s: float = 3.0
@@ -142,4 +145,5 @@ class LaunchConfig:
         out["hosts"] = list(self.hosts)
         out["spares"] = list(self.spares)
         out["forward_signals"] = list(self.forward_signals)
+        out["env"] = [name for name, _ in self.env]  # names only: values may be secrets
         return out

@@ -20,6 +20,7 @@ from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
+from ftrun.userenv import user_env
 
 console = make_console(stderr=True)
 
@@ -50,6 +51,13 @@ def launch(
     forward_signal: Optional[List[str]] = typer.Option(
         None, "--forward-signal", metavar="SIGS",
         help="Signals passed on to every rank, e.g. USR1,USR2 (preemption notices)."),
+    env: Optional[List[str]] = typer.Option(
+        None, "--env", metavar="NAME[=VALUE]",
+        help="A variable for the ranks on every host: NAME=VALUE, or NAME to pass on its value "
+             "here. Repeatable."),
+    env_file: Optional[List[Path]] = typer.Option(
+        None, "--env-file", metavar="FILE",
+        help="NAME=VALUE lines (# comments) for the ranks on every host; --env wins. Repeatable."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
     policy: Optional[Path] = typer.Option(None, "--policy",
@@ -85,6 +93,8 @@ def launch(
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
     fault_policy = _fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
+    rank_env, env_problems = user_env(env_file or (), env or (), os.environ)
+    problems.extend(env_problems)
     if term_timeout is not None and grace_period is not None:
         problems.append("--grace-period is the old name of --term-timeout: give one of them")
     try:
@@ -97,6 +107,7 @@ def launch(
                               forward_signals=tuple(dict.fromkeys(
                                   signal_name(s) for v in forward_signal or () for s in v.split(",")
                                   if s.strip())),
+                              env=rank_env,
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,
@@ -254,6 +265,9 @@ def _check_run_dir(run_dir: Path) -> None:
 
 
 def _hint(problems: list[str]) -> str:
+    if any("--env" in p or "env-file" in p for p in problems):
+        return ("--env NAME=VALUE or --env NAME (its value here); an --env-file has NAME=VALUE "
+                "lines and # comments; see docs/multihost.md")
     if any("in use" in p for p in problems):
         return "pick another --master-port, or leave it out to get a free port per generation"
     if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import BIN, Output
+from tests.conftest import BIN, Output, tagged
 
 CONTRACT = str(BIN / "contract.py")
 SIGNALS = str(BIN / "signals.py")
@@ -113,3 +113,57 @@ def test_forward_signal_reaches_each_rank_handler_and_the_job_goes_on(ftrun, tmp
         ("SIGUSR1", 1)]
     [delivered] = [e for e in events if e["kind"] == "signal_delivered"]
     assert delivered["ranks"] == [0, 1] and delivered["host"] == "localhost"
+
+
+def test_env_and_env_file_reach_every_rank_and_no_command_line(ftrun, tmp_path, test_id):
+    secret = "sk-" + test_id  # unique: found on a command line only if we leaked it
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"# for the job\nexport DATA_DIR='/data/odd path'\nWANDB_API_KEY={secret}\n"
+                        "FROM_FILE=file\n")
+    proceed = tmp_path / "proceed"
+    ftrun.env["FROM_LAUNCHER"] = "here"
+    proc = ftrun.start("launch", "--nproc-per-node", "2", "--env-file", str(env_file),
+                       "--env", "FROM_FILE=flag", "--env", "FROM_LAUNCHER", CONTRACT,
+                       "--wait-for", str(proceed), "--names", "DATA_DIR", "WANDB_API_KEY",
+                       "FROM_FILE", "FROM_LAUNCHER")
+    out = Output(proc)
+    out.wait_for("[rank1]: CONTRACT")
+    out.wait_for("[rank0]: CONTRACT")
+    try:
+        leaks = [p.pid for p in tagged(test_id) if secret in " ".join(_cmdline(p))]
+    finally:
+        proceed.touch()
+    assert proc.wait(timeout=60) == 0, out.text()
+    assert leaks == [], "a secret from --env-file is on a command line"
+    seen = contract_lines(out.text())
+    assert len(seen) == 2
+    for env in seen:
+        assert env["DATA_DIR"] == "/data/odd path" and env["WANDB_API_KEY"] == secret
+        assert env["FROM_FILE"] == "flag" and env["FROM_LAUNCHER"] == "here"
+    job_dir = ftrun.run_dir / ftrun.only_job()["job_id"]
+    config = json.loads((job_dir / "config.json").read_text())
+    assert config["env"] == ["DATA_DIR", "WANDB_API_KEY", "FROM_FILE", "FROM_LAUNCHER"]
+    # Only where the script itself printed it: its own logs, none of ftrun's files.
+    holders = sorted(p.name for p in job_dir.rglob("*")
+                     if p.is_file() and secret in p.read_text("utf-8", "replace"))
+    assert holders == ["rank0.log", "rank1.log"]
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_bad_env_input_is_one_clear_error(ftrun, tmp_path):
+    env_file = tmp_path / "bad.env"
+    env_file.write_text("OK=1\njust words\nRANK=3\n")
+    result = ftrun.run("launch", "--env-file", str(env_file), "--env", "MISSING_HERE",
+                       "--forward-signal", "TERM", CONTRACT)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1
+    for needle in (f"{env_file}, line 2: not NAME=VALUE", "line 3: RANK is set for each rank",
+                   "--env MISSING_HERE: MISSING_HERE is not set here",
+                   "--forward-signal cannot take SIGTERM", "hint:"):
+        assert needle in result.stderr, result.stderr
