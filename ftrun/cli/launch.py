@@ -104,9 +104,7 @@ def launch(
                               max_restarts=max_restarts, master_port=master_port,
                               progress_regex=progress_regex,
                               term_timeout_s=_first(term_timeout, grace_period, default=5.0),
-                              forward_signals=tuple(dict.fromkeys(
-                                  signal_name(s) for v in forward_signal or () for s in v.split(",")
-                                  if s.strip())),
+                              forward_signals=_signal_names(forward_signal or ()),
                               env=rank_env,
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
@@ -221,6 +219,12 @@ def _fault_policy(path: Path | None, startup_timeout: float | None, hang_floor: 
     if hang_factor is not None:
         hang = dataclasses.replace(hang, factor=hang_factor)
     return dataclasses.replace(policy, hang=hang)
+
+
+def _signal_names(values: List[str]) -> tuple[str, ...]:
+    """--forward-signal USR1,USR2 --forward-signal hup → SIGUSR1, SIGUSR2, SIGHUP (checked by
+    LaunchConfig)."""
+    return tuple(dict.fromkeys(signal_name(s) for v in values for s in v.split(",") if s.strip()))
 
 
 def _first(*values: float | None, default: float) -> float:
