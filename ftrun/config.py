@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import secrets
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,9 @@ from ftrun.controller.policy_file import FaultPolicy
 from ftrun.errors import UsageError
 
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
+# What --forward-signal cannot pass on: INT and TERM stop the job, KILL and STOP cannot be
+# caught, CHLD is the launcher's own business.
+UNFORWARDABLE_SIGNALS = frozenset({"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP", "SIGCHLD"})
 
 
 def resolve_run_dir(explicit: str | os.PathLike[str] | None,
@@ -26,6 +30,12 @@ def resolve_run_dir(explicit: str | os.PathLike[str] | None,
     """--run-dir beats FTRUN_RUN_DIR beats ~/.ftrun/runs (the same rule for every command)."""
     chosen = explicit if explicit else environ.get("FTRUN_RUN_DIR") or DEFAULT_RUN_DIR
     return Path(chosen).expanduser().resolve()
+
+
+def signal_name(text: str) -> str:
+    """USR1, usr1, SIGUSR1 → SIGUSR1 (validated by LaunchConfig)."""
+    name = text.strip().upper()
+    return name if name.startswith("SIG") else f"SIG{name}"
 
 
 def new_job_id(name: str) -> str:
@@ -52,7 +62,13 @@ class LaunchConfig:
     warm_start: bool = True
     cwd: str = field(default_factory=os.getcwd)
     python: str = sys.executable
-    grace_period_s: float = 5.0
+    # SIGTERM → SIGKILL for ranks when the job is stopped or reconfigured (--term-timeout).
+    term_timeout_s: float = 5.0
+    # Signals the launcher passes on to every rank (SIGUSR1, ...), for the script's handlers.
+    forward_signals: tuple[str, ...] = ()
+    # The user's variables for every rank on every host (ftrun/userenv.py): values may be
+    # secrets, so they stay out of repr() and config.json.
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     heartbeat_interval_s: float = 0.25
     host_lost_timeout_s: float = 1.0
     fence_timeout_s: float = 3.0
@@ -80,8 +96,15 @@ class LaunchConfig:
             problems.append(f"--max-restarts must be 0 or more (got {self.max_restarts})")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             problems.append(f"--master-port must be in 1..65535 (got {self.master_port})")
-        if self.grace_period_s < 0:
-            problems.append(f"--grace-period must be 0 or more (got {self.grace_period_s})")
+        if self.term_timeout_s < 0:
+            problems.append(f"--term-timeout must be 0 or more (got {self.term_timeout_s:g})")
+        for name in self.forward_signals:
+            if name not in signal.Signals.__members__:
+                problems.append(f"--forward-signal: no signal {name!r}")
+            elif name in UNFORWARDABLE_SIGNALS:
+                problems.append(f"--forward-signal cannot take {name}: "
+                                + ("it stops the job (see --term-timeout)"
+                                   if name in ("SIGINT", "SIGTERM") else "it cannot be passed on"))
         if not 1 <= self.min_nodes <= len(self.hosts):
             problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                             f"got {self.min_nodes}")
@@ -121,4 +144,6 @@ class LaunchConfig:
         out["script_args"] = list(self.script_args)
         out["hosts"] = list(self.hosts)
         out["spares"] = list(self.spares)
+        out["forward_signals"] = list(self.forward_signals)
+        out["env"] = [name for name, _ in self.env]  # names only: values may be secrets
         return out

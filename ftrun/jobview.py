@@ -42,7 +42,9 @@ class Incident:
     exit_code: int | None = None
     signal: str | None = None
     step_at_fault: int | None = None
+    exception: str | None = None
     traceback: str | None = None
+    traceback_source: str | None = None  # "error file" (torch's @record) or "log"
     tail: list[str] = field(default_factory=list)
     rule: str | None = None
     injected: str | None = None
@@ -95,8 +97,9 @@ class Incident:
             "detected_s": _round(self.detected_s), "recovered_s": _round(self.recovered_s),
             "lost_steps": self.lost_steps, "step_at_fault": self.step_at_fault,
             "step_resumed": self.step_resumed, "restored_step": self.restored_step,
-            "restored_tier": self.restored_tier, "traceback": self.traceback, "rule": self.rule,
-            "injected": self.injected, "allowance_s": self.allowance_s,
+            "restored_tier": self.restored_tier, "exception": self.exception,
+            "traceback": self.traceback, "traceback_source": self.traceback_source,
+            "rule": self.rule, "injected": self.injected, "allowance_s": self.allowance_s,
             "past_allowance_s": self.past_allowance_s, "section": self.section,
             "stacks": self.stacks, "states": self.states,
             "phases": {name: t for name, t in self.phases()},
@@ -231,7 +234,8 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
                 host=ev.get("host"), rank=ev.get("rank"), fault_t=ev.get("fault_t"),
                 detected_t=ev.get("detected_t") or t, exit_code=ev.get("exit_code"),
                 signal=ev.get("signal"), step_at_fault=ev.get("step"),
-                traceback=ev.get("traceback"), tail=ev.get("tail") or [],
+                exception=ev.get("exception"), traceback=ev.get("traceback"),
+                traceback_source=ev.get("traceback_source"), tail=ev.get("tail") or [],
                 injected=ev.get("injected"), allowance_s=ev.get("allowance_s"),
                 past_allowance_s=ev.get("past_allowance_s"), section=ev.get("section"),
                 stacks=ev.get("stacks"), states=ev.get("states"))

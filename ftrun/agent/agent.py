@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import inject, proctitle, procs, stacks, workdir
+from ftrun.agent import error_file, inject, proctitle, procs, stacks, workdir
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
@@ -81,6 +81,7 @@ class GenerationRun:
     steps_dirty: bool = False
     exited_ranks: set[int] = field(default_factory=set)
     torchrun_tail: list[str] = field(default_factory=list)
+    first_rank: int = 0  # the global rank of this host's local rank 0
 
 
 class Agent:
@@ -182,6 +183,8 @@ class Agent:
                 if msg.get("grace_s", 0) <= 0:
                     self.force_stop.set()
                 asyncio.create_task(self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+            elif kind == "signal":
+                self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
             elif kind == "inject":
                 if self.gen is not None and self.gen.number == msg.get("gen"):
                     self.gen.pending_injections.append(msg)
@@ -189,6 +192,23 @@ class Agent:
             elif kind == "shutdown":
                 self._finish(0, "shutdown")
                 return
+
+    def _signal_ranks(self, number: Any, name: str) -> None:
+        """--forward-signal: to each live rank's own process, not its process group (a rank's
+        data-loader workers would die of a SIGUSR1 they do not handle)."""
+        run = self.gen
+        if run is None or run.number != number or name not in signal.Signals.__members__:
+            log.info("%s for generation %s: no such generation running here", name, number)
+            return
+        sent = []
+        for rank, pid in sorted(run.rank_pids.items()):
+            if rank not in run.exited_ranks:
+                try:
+                    os.kill(pid, signal.Signals[name])
+                    sent.append(rank)
+                except OSError:
+                    pass
+        self._send("signalled", gen=run.number, signal=name, ranks=sent)
 
     async def _heartbeat_loop(self) -> None:
         assert self.chan is not None
@@ -214,6 +234,7 @@ class Agent:
         hang = HangPolicy(**msg.get("hang", {}))
         run = GenerationRun(number, directory, GenerationLogs(directory, msg.get("progress_regex")),
                             ProgressTracker(hang, expect_progress=hang.expect_progress))
+        run.first_rank = int(msg["node_rank"]) * int(msg["nproc_per_node"])
         self.gen = run
         self.force_stop.clear()
         if self.boot.warm_start and (self.zygote is None or self.zygote.returncode is not None):
@@ -230,6 +251,8 @@ class Agent:
                "--nproc-per-node", str(msg["nproc_per_node"]),
                "--master-addr", msg["master_addr"], "--master-port", str(msg["master_port"]),
                "--max-restarts", "0", "--monitor-interval", "0.1",
+               # TORCHELASTIC_RUN_ID, as torchrun defines it: one id for the whole job.
+               "--rdzv-id", self.boot.job_id,
                # torchrun's own files (error files, a mkdtemp per run) go with the agent's
                # work dir, not into /tmp for good.
                "--log-dir", str(directory / "torchrun"),
@@ -332,13 +355,30 @@ class Agent:
             run.exited_ranks.add(rank)
             run.progress.on_exit(rank)
             self._flush_logs(run)
-            tail = run.logs.tail(rank)
-            traceback = extract_traceback(tail)
+            code, sig = event.get("code"), event.get("sig")
             self._send("rank_exited", gen=run.number, rank=rank, pid=event.get("pid"),
-                       exit_code=event.get("code"), signal=_signal_name(event.get("sig")),
-                       t_exit=event.get("t"), step=self._job_step(run), tail=tail[-20:],
-                       traceback=traceback, exception=exception_line(traceback),
-                       usage_error=event.get("code") == 2 and any("usage:" in l for l in tail))
+                       exit_code=code, signal=_signal_name(sig), t_exit=event.get("t"),
+                       step=self._job_step(run), **self._exit_evidence(run, rank, code, sig))
+
+    def _exit_evidence(self, run: GenerationRun, rank: int, code: int | None,
+                       sig: int | None) -> dict[str, Any]:
+        """A rank's last lines and its traceback: the one torch's `@record` wrote to the rank's
+        error file when there is one (exact), else the last traceback in its output."""
+        tail = run.logs.tail(rank)
+        traceback = extract_traceback(tail)
+        exception = exception_line(traceback)
+        source = "log" if traceback else None
+        path = (error_file.find(run.directory / "torchrun", rank - run.first_rank)
+                if code != 0 or sig else None)
+        recorded = error_file.read(path) if path is not None else None
+        if recorded is not None:
+            # Named by where it came from: the file itself is in our work dir, gone with us.
+            traceback = recorded["traceback"] or traceback
+            exception = recorded["exception"] or exception
+            source = "error file"
+        return {"tail": tail[-20:], "traceback": traceback, "exception": exception,
+                "traceback_source": source,
+                "usage_error": code == 2 and any("usage:" in line for line in tail)}
 
     def _on_step(self, run: GenerationRun, rank: int, step: int) -> None:
         if rank in run.exited_ranks:

@@ -178,6 +178,16 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "-1")) if MODE == "rank" else -1
 
 
+def apply_contract_env() -> None:
+    """torchrun sets TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS for its own restarts,
+    always 0 under ftrun (which restarts job-wide): the agent passes ftrun's values, with an
+    FTRUN_ prefix, and they replace torchrun's here, before the rank starts."""
+    for name in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"):
+        value = os.environ.get("FTRUN_" + name)
+        if value is not None:
+            os.environ[name] = value
+
+
 def main(argv: list[str]) -> None:
     die_with_parent()
     if os.getppid() == 1:
@@ -189,6 +199,7 @@ def main(argv: list[str]) -> None:
         if status is None:
             os.execv(sys.executable, [sys.executable, "-u", "-m", "torch.distributed.run", *argv])
         exit_like(status)
+    apply_contract_env()
     log_dir = os.environ.get("FTRUN_RANK_LOG_DIR")
     log_fd = None
     if log_dir:

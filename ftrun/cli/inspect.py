@@ -64,6 +64,9 @@ def print_timeline(view: JobView) -> None:
         if inc.restored_tier is not None or inc.lost_steps is not None:
             console.print(f"      {_recovery(inc)}", soft_wrap=True)
         if inc.traceback:
+            if inc.traceback_source == "error file":
+                console.print(Text("      traceback from the rank's error file (@record):",
+                                   style="dim"))
             console.print(Text("      " + inc.traceback.replace("\n", "\n      "), style="red"))
         for rank, text in sorted((inc.stacks or {}).items()):
             lines = text.splitlines()
@@ -98,7 +101,7 @@ def _evidence(inc: Incident) -> str:
                 if inc.past_allowance_s is not None and inc.allowance_s is not None else "")
         return f"{who} on {inc.host} made no progress{where}{past}"
     how = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
-    return f"{who} on {inc.host}, {how}"
+    return f"{who} on {inc.host}, {how}" + (f": {inc.exception}" if inc.exception else "")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,10 +16,11 @@ import typer
 
 from ftrun.cli.app import exit_with
 from ftrun.cli.render import make_console, ConsoleReporter, print_root_cause
-from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
+from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
+from ftrun.userenv import user_env
 
 console = make_console(stderr=True)
 
@@ -42,8 +43,21 @@ def launch(
                                               help="Rendezvous port [default: a free one per generation]."),
     progress_regex: Optional[str] = typer.Option(
         None, "--progress-regex", help="Derive step progress from output, e.g. 'step (\\d+)'."),
-    grace_period: float = typer.Option(5.0, "--grace-period",
-                                       help="Seconds between SIGTERM and SIGKILL on stop."),
+    term_timeout: Optional[float] = typer.Option(
+        None, "--term-timeout", help="Seconds ranks get between SIGTERM and SIGKILL when the job "
+                                     "is stopped [5]."),
+    grace_period: Optional[float] = typer.Option(None, "--grace-period", hidden=True,
+                                                 help="The old name of --term-timeout."),
+    forward_signal: Optional[List[str]] = typer.Option(
+        None, "--forward-signal", metavar="SIGS",
+        help="Signals passed on to every rank, e.g. USR1,USR2 (preemption notices)."),
+    env: Optional[List[str]] = typer.Option(
+        None, "--env", metavar="NAME[=VALUE]",
+        help="A variable for the ranks on every host: NAME=VALUE, or NAME to pass on its value "
+             "here. Repeatable."),
+    env_file: Optional[List[Path]] = typer.Option(
+        None, "--env-file", metavar="FILE",
+        help="NAME=VALUE lines (# comments) for the ranks on every host; --env wins. Repeatable."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
     policy: Optional[Path] = typer.Option(None, "--policy",
@@ -79,12 +93,19 @@ def launch(
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
     fault_policy = _fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
+    rank_env, env_problems = user_env(env_file or (), env or (), os.environ)
+    problems.extend(env_problems)
+    if term_timeout is not None and grace_period is not None:
+        problems.append("--grace-period is the old name of --term-timeout: give one of them")
     try:
         config = LaunchConfig(job_id=new_job_id(name), job_name=name, run_dir=resolved_run_dir,
                               script=script, script_args=tuple(script_args or ()), module=module,
                               no_python=no_python, nproc_per_node=nproc_per_node,
                               max_restarts=max_restarts, master_port=master_port,
-                              progress_regex=progress_regex, grace_period_s=grace_period,
+                              progress_regex=progress_regex,
+                              term_timeout_s=_first(term_timeout, grace_period, default=5.0),
+                              forward_signals=_signal_names(forward_signal or ()),
+                              env=rank_env,
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,
@@ -200,6 +221,16 @@ def _fault_policy(path: Path | None, startup_timeout: float | None, hang_floor: 
     return dataclasses.replace(policy, hang=hang)
 
 
+def _signal_names(values: List[str]) -> tuple[str, ...]:
+    """--forward-signal USR1,USR2 --forward-signal hup → SIGUSR1, SIGUSR2, SIGHUP (checked by
+    LaunchConfig)."""
+    return tuple(dict.fromkeys(signal_name(s) for v in values for s in v.split(",") if s.strip()))
+
+
+def _first(*values: float | None, default: float) -> float:
+    return next((v for v in values if v is not None), default)
+
+
 def _check_entrypoint(script: str, *, module: bool, no_python: bool) -> list[str]:
     if module and no_python:
         return ["-m and --no-python cannot be used together"]
@@ -238,6 +269,9 @@ def _check_run_dir(run_dir: Path) -> None:
 
 
 def _hint(problems: list[str]) -> str:
+    if any("--env" in p or "env-file" in p for p in problems):
+        return ("--env NAME=VALUE or --env NAME (its value here); an --env-file has NAME=VALUE "
+                "lines and # comments; see docs/multihost.md")
     if any("in use" in p for p in problems):
         return "pick another --master-port, or leave it out to get a free port per generation"
     if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):

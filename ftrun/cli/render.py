@@ -117,8 +117,13 @@ def print_root_cause(console: Console, root: dict[str, Any] | None) -> None:
     console.print()
     console.print(Text.assemble(("root cause: ", "bold red"),
                                 f"{who} on {root.get('host')} (generation {root.get('generation')}) "
-                                f"died with {how}"), soft_wrap=True)
+                                f"died with {how}"
+                                + (f": {root['exception']}" if root.get("exception") else "")),
+                  soft_wrap=True)
     if root.get("traceback"):
+        if root.get("traceback_source") == "error file":
+            console.print(Text("traceback (from the rank's error file, torch's @record):",
+                               style="dim"))
         console.print(Text(root["traceback"], style="red"), soft_wrap=True)
     elif root.get("tail"):
         console.print(Text("\n".join(root["tail"]), style="dim"), soft_wrap=True)

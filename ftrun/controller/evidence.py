@@ -32,7 +32,8 @@ def crash(msg: dict[str, Any], host: str, step: int | None) -> Failure:
         Evidence(kind="crash", host=host, rank=msg.get("rank"), exit_code=msg.get("exit_code"),
                  signal=msg.get("signal"), exception=msg.get("exception"),
                  usage_error=bool(msg.get("usage_error")), step=step, log_tail=tuple(tail)),
-        fault_t=msg.get("t_exit"), detail={"traceback": msg.get("traceback"), "tail": tail})
+        fault_t=msg.get("t_exit"), detail={"traceback": msg.get("traceback"), "tail": tail,
+                                           "traceback_source": msg.get("traceback_source")})
 
 
 def torchrun_exit(msg: dict[str, Any], host: str, step: int | None, now: float) -> Failure:

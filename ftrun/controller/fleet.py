@@ -49,6 +49,7 @@ class Fleet:
         self.secret = secret
         self.env = {k: v for k, v in environ.items()
                     if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES}
+        self.env.update(config.env)  # --env, --env-file: the user's say beats the defaults
         self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
         self.handles: dict[str, AgentHandle] = {}
         self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)

@@ -66,6 +66,10 @@ def record_output(journal: Journal, reporter: "Reporter", watch: GenWatch, host:
             journal.record("progress", gen=watch.number, step=watch.max_step)
             watch.last_progress_event = now
         return True
+    if kind == "signalled":
+        journal.record("signal_delivered", gen=watch.number, host=host,
+                       signal=msg.get("signal"), ranks=msg.get("ranks"))
+        return True
     if kind == "rank_started":
         journal.record("rank_started", gen=watch.number, host=host,
                             rank=msg.get("rank"), pid=msg.get("pid"))
@@ -78,6 +82,7 @@ def root_cause(journal: Journal, ev: Evidence, number: int, result: Failure) -> 
     return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
             "signal": ev.signal, "exception": ev.exception, "generation": number,
             "traceback": result.detail.get("traceback"),
+            "traceback_source": result.detail.get("traceback_source"),
             "tail": (result.detail.get("tail") or [])[-15:],
             "log": str(journal.log_path(number, stream))}
 

@@ -100,6 +100,9 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        forwarded = [signal.Signals[name] for name in cfg.forward_signals]
+        for sig in forwarded:
+            loop.add_signal_handler(sig, self._forward_signal, sig)
         try:
             outcome = await self._start_agents(port)
             if outcome is None:
@@ -107,7 +110,7 @@ class Supervisor:
         except FtrunError as e:
             outcome = JobOutcome("failed", e.exit_code, e.message, {"hint": e.hint})
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, *forwarded):
                 loop.remove_signal_handler(sig)
             await self._stop_agents()
             await self.server.close()
@@ -130,12 +133,19 @@ class Supervisor:
         self.journal.record("stop_requested", signal=sig.name, count=self.signals)
         if self.signals == 1:
             self.reporter.notice(f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
-                                 f"{self.config.grace_period_s:g} s (again to kill now)",
+                                 f"{self.config.term_timeout_s:g} s (again to kill now)",
                                  level="warning")
         else:
             self.reporter.notice("killing now", level="warning")
             self.server.broadcast("stop", gen=self.generation, grace_s=0)
         self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
+
+    def _forward_signal(self, sig: signal.Signals) -> None:
+        """--forward-signal: to every rank of the running generation (not to torchrun, which
+        would die of it), for the script's own handler: a preemption notice, say."""
+        self.journal.record("signal_forwarded", signal=sig.name, gen=self.generation or None)
+        self.reporter.notice(f"{sig.name}: passing it on to the ranks")
+        self.server.broadcast("signal", gen=self.generation, signal=sig.name)
 
     async def _start_agents(self, port: int) -> JobOutcome | None:
         cfg = self.config
@@ -334,13 +344,20 @@ class Supervisor:
                              master_addr=self.fleet.addrs.get(master, "127.0.0.1"),
                              master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
                              progress_regex=cfg.progress_regex, hang=dataclasses.asdict(hang),
-                             env={"FTRUN_JOB_DIR": str(self.journal.job_dir)})
+                             env=self._rank_env())
         world = len(agents) * cfg.nproc_per_node
         self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
                             master_port=port, master_addr=self.fleet.addrs.get(master))
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
         self.watch = GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents)
         return self.watch
+
+    def _rank_env(self) -> dict[str, str]:
+        """ftrun's variables for this generation's ranks. The TORCHELASTIC_ ones replace
+        torchrun's own (always 0: it never restarts under ftrun) in the rank shim."""
+        return {"FTRUN_JOB_DIR": str(self.journal.job_dir),
+                "FTRUN_TORCHELASTIC_RESTART_COUNT": str(self.restarts),
+                "FTRUN_TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts)}
 
     async def _watch(self, watch: GenWatch) -> str | Failure | Reconfigure:
         while True:
@@ -367,7 +384,8 @@ class Supervisor:
             if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
                 self.journal.record("rank_exited", gen=watch.number, host=host,
                                     **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
-                                                               "t_exit", "step", "traceback")})
+                                                               "t_exit", "step", "exception",
+                                                               "traceback", "traceback_source")})
                 return ev_from.crash(msg, host, watch.max_step)
             if kind == "rank_hung":
                 return ev_from.hang(msg, host, watch.max_step)
@@ -396,7 +414,7 @@ class Supervisor:
 
     async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
         number = watch.number
-        grace = self.config.grace_period_s if graceful else 0.0
+        grace = self.config.term_timeout_s if graceful else 0.0
         pending = {a for a, link in self.server.links.items() if not link.lost}
         self.server.broadcast("stop", gen=number, grace_s=grace)
         deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S

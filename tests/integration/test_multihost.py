@@ -5,6 +5,7 @@ leaves nothing on any host."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -221,3 +222,62 @@ class DeathWatch:
     def wait(self, timeout_s: float) -> float | None:
         self._done.wait(timeout_s)
         return self.t
+
+
+def test_contract_and_user_env_reach_the_ranks_of_every_host(ftrun, bed, tmp_path, test_id):
+    """The torchrun contract per host (GROUP_RANK is the node rank) in two generations, and
+    --env/--env-file values on every host, never on a command line there."""
+    secret = "sk-" + test_id
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"WANDB_API_KEY={secret}\nDATA_DIR='/data/odd path'\n")
+    proceed = tmp_path / "proceed"
+    proc = ftrun.start("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
+                       "--nproc-per-node", "2", "--env-file", str(env_file), "--env", "X=1",
+                       str(BIN / "contract.py"), "--fail-once", str(tmp_path / "failed-once"),
+                       "--wait-for", str(proceed), "--names", "WANDB_API_KEY", "DATA_DIR", "X")
+    out = Output(proc)
+    for rank in range(4):
+        out.wait_for(f"[rank{rank}]: CONTRACT", 120)
+    for rank in range(4):
+        wait_for(lambda: sum(f"[rank{rank}]: CONTRACT" in l for l in out.lines) == 2, 120,
+                 f"rank {rank} of generation 2")
+    try:
+        leaks = [pid for host in ("node1", "node2") for pid in bed.pids(host)
+                 if secret in " ".join(_cmdline(pid))]
+    finally:
+        proceed.touch()
+    assert proc.wait(timeout=120) == 0, out.text()
+    assert leaks == []
+    job_id = ftrun.only_job()["job_id"]
+    seen = [json.loads(l.split("CONTRACT ", 1)[1]) for l in out.lines if "CONTRACT " in l]
+    assert len(seen) == 8
+    for env in seen:
+        assert env["GROUP_RANK"] == str(int(env["RANK"]) // 2) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["TORCHELASTIC_RESTART_COUNT"] == str(int(env["FTRUN_GENERATION"]) - 1)
+        assert env["TORCHELASTIC_RUN_ID"] == job_id
+        assert (env["WANDB_API_KEY"], env["DATA_DIR"], env["X"]) == (secret, "/data/odd path", "1")
+
+
+@pytest.mark.parametrize("sig", ["TERM", "USR1"])
+def test_signals_reach_the_ranks_of_every_host(ftrun, bed, tmp_path, sig):
+    proc = ftrun.start("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
+                       "--nproc-per-node", "2", "--term-timeout", "30", "--forward-signal", "USR1",
+                       str(BIN / "signals.py"), "--dir", str(tmp_path), "--save-s", "1",
+                       "--after-usr1", "10")
+    out = Output(proc)
+    for rank in range(4):
+        out.wait_for(f"[rank{rank}]: step 3", 120)
+    proc.send_signal(getattr(signal, f"SIG{sig}"))
+    assert proc.wait(timeout=60) == (130 if sig == "TERM" else 0), out.text()
+    marker = "saved" if sig == "TERM" else "usr1"
+    assert sorted(p.name for p in tmp_path.glob(f"{marker}-rank*")) == [
+        f"{marker}-rank{r}" for r in range(4)]
+    wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2")), 15,
+             "no process of the job on any host")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []

@@ -31,3 +31,14 @@ def test_entrypoint_matches_torchrun():
     assert make(script_args=("--lr", "1")).entrypoint()[1:] == ["-u", "t.py", "--lr", "1"]
     assert make(module=True, script="pkg.m").entrypoint()[1:] == ["-u", "-m", "pkg.m"]
     assert make(no_python=True, script="./run.sh").entrypoint() == ["./run.sh"]
+
+
+def test_forward_signals_are_names_of_signals_that_can_be_passed_on():
+    from ftrun.config import signal_name
+
+    assert [signal_name(s) for s in ("usr1", "SIGUSR2", " hup ")] == ["SIGUSR1", "SIGUSR2", "SIGHUP"]
+    assert make(forward_signals=("SIGUSR1", "SIGUSR2")).forward_signals == ("SIGUSR1", "SIGUSR2")
+    with pytest.raises(UsageError) as e:
+        make(forward_signals=("SIGTERM", "SIGKILL", "SIGNOPE"))
+    assert "cannot take SIGTERM: it stops the job" in e.value.message
+    assert "cannot take SIGKILL" in e.value.message and "no signal 'SIGNOPE'" in e.value.message

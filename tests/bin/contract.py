@@ -1,0 +1,29 @@
+"""Prints the torchrun contract as this rank sees it, as one `CONTRACT {json}` line. With
+--fail-once MARKER, rank 1 SIGKILLs itself the first time (so that a generation 2 exists);
+--names adds variables to print (what --env and --env-file forward); --wait-for FILE keeps the
+rank alive until FILE exists (at most 60 s), for a test to look at the running processes."""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+KEYS = ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+        "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "FTRUN_GENERATION", "FTRUN_JOB_ID"]
+
+p = argparse.ArgumentParser()
+p.add_argument("--fail-once", default=None, help="marker file: rank 1 dies if it does not exist")
+p.add_argument("--names", nargs="*", default=[])
+p.add_argument("--wait-for", default=None)
+args = p.parse_args()
+print("CONTRACT " + json.dumps({k: os.environ.get(k) for k in KEYS + args.names}), flush=True)
+if args.fail_once and os.environ["RANK"] == "1" and not os.path.exists(args.fail_once):
+    open(args.fail_once, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+deadline = time.monotonic() + 60
+while args.wait_for and not os.path.exists(args.wait_for):
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.05)
