@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.errors import UsageError
+from ftrun.timeouts import ControlTimeouts
 
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 
@@ -53,9 +54,11 @@ class LaunchConfig:
     cwd: str = field(default_factory=os.getcwd)
     python: str = sys.executable
     grace_period_s: float = 5.0
-    heartbeat_interval_s: float = 0.25
-    host_lost_timeout_s: float = 1.0
-    fence_timeout_s: float = 3.0
+    # The control plane's timing (ftrun/timeouts.py, docs/timeouts.md).
+    heartbeat_interval_s: float = ControlTimeouts.heartbeat_interval_s
+    host_lost_timeout_s: float = ControlTimeouts.host_lost_timeout_s
+    fence_timeout_s: float = ControlTimeouts.fence_timeout_s
+    local_stall_timeout_s: float = ControlTimeouts.local_stall_timeout_s
     agent_start_timeout_s: float = 30.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
@@ -82,6 +85,7 @@ class LaunchConfig:
             problems.append(f"--master-port must be in 1..65535 (got {self.master_port})")
         if self.grace_period_s < 0:
             problems.append(f"--grace-period must be 0 or more (got {self.grace_period_s})")
+        problems.extend(self.timeouts.problems())
         if not 1 <= self.min_nodes <= len(self.hosts):
             problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                             f"got {self.min_nodes}")
@@ -97,6 +101,13 @@ class LaunchConfig:
                     problems.append("--progress-regex needs one group that captures the step number")
         if problems:
             raise UsageError("; ".join(problems), hint="see `ftrun launch --help`")
+
+    @property
+    def timeouts(self) -> ControlTimeouts:
+        return ControlTimeouts(heartbeat_interval_s=self.heartbeat_interval_s,
+                               host_lost_timeout_s=self.host_lost_timeout_s,
+                               fence_timeout_s=self.fence_timeout_s,
+                               local_stall_timeout_s=self.local_stall_timeout_s)
 
     @property
     def job_dir(self) -> Path:
