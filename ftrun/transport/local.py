@@ -29,6 +29,10 @@ class LocalAgent:
     def returncode(self) -> int | None:
         return self.proc.returncode
 
+    def alive(self) -> bool:
+        # Our own child: its exit status is the truth (a SIGSTOPped or starved agent is alive).
+        return self.proc.returncode is None
+
     async def terminate(self, timeout_s: float) -> None:
         # The agent was told to shut down; if it does not, closing its stdin makes it fence
         # itself (kill its processes and exit); if even that fails, SIGKILL.
