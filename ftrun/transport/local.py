@@ -66,7 +66,7 @@ class LocalTransport:
         return "127.0.0.1"
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> LocalAgent:
-        boot = dataclasses.replace(boot, controller_host="127.0.0.1")
+        boot = dataclasses.replace(boot, controller_host="127.0.0.1", local=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
