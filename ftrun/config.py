@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.errors import UsageError
+from ftrun.timeouts import ControlTimeouts
 
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 # What --forward-signal cannot pass on: INT and TERM stop the job, KILL and STOP cannot be
@@ -69,9 +70,11 @@ class LaunchConfig:
     # The user's variables for every rank on every host (ftrun/userenv.py): values may be
     # secrets, so they stay out of repr() and config.json.
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    heartbeat_interval_s: float = 0.25
-    host_lost_timeout_s: float = 1.0
-    fence_timeout_s: float = 3.0
+    # The control plane's timing (ftrun/timeouts.py, docs/timeouts.md).
+    heartbeat_interval_s: float = ControlTimeouts.heartbeat_interval_s
+    host_lost_timeout_s: float = ControlTimeouts.host_lost_timeout_s
+    fence_timeout_s: float = ControlTimeouts.fence_timeout_s
+    local_stall_timeout_s: float = ControlTimeouts.local_stall_timeout_s
     agent_start_timeout_s: float = 30.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
@@ -105,6 +108,7 @@ class LaunchConfig:
                 problems.append(f"--forward-signal cannot take {name}: "
                                 + ("it stops the job (see --term-timeout)"
                                    if name in ("SIGINT", "SIGTERM") else "it cannot be passed on"))
+        problems.extend(self.timeouts.problems())
         if not 1 <= self.min_nodes <= len(self.hosts):
             problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                             f"got {self.min_nodes}")
@@ -120,6 +124,13 @@ class LaunchConfig:
                     problems.append("--progress-regex needs one group that captures the step number")
         if problems:
             raise UsageError("; ".join(problems), hint="see `ftrun launch --help`")
+
+    @property
+    def timeouts(self) -> ControlTimeouts:
+        return ControlTimeouts(heartbeat_interval_s=self.heartbeat_interval_s,
+                               host_lost_timeout_s=self.host_lost_timeout_s,
+                               fence_timeout_s=self.fence_timeout_s,
+                               local_stall_timeout_s=self.local_stall_timeout_s)
 
     @property
     def job_dir(self) -> Path:

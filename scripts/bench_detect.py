@@ -99,8 +99,11 @@ def ftrun_incident(run_dir: str) -> dict | None:
 
 def ftrun_trial(kind: str, wait_s: float) -> float | None:
     with tempfile.TemporaryDirectory(prefix="bench-detect-") as tmp:
+        # On one machine a frozen agent is alive, so by default it is only "slow" (never lost on
+        # silence alone, docs/timeouts.md); a local stall timeout equal to the lost timeout makes
+        # the frozen agent stand for a frozen host, detected by silence as over ssh.
         base = [PY, "-m", "ftrun", "launch", "--run-dir", tmp, "--max-restarts", "0",
-                "--nproc-per-node", "2", SCRIPT, *TRAIN]
+                "--local-stall-timeout", "1.0", "--nproc-per-node", "2", SCRIPT, *TRAIN]
         fail = {"crash": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigkill"],
                 "hang": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigstop"]}
         run = Run(base + fail.get(kind, []))

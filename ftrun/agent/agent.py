@@ -5,6 +5,12 @@
 
 If the controller goes silent for fence_timeout_s, or its connection or our stdin closes, the
 agent kills everything it started and exits: a partitioned host never trains on as a zombie.
+A local agent (the controller is its parent on this host) does not fence on silence alone: the
+controller's death closes our stdin at once, and a silent but living controller is only slow.
+
+Both timed checks here (fence, hang) judge others by how long they have been silent; when our own
+loop wakes up late we were the ones stalled, so the check waits one tick while what arrived in the
+meantime (controller heartbeats, rank progress) is read (docs/timeouts.md).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ log = logging.getLogger("ftrun.agent")
 SHIM = str(Path(__file__).with_name("rank_shim.py"))
 TAIL_INTERVAL_S = 0.05
 PROGRESS_FLUSH_INTERVAL_S = 0.5
+# A timed loop that wakes this much later than it asked was stalled itself: it defers one check.
+STALLED_TICK_S = 0.1
 EXIT_FENCED = 3
 
 
@@ -53,6 +61,8 @@ class Bootstrap:
     python: str = sys.executable
     # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
     env: dict[str, str] = field(default_factory=dict)
+    # Started by the local transport: the controller is our parent, on this host.
+    local: bool = False
 
     @property
     def process_tag(self) -> str:
@@ -212,13 +222,22 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         assert self.chan is not None
+        check = StallGuard()
+        warned = False
         while True:
             self.chan.send("heartbeat", gen=self.gen.number if self.gen else None)
             silent = time.monotonic() - self.last_heard
-            if silent > self.boot.fence_timeout_s:
-                self._finish(EXIT_FENCED, f"no word from the controller for {silent:.1f} s")
-                return
-            await asyncio.sleep(self.boot.heartbeat_interval_s)
+            if check.due() and silent > self.boot.fence_timeout_s:
+                if not self.boot.local:
+                    self._finish(EXIT_FENCED, f"no word from the controller for {silent:.1f} s")
+                    return
+                if not warned:
+                    log.warning("no word from the controller for %.1f s; not fencing: it runs "
+                                "on this host, and its exit would close our stdin", silent)
+                warned = True
+            elif silent <= self.boot.fence_timeout_s:
+                warned = False
+            await check.sleep(self.boot.heartbeat_interval_s)
 
     def _send(self, kind: str, **fields: Any) -> None:
         if self.chan is not None:
@@ -413,12 +432,14 @@ class Agent:
 
     async def _tail_loop(self) -> None:
         last_progress = 0.0
+        check = StallGuard()
         while True:
             run = self.gen
+            due = check.due()
             if run is not None:
                 self._flush_logs(run)
                 now = time.monotonic()
-                if not run.hang_reported and (overdue := run.progress.overdue(now)):
+                if due and not run.hang_reported and (overdue := run.progress.overdue(now)):
                     run.hang_reported = True
                     asyncio.create_task(self._report_hang(run, overdue, detected_t=time.time()))
                 if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
@@ -426,7 +447,7 @@ class Agent:
                     last_progress = now
                     self._send("progress", gen=run.number, rank=None, step=self._job_step(run),
                                first=False, t=time.time())
-            await asyncio.sleep(TAIL_INTERVAL_S)
+            await check.sleep(TAIL_INTERVAL_S)
 
     async def _report_hang(self, run: GenerationRun, overdue: list[Overdue],
                            *, detected_t: float) -> None:
@@ -444,6 +465,25 @@ class Agent:
             step = run.logs.last_step(lines)
             if step is not None:
                 self._on_step(run, rank, step)
+
+
+class StallGuard:
+    """For a loop that judges others by their silence: due() is False right after the loop woke
+    up late (we were stalled; what others sent meanwhile is still unread), never twice in a row,
+    so a loop that is always late still judges."""
+
+    def __init__(self) -> None:
+        self._wake = time.monotonic()
+        self._deferred = False
+
+    def due(self) -> bool:
+        late = time.monotonic() - self._wake
+        self._deferred = late > STALLED_TICK_S and not self._deferred
+        return not self._deferred
+
+    async def sleep(self, seconds: float) -> None:
+        self._wake = time.monotonic() + seconds
+        await asyncio.sleep(seconds)
 
 
 def free_port() -> int:

@@ -6,6 +6,8 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
+
 from ftrun.cli.render import make_console
 
 from ftrun.errors import FtrunError
@@ -56,6 +58,7 @@ def report_error(e: FtrunError) -> None:
         import traceback
 
         traceback.print_exception(e)
-    err_console.print(f"[bold red]error:[/] {e.message}", soft_wrap=True)
+    # Messages are plain text: "[timeouts] has ..." is a section name, not rich markup.
+    err_console.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
     if e.hint:
-        err_console.print(f"[dim]hint: {e.hint}[/]", soft_wrap=True)
+        err_console.print(f"[dim]hint: {escape(e.hint)}[/]", soft_wrap=True)

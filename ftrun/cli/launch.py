@@ -21,6 +21,7 @@ from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
 from ftrun.userenv import user_env
+from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 
 console = make_console(stderr=True)
 
@@ -67,6 +68,17 @@ def launch(
     hang_floor: Optional[float] = typer.Option(
         None, "--hang-floor", help="A rank is hung after max(floor, factor x step time) [2]."),
     hang_factor: Optional[float] = typer.Option(None, "--hang-factor", help="See --hang-floor [5]."),
+    heartbeat_interval: Optional[float] = typer.Option(
+        None, "--heartbeat-interval", help="Seconds between heartbeats, both ways [0.25]."),
+    host_lost_timeout: Optional[float] = typer.Option(
+        None, "--host-lost-timeout",
+        help="Seconds of silence before a host is lost [1.0]; see docs/timeouts.md."),
+    fence_timeout: Optional[float] = typer.Option(
+        None, "--fence-timeout",
+        help="Seconds without the controller before an agent kills its ranks [3.0]."),
+    local_stall_timeout: Optional[float] = typer.Option(
+        None, "--local-stall-timeout",
+        help="Seconds a local agent may be alive but silent before it is lost anyway; 0 = never [60]."),
     hosts: Optional[str] = typer.Option(
         None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."),
     hostfile: Optional[Path] = typer.Option(
@@ -97,6 +109,11 @@ def launch(
     problems.extend(env_problems)
     if term_timeout is not None and grace_period is not None:
         problems.append("--grace-period is the old name of --term-timeout: give one of them")
+    # Timeouts: a flag beats the policy file's [timeouts] beats the default.
+    timeouts = {**fault_policy.timeouts, **{k: v for k, v in (
+        ("heartbeat_interval_s", heartbeat_interval), ("host_lost_timeout_s", host_lost_timeout),
+        ("fence_timeout_s", fence_timeout), ("local_stall_timeout_s", local_stall_timeout))
+        if v is not None}}
     try:
         config = LaunchConfig(job_id=new_job_id(name), job_name=name, run_dir=resolved_run_dir,
                               script=script, script_args=tuple(script_args or ()), module=module,
@@ -111,7 +128,7 @@ def launch(
                               min_nodes=min_nodes if min_nodes is not None else 1,
                               ssh=host_list.ssh, remote_python=remote_python,
                               ssh_config=str(ssh_config) if ssh_config else None,
-                              controller_addr=controller_addr)
+                              controller_addr=controller_addr, **timeouts)
     except UsageError as e:
         problems.insert(0, e.message)
     if problems:
@@ -274,11 +291,13 @@ def _hint(problems: list[str]) -> str:
                 "lines and # comments; see docs/multihost.md")
     if any("in use" in p for p in problems):
         return "pick another --master-port, or leave it out to get a free port per generation"
+    if any(flag in p for p in problems for flag in TIMEOUT_FLAGS.values()):
+        return "see docs/timeouts.md for how to choose the heartbeat, lost and fence timeouts"
+    if any("policy" in p for p in problems):
+        return "see docs/policy.md for the policy file format"
     if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):
         return ("hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "
                 "line in a --hostfile); see `ftrun launch --help`")
-    if any("policy" in p for p in problems):
-        return "see docs/policy.md for the policy file format"
     if any("script" in p or "executable" in p for p in problems):
         return "check the path; use -m for a module or --no-python for an executable"
     return "see `ftrun launch --help`"

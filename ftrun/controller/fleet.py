@@ -168,6 +168,12 @@ class Fleet:
         """The agent's spare port for the next rendezvous (each is used once)."""
         return self.ports.pop(agent_id, None)
 
+    def agent_alive(self, agent_id: str) -> bool | None:
+        """Whether the agent's process runs, where the transport can tell (local agents);
+        None where it cannot (a remote agent's ssh session says nothing about its host)."""
+        handle = self.handles.get(agent_id)
+        return handle.alive() if handle is not None else None
+
     def agent_of(self, host: str) -> str | None:
         return self.roster.slots[host].agent_id if host in self.roster.slots else None
 

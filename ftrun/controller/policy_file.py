@@ -15,6 +15,12 @@ optional TOML file (`ftrun launch --policy FILE`). See docs/policy.md for the fo
     startup_timeout_s = 300         # before the first step (only when progress is expected)
     floor_s = 2                     # afterwards: max(floor_s, factor x median step time)
     factor = 5
+
+    [timeouts]                      # the control plane's timing (docs/timeouts.md)
+    heartbeat_interval_s = 0.25
+    host_lost_timeout_s = 1.0
+    fence_timeout_s = 3.0
+    local_stall_timeout_s = 60
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ftrun.agent.hang import HangPolicy
 from ftrun.controller.hosts import QuarantinePolicy
 from ftrun.controller.policy import KINDS, Rule, Tier
 from ftrun.errors import UsageError
+from ftrun.timeouts import FLAGS as TIMEOUT_KEYS
 
 try:
     import tomllib
@@ -43,6 +50,8 @@ class FaultPolicy:
     rules: tuple[Rule, ...] = ()
     quarantine: QuarantinePolicy = field(default_factory=QuarantinePolicy)
     hang: HangPolicy = field(default_factory=HangPolicy)
+    # [timeouts]: only the keys the file sets; flags beat them, and LaunchConfig checks them.
+    timeouts: dict[str, float] = field(default_factory=dict)
 
 
 def load_policy(path: str | Path) -> FaultPolicy:
@@ -56,7 +65,7 @@ def load_policy(path: str | Path) -> FaultPolicy:
         raise UsageError(f"the policy file {path} is not valid TOML: {e}",
                          hint="see docs/policy.md for the format") from None
     problems: list[str] = []
-    unknown = set(data) - {"rules", "quarantine", "hang"}
+    unknown = set(data) - {"rules", "quarantine", "hang", "timeouts"}
     if unknown:
         problems.append(f"unknown section(s) {sorted(unknown)}")
     rules = tuple(r for i, raw in enumerate(data.get("rules", []))
@@ -66,10 +75,30 @@ def load_policy(path: str | Path) -> FaultPolicy:
     if "startup_timeout_s" in hang_raw:
         hang_raw["expect_progress"] = True
     hang = _section(HangPolicy, hang_raw, "hang", problems)
+    timeouts = _timeouts(data.get("timeouts", {}), problems)
     if problems:
         raise UsageError(f"the policy file {path} has problems: " + "; ".join(problems),
                          hint="see docs/policy.md for the format")
-    return FaultPolicy(rules=rules, quarantine=quarantine, hang=hang)
+    return FaultPolicy(rules=rules, quarantine=quarantine, hang=hang, timeouts=timeouts)
+
+
+def _timeouts(raw: Any, problems: list[str]) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        problems.append("[timeouts] is not a table")
+        return {}
+    unknown = set(raw) - set(TIMEOUT_KEYS)
+    if unknown:
+        problems.append(f"[timeouts] has unknown key(s) {sorted(unknown)}; "
+                        f"known: {sorted(TIMEOUT_KEYS)}")
+    out = {}
+    for key in TIMEOUT_KEYS:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                problems.append(f"[timeouts].{key} must be a non-negative number of seconds")
+            else:
+                out[key] = float(value)
+    return out
 
 
 def _rule(index: int, raw: Any, problems: list[str]) -> Rule | None:

@@ -71,7 +71,10 @@ class Supervisor:
         self.secret = new_secret()
         self.server = ControlServer(self.secret, expected_agents=set(),
                                     heartbeat_interval_s=config.heartbeat_interval_s,
-                                    host_lost_timeout_s=config.host_lost_timeout_s)
+                                    host_lost_timeout_s=config.host_lost_timeout_s,
+                                    local_stall_timeout_s=config.local_stall_timeout_s,
+                                    alive=lambda agent_id: self.fleet.agent_alive(agent_id),
+                                    on_event=journal.record)
         self.fleet = Fleet(config, transport=transport, server=self.server, journal=journal,
                            reporter=reporter, secret=self.secret, environ=dict(os.environ))
         self.roster = self.fleet.roster

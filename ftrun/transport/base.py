@@ -14,6 +14,10 @@ class AgentHandle(Protocol):
     @property
     def returncode(self) -> int | None: ...
 
+    def alive(self) -> bool | None:
+        """True when the agent's process is known to run, False when it is known gone, None when
+        the transport cannot tell. True keeps a silent agent from being declared lost."""
+
     async def terminate(self, timeout_s: float) -> None:
         """Make sure the agent and everything it started on its host are gone."""
 

@@ -29,6 +29,10 @@ class LocalAgent:
     def returncode(self) -> int | None:
         return self.proc.returncode
 
+    def alive(self) -> bool:
+        # Our own child: its exit status is the truth (a SIGSTOPped or starved agent is alive).
+        return self.proc.returncode is None
+
     async def terminate(self, timeout_s: float) -> None:
         # The agent was told to shut down; if it does not, closing its stdin makes it fence
         # itself (kill its processes and exit); if even that fails, SIGKILL.
@@ -62,7 +66,7 @@ class LocalTransport:
         return "127.0.0.1"
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> LocalAgent:
-        boot = dataclasses.replace(boot, controller_host="127.0.0.1")
+        boot = dataclasses.replace(boot, controller_host="127.0.0.1", local=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(

@@ -67,6 +67,11 @@ class SshAgent:
             return int(self.chan.exit_status)
         return -1 if self.chan.closed else None
 
+    def alive(self) -> bool | None:
+        # A live ssh session says nothing about the host behind it (a partition keeps it open
+        # for minutes): silence decides.
+        return None
+
     def _pump(self) -> None:
         """The channel has output, or it ended: copy output to the host's agent log."""
         while self.chan.recv_ready():

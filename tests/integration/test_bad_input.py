@@ -58,3 +58,11 @@ def test_unknown_launcher_option_is_an_error(ftrun):
     assert result.returncode == 2
     assert "No such option" in result.stderr and "Traceback" not in result.stderr
     assert not ftrun.run_dir.exists() or not any(ftrun.run_dir.iterdir())
+
+
+def test_inconsistent_timeouts_name_the_flags_and_the_docs(ftrun, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[timeouts]\nhost_lost_timeout_s = 4\n")
+    # The file sets the lost timeout, the flag the fence timeout: both count, and clash.
+    result = ftrun.run("launch", "--policy", str(policy), "--fence-timeout", "2", TOY)
+    assert_clean_usage_error(result, "--fence-timeout (2 s) must be at least", "docs/timeouts.md")

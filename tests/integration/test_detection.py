@@ -76,7 +76,9 @@ def test_startup_allowance_then_same_hang_twice_is_fatal(ftrun):
     assert job["incidents"][1]["tier"] == "fatal" and "same failure twice" in job["reason"]
 
 
-@pytest.mark.parametrize("action, bound_s", [("kill-agent", 1.5), ("freeze-agent", 1.5)])
+# freeze-agent is not here: on this machine a frozen (SIGSTOPped) agent is alive, so it is slow,
+# not lost (tests/integration/test_false_alarms.py); over ssh it is a lost host.
+@pytest.mark.parametrize("action, bound_s", [("kill-agent", 1.5)])
 def test_lost_host_is_detected_fast_and_needs_replacement(ftrun, tmp_path, action, bound_s):
     proc = ftrun.start("launch", "--nproc-per-node", "2", str(BIN / "sleeper.py"))
     out = Output(proc)

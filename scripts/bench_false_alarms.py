@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""False alarms under load: a real job and a second job beside it, on a machine that stress-ng
+saturates (CPU 4x the cores, memory, disk); then real faults, detected under the same load.
+
+    python scripts/bench_false_alarms.py [--duration 600] [--no-stress] [--json]
+
+Timeline (all of it under stress-ng, stopped once the faults are done):
+  0 ........................................ duration ..................... + fault window
+  job A and job B train (2 ranks each,        then on job A, one at a time: kill-rank,
+  tests/bin/train_toy.py): quiet, nothing     hang-rank, kill-agent (`ftrun chaos`); job B
+  injected                                    trains on, untouched
+Reported, from both jobs' journals and agent logs:
+  false alarms  fault_detected with no injection behind it (host-lost / hang / crash), agents
+                that fenced; target 0. Also what did not become an alarm: agent_slow (a live
+                local agent late), controller_stalled (our loop late), "not fencing" warnings;
+  heartbeat     lateness (gap between two heartbeats of an agent, less the interval), p50/p99/max,
+                merged from the controllers' heartbeat_stats; and the controllers' loop lag;
+  detection     per injected fault, fault → detected (hang: past the allowance), with the targets
+                of DESIGN.md §9: crash ≤ 0.2 s, hang ≤ 2 s past the allowance, host lost ≤ 1.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ftrun.controller.lateness import Histogram  # noqa: E402
+from ftrun.journal import read_events  # noqa: E402
+
+SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
+PY = sys.executable
+FAULTS = ("kill-rank", "hang-rank", "kill-agent")
+KIND_OF = {"kill-rank": "crash", "hang-rank": "hang", "kill-agent": "host-lost"}
+TARGET_S = {"crash": 0.2, "hang": 2.0, "host-lost": 1.5}
+WAIT_S = 180.0  # for a start or a restart under load
+
+
+class Job:
+    """One `ftrun launch` in its own session, output to a file, its journal read on demand."""
+
+    def __init__(self, name: str, run_dir: Path, steps_s: float) -> None:
+        self.name, self.run_dir = name, run_dir
+        self.out = open(run_dir.parent / f"{name}.out", "w")
+        # Steps long enough that the job outlives the benchmark; it is stopped with SIGINT.
+        self.proc = subprocess.Popen(
+            [PY, "-m", "ftrun", "launch", "--run-dir", str(run_dir), "--job-name", name,
+             "--nproc-per-node", "2", "--max-restarts", "5", SCRIPT, "--steps", "10000000",
+             "--step-time", str(steps_s), "--width", "128"],
+            stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def job_dir(self) -> Path | None:
+        found = [p for p in self.run_dir.glob("*") if (p / "events.jsonl").exists()]
+        return found[0] if found else None
+
+    def events(self) -> list[dict]:
+        return read_events(self.job_dir) if self.job_dir else []
+
+    def stop(self) -> int | None:
+        """SIGINT: ranks get the grace period; the controller stops its agents."""
+        try:
+            stop_group(self.proc, signal.SIGINT, timeout_s=60)
+            return self.proc.returncode
+        finally:
+            self.out.close()
+
+
+def wait_until(predicate, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    return None
+
+
+def first_step_of_gen(job: Job) -> bool:
+    """A generation launched after the last fault has stepped (so it can take the next fault)."""
+    evs = job.events()
+    launched = [i for i, e in enumerate(evs) if e["kind"] == "generation_launched"]
+    faults = [i for i, e in enumerate(evs) if e["kind"] == "fault_detected"]
+    if not launched or (faults and faults[-1] > launched[-1]):
+        return False
+    gen = evs[launched[-1]]["gen"]
+    return any(e["kind"] == "first_step" and e.get("gen") == gen for e in evs)
+
+
+def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> None:
+    """Signal a session leader's group, then make sure every member is gone (stress-ng's vm
+    worker takes a while to unmap its memory)."""
+    for s in (sig, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, s)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            continue
+        break
+    proc.wait(timeout=10)
+
+
+def start_stress(duration_s: float, scratch: Path) -> subprocess.Popen | None:
+    if not shutil.which("stress-ng"):
+        sys.exit("stress-ng is not installed (Debian: apt-get install stress-ng), or pass --no-stress")
+    cores = os.cpu_count() or 1
+    cmd = ["stress-ng", "--cpu", str(4 * cores), "--vm", "1", "--vm-bytes", "30%",
+           "--hdd", "1", "--hdd-bytes", "512m", "--temp-path", str(scratch),
+           "--timeout", f"{int(duration_s)}s", "--quiet"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def inject(job: Job, action: str, log: list[str]) -> dict:
+    """One fault on job A once its generation steps; the journal's incident for it."""
+    row = {"fault": action, "kind": KIND_OF[action], "detected_s": None, "injected_under_load": None}
+    if not wait_until(lambda: first_step_of_gen(job) or job.proc.poll() is not None, WAIT_S) \
+            or job.proc.poll() is not None:
+        log.append(f"{action}: job A never stepped again; not injected")
+        return row
+    before = len([e for e in job.events() if e["kind"] == "fault_detected"])
+    args = ["--rank", "1"] if action != "kill-agent" else []
+    result = subprocess.run([PY, "-m", "ftrun", "chaos", "--run-dir", str(job.run_dir),
+                             job.job_dir.name, action, *args],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        log.append(f"{action}: chaos refused: {result.stderr.strip().splitlines()[0]}")
+        return row
+    detected = wait_until(lambda: [e for e in job.events() if e["kind"] == "fault_detected"]
+                          [before:], WAIT_S)
+    if not detected:
+        log.append(f"{action}: not detected within {WAIT_S:g} s")
+        return row
+    inc = detected[0]
+    row["injected"] = inc.get("injected")
+    if inc["fault"] == "hang":
+        row["detected_s"] = inc.get("past_allowance_s")
+        row["allowance_s"] = inc.get("allowance_s")
+    elif inc.get("fault_t") is not None:
+        row["detected_s"] = round((inc.get("detected_t") or inc["t"]) - inc["fault_t"], 3)
+    return row
+
+
+def false_alarms(job: Job) -> dict:
+    evs = job.events()
+    faults = [e for e in evs if e["kind"] == "fault_detected" and not e.get("injected")]
+    fenced = 0
+    if job.job_dir:
+        for log in (job.job_dir / "agents").glob("*.log"):
+            fenced += sum("fencing:" in line and "launcher is gone" not in line
+                          for line in log.read_text(errors="replace").splitlines())
+    not_fencing = 0
+    if job.job_dir:
+        for log in (job.job_dir / "agents").glob("*.log"):
+            not_fencing += log.read_text(errors="replace").count("not fencing")
+    return {"host_lost": sum(e["fault"] == "host-lost" for e in faults),
+            "hang": sum(e["fault"] == "hang" for e in faults),
+            "crash": sum(e["fault"] == "crash" for e in faults),
+            "fenced": fenced,
+            "agent_slow": sum(e["kind"] == "agent_slow" for e in evs),
+            "controller_stalled": sum(e["kind"] == "controller_stalled" for e in evs),
+            "not_fencing_warnings": not_fencing,
+            "steps": max([e.get("step") or 0 for e in evs if e["kind"] in ("progress", "first_step")],
+                         default=0)}
+
+
+def latency(jobs: list[Job], key: str) -> dict:
+    stats = [e[key] for job in jobs for e in job.events() if e["kind"] == "heartbeat_stats"]
+    merged = Histogram.merged([s.get("hist", {}) for s in stats])
+    return {"n": merged.n, "p50_ms": merged.percentile_ms(0.5),
+            "p99_ms": merged.percentile_ms(0.99),
+            "max_ms": max([s.get("max_ms") or 0 for s in stats], default=None)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=600,
+                   help="seconds both jobs train under stress before any fault [600]")
+    p.add_argument("--fault-window", type=float, default=120,
+                   help="stress-ng runs at most this much longer, for the faults [120]")
+    p.add_argument("--stress", action=argparse.BooleanOptionalAction, default=True,
+                   help="stress-ng: --cpu 4x cores, --vm 1 (40%% of memory), --hdd 1 [on]")
+    p.add_argument("--step-time", type=float, default=0.05, help="extra seconds per step [0.05]")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-false-alarms-"))
+    stress = None
+    jobs: list[Job] = []
+    notes: list[str] = []
+    try:
+        t0 = time.monotonic()
+        if args.stress:
+            stress = start_stress(args.duration + args.fault_window, tmp)
+        jobs = [Job(name, tmp / f"runs-{name}", args.step_time) for name in ("A", "B")]
+        if not wait_until(lambda: all(first_step_of_gen(j) for j in jobs), WAIT_S):
+            notes.append("a job did not reach its first step")
+        quiet_from = faults_at = time.monotonic() - t0
+        wait_until(lambda: time.monotonic() - t0 >= args.duration
+                   or any(j.proc.poll() is not None for j in jobs), args.duration + 10)
+        faults_at = time.monotonic() - t0
+        quiet = {j.name: false_alarms(j) for j in jobs}  # before anything is injected
+        load = os.getloadavg()[0]
+        rows = []
+        for action in FAULTS:
+            under = stress is not None and stress.poll() is None
+            row = inject(jobs[0], action, notes)
+            row["injected_under_load"] = under
+            rows.append(row)
+        b_alive = jobs[1].proc.poll() is None
+        elapsed = time.monotonic() - t0
+    finally:
+        if stress is not None:
+            stop_group(stress, signal.SIGTERM)
+        codes = {j.name: j.stop() for j in jobs}
+    total = {j.name: false_alarms(j) for j in jobs}
+    # Job A's own injected faults are real; job B must have seen nothing at all, and A nothing
+    # uninjected (false_alarms counts only fault_detected events with no injection behind them).
+    result = {
+        "duration_s": round(elapsed, 1), "quiet_window_s": round(faults_at - quiet_from, 1),
+        "quiet_from_s": round(quiet_from, 1),
+        "stress": stress is not None, "loadavg_1m": round(load, 1), "cores": os.cpu_count(),
+        "quiet": quiet, "whole_run": total, "job_b_alive_through_a_faults": b_alive,
+        "exit_codes": codes,
+        "heartbeat_late": latency(jobs, "heartbeat_late"),
+        "controller_loop_lag": latency(jobs, "loop_lag"),
+        "faults": rows, "notes": notes, "dir": str(tmp)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+
+
+def print_table(r: dict) -> None:
+    print(f"\nfalse alarms under load: {r['duration_s']} s, stress-ng {'on' if r['stress'] else 'off'}"
+          f", load average {r['loadavg_1m']} on {r['cores']} cores; both jobs training from "
+          f"{r['quiet_from_s']} s, quiet window {r['quiet_window_s']} s, then the faults")
+    print(f"{'job':<4}{'host lost':>10}{'hang':>6}{'crash':>7}{'fenced':>8}{'| slow':>8}"
+          f"{'stalled':>9}{'not fenced':>12}{'steps':>8}")
+    for name, c in r["whole_run"].items():
+        print(f"{name:<4}{c['host_lost']:>10}{c['hang']:>6}{c['crash']:>7}{c['fenced']:>8}"
+              f"{c['agent_slow']:>8}{c['controller_stalled']:>9}{c['not_fencing_warnings']:>12}"
+              f"{c['steps']:>8}")
+    print("  (false alarms: left of '|', target 0; right: late but rightly not an alarm)")
+    for key, what in (("heartbeat_late", "heartbeat lateness"),
+                      ("controller_loop_lag", "controller loop lag")):
+        h = r[key]
+        print(f"{what}: p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms, max {h['max_ms']} ms "
+              f"({h['n']} samples)")
+    print(f"{'fault':<12}{'kind':<11}{'detected':>10}{'target':>9}  under load")
+    for row in r["faults"]:
+        d = row["detected_s"]
+        what = "-" if d is None else f"{d:.3f} s"
+        target = TARGET_S[row["kind"]]
+        ok = "" if d is None else ("ok" if d <= target else "OVER")
+        suffix = " past allowance" if row["kind"] == "hang" else ""
+        print(f"{row['fault']:<12}{row['kind']:<11}{what:>10}{target:>8g}s  "
+              f"{row['injected_under_load']} {ok}{suffix}")
+    print(f"job B alive through job A's faults: {r['job_b_alive_through_a_faults']}; "
+          f"exit codes {r['exit_codes']}")
+    for note in r["notes"]:
+        print(f"note: {note}")
+    print(f"journals: {r['dir']}")
+
+
+if __name__ == "__main__":
+    main()
