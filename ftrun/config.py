@@ -53,6 +53,10 @@ class LaunchConfig:
     cwd: str = field(default_factory=os.getcwd)
     python: str = sys.executable
     grace_period_s: float = 5.0
+    # After a rank exits 0, how long the others have to exit (controller/stall.py).
+    exit_timeout_s: float = 60.0
+    # Zero-config hang guard: every rank without CPU or output this long is a hang; 0: off.
+    idle_timeout_s: float = 1800.0
     heartbeat_interval_s: float = 0.25
     host_lost_timeout_s: float = 1.0
     fence_timeout_s: float = 3.0
@@ -82,6 +86,10 @@ class LaunchConfig:
             problems.append(f"--master-port must be in 1..65535 (got {self.master_port})")
         if self.grace_period_s < 0:
             problems.append(f"--grace-period must be 0 or more (got {self.grace_period_s})")
+        if not self.exit_timeout_s > 0:
+            problems.append(f"--exit-timeout must be more than 0 (got {self.exit_timeout_s:g})")
+        if self.idle_timeout_s < 0:
+            problems.append(f"--idle-timeout must be 0 (off) or more (got {self.idle_timeout_s:g})")
         if not 1 <= self.min_nodes <= len(self.hosts):
             problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                             f"got {self.min_nodes}")

@@ -44,6 +44,14 @@ def launch(
         None, "--progress-regex", help="Derive step progress from output, e.g. 'step (\\d+)'."),
     grace_period: float = typer.Option(5.0, "--grace-period",
                                        help="Seconds between SIGTERM and SIGKILL on stop."),
+    exit_timeout: float = typer.Option(
+        60.0, "--exit-timeout", envvar="FTRUN_EXIT_TIMEOUT",
+        help="Once a rank exits 0, seconds the others have to exit before their stacks are "
+             "taken and they are killed."),
+    idle_timeout: float = typer.Option(
+        1800.0, "--idle-timeout", envvar="FTRUN_IDLE_TIMEOUT",
+        help="Without a progress signal: seconds every rank may go without CPU or output "
+             "before it counts as a hang (0: off)."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
     policy: Optional[Path] = typer.Option(None, "--policy",
@@ -85,6 +93,7 @@ def launch(
                               no_python=no_python, nproc_per_node=nproc_per_node,
                               max_restarts=max_restarts, master_port=master_port,
                               progress_regex=progress_regex, grace_period_s=grace_period,
+                              exit_timeout_s=exit_timeout, idle_timeout_s=idle_timeout,
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,
