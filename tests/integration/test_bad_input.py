@@ -58,3 +58,15 @@ def test_unknown_launcher_option_is_an_error(ftrun):
     assert result.returncode == 2
     assert "No such option" in result.stderr and "Traceback" not in result.stderr
     assert not ftrun.run_dir.exists() or not any(ftrun.run_dir.iterdir())
+
+
+def test_exit_and_idle_timeouts_from_flags_or_environment(ftrun):
+    """Explicit flag beats FTRUN_EXIT_TIMEOUT / FTRUN_IDLE_TIMEOUT beats the default."""
+    bad_env = {"FTRUN_EXIT_TIMEOUT": "0", "FTRUN_IDLE_TIMEOUT": "-1"}
+    assert_clean_usage_error(ftrun.run("launch", "nope.py", env=bad_env),
+                             "--exit-timeout must be more than 0",
+                             "--idle-timeout must be 0 (off) or more", "no such script")
+    result = ftrun.run("launch", "--exit-timeout", "5", "--idle-timeout", "0", "nope.py",
+                       env=bad_env)
+    assert_clean_usage_error(result, "no such script")
+    assert "timeout" not in result.stderr

@@ -31,3 +31,22 @@ def test_entrypoint_matches_torchrun():
     assert make(script_args=("--lr", "1")).entrypoint()[1:] == ["-u", "t.py", "--lr", "1"]
     assert make(module=True, script="pkg.m").entrypoint()[1:] == ["-u", "-m", "pkg.m"]
     assert make(no_python=True, script="./run.sh").entrypoint() == ["./run.sh"]
+
+
+@pytest.mark.parametrize("exit_s, idle_s, problems", [
+    (60.0, 1800.0, []), (0.5, 0.0, []),
+    (0.0, 1800.0, ["--exit-timeout"]), (60.0, -1.0, ["--idle-timeout"]),
+])
+def test_exit_and_idle_timeouts(exit_s, idle_s, problems):
+    if not problems:
+        config = make(exit_timeout_s=exit_s, idle_timeout_s=idle_s)
+        assert (config.exit_timeout_s, config.idle_timeout_s) == (exit_s, idle_s)
+        return
+    with pytest.raises(UsageError) as e:
+        make(exit_timeout_s=exit_s, idle_timeout_s=idle_s)
+    assert all(p in e.value.message for p in problems)
+
+
+def test_exit_and_idle_defaults():
+    config = make()
+    assert (config.exit_timeout_s, config.idle_timeout_s) == (60.0, 1800.0)
