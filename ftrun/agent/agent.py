@@ -447,7 +447,8 @@ class Agent:
         live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
         states = {str(r): stacks.process_state(pid) for r, pid in live.items()}
         dumps = await stacks.capture(run.logs, live, flush=lambda: self._flush_logs(run))
-        self._send("stacks", gen=number, stacks={str(r): t for r, t in dumps.items()},
+        self._send("stacks", gen=number,
+                   stacks={str(r): t[:stacks.REPLY_MAX_CHARS] for r, t in dumps.items()},
                    states=states, tails={str(r): run.logs.tail(r)[-20:] for r in live})
 
     def _flush_logs(self, run: GenerationRun) -> None:

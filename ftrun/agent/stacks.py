@@ -24,6 +24,7 @@ STACKS_SIGNAL = signal.SIGUSR2  # the same as ftrun.runtime.STACKS_SIGNAL (agent
 FAULTHANDLER_WAIT_S = 1.0
 PY_SPY_TIMEOUT_S = 5.0
 MARKER = "(most recent call first)"
+REPLY_MAX_CHARS = 48 * 1024  # per rank in a reply: 8 ranks' stacks stay well under a frame
 
 
 def process_state(pid: int | None) -> str:

@@ -59,7 +59,7 @@ class StackRequest:
             return
         self.waiting.discard(agent_id)
         for rank, text in (msg.get("stacks") or {}).items():
-            self.stacks[str(rank)] = str(text)[-STACK_TEXT_MAX:]
+            self.stacks[str(rank)] = str(text)[:STACK_TEXT_MAX]
             self.rank_agents[int(rank)] = agent_id
         self.states.update({str(r): str(s) for r, s in (msg.get("states") or {}).items()})
         self.tails.update({str(r): list(t)[-20:] for r, t in (msg.get("tails") or {}).items()})
