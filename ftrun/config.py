@@ -70,6 +70,10 @@ class LaunchConfig:
     # The user's variables for every rank on every host (ftrun/userenv.py): values may be
     # secrets, so they stay out of repr() and config.json.
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # After a rank exits 0, how long the others have to exit (controller/stall.py).
+    exit_timeout_s: float = 60.0
+    # Zero-config hang guard: every rank without CPU or output this long is a hang; 0: off.
+    idle_timeout_s: float = 1800.0
     # The control plane's timing (ftrun/timeouts.py, docs/timeouts.md).
     heartbeat_interval_s: float = ControlTimeouts.heartbeat_interval_s
     host_lost_timeout_s: float = ControlTimeouts.host_lost_timeout_s
@@ -109,6 +113,10 @@ class LaunchConfig:
                                 + ("it stops the job (see --term-timeout)"
                                    if name in ("SIGINT", "SIGTERM") else "it cannot be passed on"))
         problems.extend(self.timeouts.problems())
+        if not self.exit_timeout_s > 0:
+            problems.append(f"--exit-timeout must be more than 0 (got {self.exit_timeout_s:g})")
+        if self.idle_timeout_s < 0:
+            problems.append(f"--idle-timeout must be 0 (off) or more (got {self.idle_timeout_s:g})")
         if not 1 <= self.min_nodes <= len(self.hosts):
             problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                             f"got {self.min_nodes}")

@@ -53,6 +53,9 @@ class Incident:
     section: str | None = None
     stacks: dict[str, str] | None = None
     states: dict[str, str] | None = None
+    idle_s: float | None = None        # a hang found by the idle guard: how long all were idle
+    clean_rank: int | None = None      # exit_hang: the rank that exited 0 first
+    stacks_missing_from: list[str] = field(default_factory=list)  # hosts that sent no stacks
     torn_down_t: float | None = None
     relaunched_t: float | None = None
     next_generation: int | None = None
@@ -101,7 +104,8 @@ class Incident:
             "traceback": self.traceback, "traceback_source": self.traceback_source,
             "rule": self.rule, "injected": self.injected, "allowance_s": self.allowance_s,
             "past_allowance_s": self.past_allowance_s, "section": self.section,
-            "stacks": self.stacks, "states": self.states,
+            "stacks": self.stacks, "states": self.states, "idle_s": self.idle_s,
+            "clean_rank": self.clean_rank, "stacks_missing_from": self.stacks_missing_from,
             "phases": {name: t for name, t in self.phases()},
         }
 
@@ -238,7 +242,9 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
                 traceback_source=ev.get("traceback_source"), tail=ev.get("tail") or [],
                 injected=ev.get("injected"), allowance_s=ev.get("allowance_s"),
                 past_allowance_s=ev.get("past_allowance_s"), section=ev.get("section"),
-                stacks=ev.get("stacks"), states=ev.get("states"))
+                stacks=ev.get("stacks"), states=ev.get("states"), idle_s=ev.get("idle_s"),
+                clean_rank=ev.get("clean_rank"),
+                stacks_missing_from=ev.get("stacks_missing_from") or [])
             incidents[inc.id] = inc
             g = gens.get(inc.generation)
             if g is not None and inc.step_at_fault is not None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import error_file, inject, proctitle, procs, stacks, workdir
+from ftrun.agent import error_file, idle, inject, proctitle, procs, stacks, workdir
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
@@ -92,6 +92,10 @@ class GenerationRun:
     exited_ranks: set[int] = field(default_factory=set)
     torchrun_tail: list[str] = field(default_factory=list)
     first_rank: int = 0  # the global rank of this host's local rank 0
+    # Zero-config hang guard (idle.py); None when off. `finishing`: a rank of the generation
+    # exited 0 (the controller said so): the hang detectors stand down, its exit barrier rules.
+    idle_guard: idle.IdleGuard | None = None
+    finishing: bool = False
 
 
 class Agent:
@@ -129,7 +133,8 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
             tasks = [asyncio.create_task(c) for c in
-                     (self._receive_loop(), self._heartbeat_loop(), self._tail_loop())]
+                     (self._receive_loop(), self._heartbeat_loop(), self._tail_loop(),
+                      self._idle_loop())]
             _watch_stdin(loop, self)
             await self.done.wait()
             for task in tasks:
@@ -199,6 +204,12 @@ class Agent:
                 if self.gen is not None and self.gen.number == msg.get("gen"):
                     self.gen.pending_injections.append(msg)
                     self._maybe_inject(self.gen)
+            elif kind == "finishing":
+                if self.gen is not None and self.gen.number == msg.get("gen"):
+                    self.gen.finishing = True
+                    self.gen.hang_reported = True  # stands the step-based detector down
+            elif kind == "capture_stacks":
+                asyncio.create_task(self._send_stacks(msg.get("gen")))
             elif kind == "shutdown":
                 self._finish(0, "shutdown")
                 return
@@ -254,6 +265,8 @@ class Agent:
         run = GenerationRun(number, directory, GenerationLogs(directory, msg.get("progress_regex")),
                             ProgressTracker(hang, expect_progress=hang.expect_progress))
         run.first_rank = int(msg["node_rank"]) * int(msg["nproc_per_node"])
+        if float(msg.get("idle_timeout_s") or 0) > 0:
+            run.idle_guard = idle.IdleGuard(float(msg["idle_timeout_s"]))
         self.gen = run
         self.force_stop.clear()
         if self.boot.warm_start and (self.zygote is None or self.zygote.returncode is not None):
@@ -458,6 +471,48 @@ class Agent:
                                           flush=lambda: self._flush_logs(run))
         self._send("rank_hung", gen=run.number, step=self._job_step(run), detected_t=detected_t,
                    **report)
+
+    # ---- the idle guard and stacks on request (controller/stall.py owns the decisions) -------
+
+    async def _idle_loop(self) -> None:
+        """Sample CPU and output of the live ranks; tell the controller when every one of them
+        has been idle for a while, and when that stops (idle.py)."""
+        while True:
+            run = self.gen
+            guard = run.idle_guard if run is not None else None
+            if run is None or guard is None:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
+                cpu = (await asyncio.get_running_loop().run_in_executor(
+                    None, idle.sample_cpu, live) if live else {})
+                # Ranks that step have the step-based detector; a section is a pause on purpose.
+                exempt = set(run.steps) | {r for r, p in run.progress.ranks.items()
+                                           if p.section is not None}
+                tell, ranks = guard.update(time.monotonic(), cpu,
+                                           idle.output_bytes(run.directory, set(cpu)),
+                                           exempt=exempt, finishing=run.finishing)
+                if tell and self.gen is run:
+                    self._send("idle", gen=run.number, ranks=None if ranks is None else
+                               {str(r): round(s, 3) for r, s in ranks.items()})
+            except Exception:  # noqa: BLE001 - a guard that dies quietly guards nothing
+                log.exception("idle guard: sampling failed")
+            await asyncio.sleep(guard.interval_s)
+
+    async def _send_stacks(self, number: int | None) -> None:
+        """The controller asks (an exit barrier passed, or every host is idle): the stacks,
+        states and last lines of every live rank here. Always answers, if only with nothing."""
+        run = self.gen
+        if run is None or run.number != number:
+            self._send("stacks", gen=number, stacks={}, states={}, tails={})
+            return
+        live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
+        states = {str(r): stacks.process_state(pid) for r, pid in live.items()}
+        dumps = await stacks.capture(run.logs, live, flush=lambda: self._flush_logs(run))
+        self._send("stacks", gen=number,
+                   stacks={str(r): t[:stacks.REPLY_MAX_CHARS] for r, t in dumps.items()},
+                   states=states, tails={str(r): run.logs.tail(r)[-20:] for r in live})
 
     def _flush_logs(self, run: GenerationRun) -> None:
         for rank, lines in run.logs.poll().items():

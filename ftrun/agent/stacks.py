@@ -24,6 +24,7 @@ STACKS_SIGNAL = signal.SIGUSR2  # the same as ftrun.runtime.STACKS_SIGNAL (agent
 FAULTHANDLER_WAIT_S = 1.0
 PY_SPY_TIMEOUT_S = 5.0
 MARKER = "(most recent call first)"
+REPLY_MAX_CHARS = 48 * 1024  # per rank in a reply: 8 ranks' stacks stay well under a frame
 
 
 def process_state(pid: int | None) -> str:
@@ -35,18 +36,33 @@ def process_state(pid: int | None) -> str:
         return "gone"
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler installed for the signal (SigCgt in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 async def capture(logs: GenerationLogs, pids: dict[int, int],
                   flush: Callable[[], None]) -> dict[int, str]:
     """Stacks per rank, as text; a rank with none gets a line saying why. `flush` reads new
     log lines (and forwards them): the dumps arrive through the ranks' logs."""
     flush()
     marks = {rank: _line_count(logs, rank) for rank in pids}
-    for pid in pids.values():
+    # Only processes that handle the signal get it: by default it kills (a cold-started script
+    # that never imported ftrun has no handler), and stack-taking must not be the fault.
+    handling = {r: pid for r, pid in pids.items() if catches(pid, STACKS_SIGNAL)}
+    for pid in handling.values():
         try:
             os.kill(pid, STACKS_SIGNAL)
         except OSError:
             pass
-    runnable = {r for r, pid in pids.items() if process_state(pid) not in ("stopped", "gone")}
+    runnable = {r for r, pid in handling.items() if process_state(pid) not in ("stopped", "gone")}
     deadline = time.monotonic() + FAULTHANDLER_WAIT_S
     dumps: dict[int, str] = {}
     while runnable - dumps.keys() and time.monotonic() < deadline:
@@ -64,8 +80,11 @@ async def capture(logs: GenerationLogs, pids: dict[int, int],
             if spy:
                 dumps[rank] = (dumps[rank] + "\n\n" if rank in dumps else "") + spy
     for rank, pid in pids.items():
-        dumps.setdefault(rank, f"no stacks: the process is {process_state(pid)} and could not "
-                               "run its stack-dump handler (install py-spy to read its stacks)")
+        why = ("could not run its stack-dump handler" if rank in handling else
+               "has no stack-dump handler (it runs without ftrun's warm start and never "
+               "imported ftrun)")
+        dumps.setdefault(rank, f"no stacks: the process is {process_state(pid)} and {why} "
+                               "(install py-spy to read its stacks)")
     return dumps
 
 

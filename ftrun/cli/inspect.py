@@ -95,6 +95,12 @@ def _evidence(inc: Incident) -> str:
     who = f"rank {inc.rank}" if inc.rank is not None else "torchrun"
     if inc.kind == "host-lost":
         return f"host {inc.host}: heartbeat or connection lost"
+    if inc.kind == "exit_hang":
+        return (f"rank {inc.clean_rank} exited 0; {who} on {inc.host} was still running "
+                f"{inc.allowance_s:g}s later (--exit-timeout)" + _missing(inc))
+    if inc.kind == "hang" and inc.idle_s is not None:
+        return (f"idle: no CPU and no output for {inc.idle_s:.0f} s on any rank "
+                f"(--idle-timeout; no progress signal)" + _missing(inc))
     if inc.kind == "hang":
         where = f" in section {inc.section!r}" if inc.section else ""
         past = (f", detected {inc.past_allowance_s:.2f}s past its {inc.allowance_s:.1f}s allowance"
@@ -102,6 +108,12 @@ def _evidence(inc: Incident) -> str:
         return f"{who} on {inc.host} made no progress{where}{past}"
     how = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
     return f"{who} on {inc.host}, {how}" + (f": {inc.exception}" if inc.exception else "")
+
+
+def _missing(inc: Incident) -> str:
+    if not inc.stacks_missing_from:
+        return ""
+    return f"; no stacks from {', '.join(inc.stacks_missing_from)} in time"
 
 
 def register(app: typer.Typer) -> None:

@@ -59,6 +59,14 @@ def launch(
     env_file: Optional[List[Path]] = typer.Option(
         None, "--env-file", metavar="FILE",
         help="NAME=VALUE lines (# comments) for the ranks on every host; --env wins. Repeatable."),
+    exit_timeout: float = typer.Option(
+        60.0, "--exit-timeout", envvar="FTRUN_EXIT_TIMEOUT",
+        help="Once a rank exits 0, seconds the others have to exit before their stacks are "
+             "taken and they are killed."),
+    idle_timeout: float = typer.Option(
+        1800.0, "--idle-timeout", envvar="FTRUN_IDLE_TIMEOUT",
+        help="Without a progress signal: seconds every rank may go without CPU or output "
+             "before it counts as a hang (0: off)."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
                                     help="Fork ranks from a pre-imported interpreter."),
     policy: Optional[Path] = typer.Option(None, "--policy",
@@ -123,6 +131,7 @@ def launch(
                               term_timeout_s=_first(term_timeout, grace_period, default=5.0),
                               forward_signals=_signal_names(forward_signal or ()),
                               env=rank_env,
+                              exit_timeout_s=exit_timeout, idle_timeout_s=idle_timeout,
                               warm_start=warm_start, policy=fault_policy,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,

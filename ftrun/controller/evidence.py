@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftrun.controller.policy import Evidence
+from ftrun.controller.stall import Idle
 
 # Which injected chaos action explains which kind of fault.
 INJECTED_KIND = {"kill-rank": "crash", "hang-rank": "hang", "kill-agent": "host-lost",
@@ -60,3 +61,20 @@ def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
 def host_lost(msg: dict[str, Any], host: str, step: int | None) -> Failure:
     return Failure(Evidence(kind="host-lost", host=host, step=step), fault_t=None,
                    detail={"evidence": msg.get("reason")})
+
+
+def idle(found: Idle, hosts: dict[str, str], step: int | None,
+         detected_t: float) -> Failure:
+    """Every rank on every host idle for the window: a hang, named after the lowest rank (all of
+    them stopped; the lowest is a stable name, so the same hang twice reads the same)."""
+    rank = min(found.ranks) if found.ranks else None
+    host = hosts.get(found.rank_agents.get(rank, ""), "?") if rank is not None else None
+    note = f"idle: no CPU and no output for {found.idle_s:.0f} s"
+    tail = found.tails.get(str(rank), []) if rank is not None else []
+    return Failure(
+        Evidence(kind="hang", host=host, rank=rank, step=step, log_tail=tuple(tail), note=note),
+        fault_t=None, detected_t=detected_t,
+        detail={"idle_s": round(found.idle_s, 3), "stacks": found.stacks, "states": found.states,
+                "idle_ranks": {str(r): round(s, 3) for r, s in found.ranks.items()},
+                "stacks_missing_from": sorted(hosts.get(a, a) for a in found.unanswered),
+                "tail": tail})

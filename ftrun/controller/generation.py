@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftrun.controller.evidence import Failure
 from ftrun.controller.policy import Evidence
+from ftrun.controller.stall import StallWatch
 from ftrun.journal import Journal
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class GenWatch:
     last_progress_event: float = 0.0
     injected: dict[str, Any] | None = None
     order: list[str] = field(default_factory=list)  # agent ids by node rank
+    stall: StallWatch | None = None  # exit barrier and idle guard
 
 
 @dataclass

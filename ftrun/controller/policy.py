@@ -11,6 +11,8 @@ guards, any of which makes it fatal:
   - a deterministic error (import, syntax, bad arguments) before the job's first step;
   - the same failure as the previous one, with no step progress in between;
   - the restart budget spent.
+A failure after a rank of the generation exited 0 is never restarted: the generation's work is
+done (see controller/stall.py), so it ends the job, failed.
 Host history (repeated failures on one host → quarantine) lives in hosts.py.
 """
 
@@ -50,6 +52,7 @@ class Evidence:
     usage_error: bool = False  # argparse-style "usage:" output with exit code 2
     step: int | None = None  # the last step the job reported before the failure
     log_tail: tuple[str, ...] = ()
+    note: str | None = None  # how it was detected, when that is worth saying (not compared)
 
     @property
     def exception_type(self) -> str | None:
@@ -67,7 +70,8 @@ class Evidence:
             return f"host {self.host} was lost"
         if self.kind == "hang":
             at = f" after step {self.step}" if self.step is not None else " before its first step"
-            return f"{who} on {self.host} hung{at}"
+            text = f"{who} on {self.host} hung{at}"
+            return f"{text} ({self.note})" if self.note else text
         how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
         text = f"{who} on {self.host} died with {how}"
         if self.exception:
@@ -130,6 +134,8 @@ class History:
     ever_progressed: bool = False
     previous: Evidence | None = None
     progressed_since_previous: bool = False
+    # The rank that exited 0 in this generation, if one did: its work is done, no restart.
+    work_done_by: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,10 @@ def classify(evidence: Evidence, history: History, *, max_restarts: int,
     what = evidence.describe()
     if rule.tier is Tier.FATAL:
         return Decision(Tier.FATAL, f"{what} ({rule.name}: fatal by policy)", rule.name)
+    if history.work_done_by is not None:
+        return Decision(Tier.FATAL, f"{what} after rank {history.work_done_by} had exited 0: "
+                                    "the generation's work is done, so it is not restarted",
+                        "work done")
     if rule.tier is Tier.REPLACE_NODE:
         return Decision(Tier.REPLACE_NODE, f"{what} ({rule.name}); it needs a replacement",
                         rule.name)

@@ -1,7 +1,9 @@
 """The supervise loop: launch a generation, watch it, classify what went wrong, act, repeat.
 
     start agents ─▶ launch G ─▶ watch ─┬─ all hosts exited 0 ───────────────▶ succeeded
-                      ▲                ├─ Ctrl-C / SIGTERM ─▶ graceful stop ─▶ stopped
+                      ▲                ├─ a rank exited 0, others hung ─▶ kill ▶ succeeded
+                      │                │     (exit barrier, stall.py; an exit_hang incident)
+                      │                ├─ Ctrl-C / SIGTERM ─▶ graceful stop ─▶ stopped
                       │                └─ fault ─▶ classify ─▶ tear down (SIGKILL: it is broken)
                       │                              ├─ fatal / no replacement ──▶ failed
                       └──── backoff ◀────────────────┘ restart in place (G+1)
@@ -33,6 +35,8 @@ from ftrun.controller.hosts import HostHealth
 from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
+from ftrun.controller.stall import ExitHang
+from ftrun.controller.stalldesk import StallDesk
 from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
@@ -80,6 +84,7 @@ class Supervisor:
         self.roster = self.fleet.roster
         self.health = HostHealth(config.policy.quarantine)
         self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
+        self.stalls = StallDesk(config, server=self.server, journal=journal)
         self.signals = 0
         self.generation = 0
         self.watch: GenWatch | None = None
@@ -220,6 +225,9 @@ class Supervisor:
                 self.journal.record("generation_ended", gen=watch.number, outcome="stopped",
                                     step=watch.max_step)
                 return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+            if isinstance(result, ExitHang):
+                incident += 1
+                return await self._exit_hang(watch, result, incident)
             if isinstance(result, Reconfigure):
                 # Planned: the ranks get SIGTERM and the grace period (a script that saves on
                 # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
@@ -250,10 +258,12 @@ class Supervisor:
                                 detected_t=result.detected_t, exit_code=ev.exit_code,
                                 signal=ev.signal, step=ev.step, exception=ev.exception,
                                 **result.detail)
+            clean = watch.stall.clean if watch.stall is not None else None
             decision = self._decide(ev, History(restarts_used=self.restarts,
                                                 ever_progressed=self.ever_progressed,
                                                 previous=previous,
-                                                progressed_since_previous=progressed))
+                                                progressed_since_previous=progressed,
+                                                work_done_by=clean[0] if clean else None))
             self.journal.record("fault_classified", incident=incident, tier=decision.tier.value,
                                 decision="stop" if decision.tier is Tier.FATAL else "restart",
                                 rule=decision.rule, reason=decision.reason)
@@ -347,12 +357,14 @@ class Supervisor:
                              master_addr=self.fleet.addrs.get(master, "127.0.0.1"),
                              master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
                              progress_regex=cfg.progress_regex, hang=dataclasses.asdict(hang),
+                             idle_timeout_s=cfg.idle_timeout_s,
                              env=self._rank_env())
         world = len(agents) * cfg.nproc_per_node
         self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
                             master_port=port, master_addr=self.fleet.addrs.get(master))
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
-        self.watch = GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents)
+        self.watch = GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents,
+                              stall=self.stalls.watch(set(agents)))
         return self.watch
 
     def _rank_env(self) -> dict[str, str]:
@@ -362,9 +374,19 @@ class Supervisor:
                 "FTRUN_TORCHELASTIC_RESTART_COUNT": str(self.restarts),
                 "FTRUN_TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts)}
 
-    async def _watch(self, watch: GenWatch) -> str | Failure | Reconfigure:
+    async def _watch(self, watch: GenWatch) -> str | Failure | Reconfigure | ExitHang:
+        stall = watch.stall
+        assert stall is not None
         while True:
-            agent_id, msg = await self.server.inbox.get()
+            if (stalled := self.stalls.poll(watch, stall)) is not None:
+                return stalled
+            wake = stall.wakeup()
+            try:
+                agent_id, msg = await asyncio.wait_for(
+                    self.server.inbox.get(),
+                    None if wake is None else max(0.0, wake - time.monotonic()))
+            except asyncio.TimeoutError:
+                continue
             kind = msg["kind"]
             if kind == "stop_requested":
                 return "stopped"
@@ -379,11 +401,15 @@ class Supervisor:
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
             if record_output(self.journal, self.reporter, watch, host, msg):
-                if kind == "progress" and (change := self._reconfiguration(watch)) is not None:
-                    return change
+                if kind == "progress":
+                    stall.on_progress(time.monotonic())
+                    if (change := self._reconfiguration(watch)) is not None:
+                        return change
                 continue
             if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
                 watch.max_step = max(watch.max_step or 0, msg["step"])
+            if self.stalls.news(watch, stall, agent_id, host, msg):
+                continue
             if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
                 self.journal.record("rank_exited", gen=watch.number, host=host,
                                     **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
@@ -395,6 +421,7 @@ class Supervisor:
             if kind == "gen_exited":
                 if msg.get("exit_code") == 0:
                     watch.done.add(agent_id)
+                    stall.on_agent_done(agent_id)
                     if watch.done >= watch.agents:
                         return "succeeded"
                 else:
@@ -403,6 +430,8 @@ class Supervisor:
     def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
         """A host of this generation was removed, or ready hosts can grow a shrunken job. Grow
         only once this generation steps (its start-up is paid; no flapping while it starts)."""
+        if watch.stall is not None and watch.stall.finishing:
+            return None  # its work is done: it ends, whatever the hosts do
         removed = self.roster.needs_replacing()
         if removed:
             return Reconfigure("remove", f"{', '.join(removed)} removed from the job")
@@ -414,6 +443,18 @@ class Supervisor:
             return Reconfigure("grow", f"{', '.join(joining)} ready: growing from "
                                        f"{len(watch.agents)} host(s)")
         return None
+
+    async def _exit_hang(self, watch: GenWatch, hang: ExitHang, incident: int) -> JobOutcome:
+        """A rank exited 0 and others did not exit in time: the incident (with their stacks) is
+        recorded, the generation killed, and the job finished. Every rank that exited did so
+        with 0 (a failure would have ended the watch first) and the work is done: succeeded."""
+        reason = self.stalls.record_exit_hang(watch, hang, incident)
+        await self._teardown(watch, graceful=False)
+        self.journal.record("torn_down", incident=incident, gen=watch.number)
+        self.journal.record("generation_ended", gen=watch.number, outcome="exit_hang",
+                            step=watch.max_step)
+        self.reporter.notice(f"{reason} (incident {incident} has their stacks)", level="warning")
+        return JobOutcome("succeeded", EXIT_OK, reason)
 
     async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
         number = watch.number

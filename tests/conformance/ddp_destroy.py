@@ -1,5 +1,4 @@
 """DDP on gloo inside main(), ending with destroy_process_group()."""
-import os
 
 import torch
 import torch.distributed as dist

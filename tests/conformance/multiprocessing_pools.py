@@ -1,7 +1,6 @@
 """A rank that uses multiprocessing itself, with the spawn and forkserver start methods (both
 start a fresh interpreter that re-imports this file as __mp_main__)."""
 import multiprocessing as mp
-import os
 
 import torch.distributed as dist
 

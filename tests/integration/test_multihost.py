@@ -281,3 +281,43 @@ def _cmdline(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+def _inspect(ftrun, job_id):
+    import json
+
+    result = ftrun.run("inspect", job_id, "--json", timeout=30)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_exit_barrier_spans_hosts(ftrun, bed):
+    """Rank 0 on node1 exits 0, rank 1 on node2 never exits: the deadline is the controller's,
+    node2's agent sends the stacks, the job ends with exit 0 and an exit_hang incident, and
+    nothing is left on either host."""
+    result = ftrun.run("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
+                       "--exit-timeout", "3", str(BIN / "exit_hang.py"), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = _inspect(ftrun, ftrun.status_json()[0]["job_id"])
+    [inc] = job["incidents"]
+    assert (inc["kind"], inc["rank"], inc["host"], inc["clean_rank"]) == ("exit_hang", 1, "node2", 0)
+    assert "exit_hang.py" in inc["stacks"]["1"] and inc["stacks_missing_from"] == []
+    [asked] = kinds(job["events"], "stacks_requested")
+    assert asked["hosts"] == ["node2"]  # node1's torchrun had exited 0: nothing live there
+    wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2")), 15,
+             "both hosts to be back to just their sshd")
+
+
+def test_idle_guard_needs_every_host(ftrun, bed):
+    """One rank per host. Rank 0 on node1 burns CPU silently while rank 1 on node2 sleeps:
+    node2 alone is idle, the job is not. Then both sleep: a hang, with both hosts' stacks."""
+    common = ("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2")
+    result = ftrun.run(*common, "--idle-timeout", "1", str(BIN / "silent.py"), "--mode", "spin",
+                       "--seconds", "6", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    busy = ftrun.only_job()
+    assert busy["state"] == "succeeded" and busy["incidents"] == []
+    result = ftrun.run(*common, "--idle-timeout", "2", "--max-restarts", "0",
+                       str(BIN / "silent.py"), timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    [idle_job] = [j for j in ftrun.status_json() if j["job_id"] != busy["job_id"]]
+    [inc] = _inspect(ftrun, idle_job["job_id"])["incidents"]
+    assert inc["kind"] == "hang" and inc["idle_s"] >= 2 and set(inc["stacks"]) == {"0", "1"}

@@ -42,3 +42,20 @@ def test_forward_signals_are_names_of_signals_that_can_be_passed_on():
         make(forward_signals=("SIGTERM", "SIGKILL", "SIGNOPE"))
     assert "cannot take SIGTERM: it stops the job" in e.value.message
     assert "cannot take SIGKILL" in e.value.message and "no signal 'SIGNOPE'" in e.value.message
+@pytest.mark.parametrize("exit_s, idle_s, problems", [
+    (60.0, 1800.0, []), (0.5, 0.0, []),
+    (0.0, 1800.0, ["--exit-timeout"]), (60.0, -1.0, ["--idle-timeout"]),
+])
+def test_exit_and_idle_timeouts(exit_s, idle_s, problems):
+    if not problems:
+        config = make(exit_timeout_s=exit_s, idle_timeout_s=idle_s)
+        assert (config.exit_timeout_s, config.idle_timeout_s) == (exit_s, idle_s)
+        return
+    with pytest.raises(UsageError) as e:
+        make(exit_timeout_s=exit_s, idle_timeout_s=idle_s)
+    assert all(p in e.value.message for p in problems)
+
+
+def test_exit_and_idle_defaults():
+    config = make()
+    assert (config.exit_timeout_s, config.idle_timeout_s) == (60.0, 1800.0)

@@ -41,6 +41,18 @@ CASES = [
      History(ever_progressed=True, restarts_used=1, previous=Evidence(
          kind="crash", rank=0, exit_code=1, exception="torch.OutOfMemoryError: CUDA out of memory", step=3)),
      Tier.FATAL),
+    ("a crash after a rank exited 0: the work is done, no restart", KILLED,
+     History(ever_progressed=True, work_done_by=0), Tier.FATAL),
+    ("even one a rule would send to another host", Evidence(kind="host-lost", host="h"),
+     History(work_done_by=3), Tier.FATAL),
+    ("an idle hang restarts in place like any hang",
+     Evidence(kind="hang", host="h", rank=0, note="idle: no CPU and no output for 1800 s"),
+     History(), Tier.RESTART_IN_PLACE),
+    ("the same idle hang twice is fatal",
+     Evidence(kind="hang", host="h", rank=0, note="idle: no CPU and no output for 1801 s"),
+     History(restarts_used=1, previous=Evidence(kind="hang", host="h", rank=0,
+                                                note="idle: no CPU and no output for 1800 s")),
+     Tier.FATAL),
 ]
 
 
@@ -59,3 +71,10 @@ def test_backoff_is_immediate_then_exponential_with_cap(failures, expected):
 def test_exception_type_strips_module_path():
     ev = Evidence(kind="crash", exception="torch.distributed.DistBackendError: timeout")
     assert ev.exception_type == "DistBackendError"
+
+
+def test_work_done_names_the_clean_rank_and_an_idle_hang_says_so():
+    decision = classify(KILLED, History(work_done_by=0), max_restarts=3)
+    assert decision.rule == "work done" and "after rank 0 had exited 0" in decision.reason
+    idle = Evidence(kind="hang", host="h", rank=0, note="idle: no CPU and no output for 60 s")
+    assert "(idle: no CPU and no output for 60 s)" in classify(idle, History(), max_restarts=3).reason

@@ -1,0 +1,144 @@
+"""The zero-config hang guard, agent side: which ranks of this host use ~no CPU and write nothing.
+
+A script that neither calls `ftrun.step()` nor matches `--progress-regex` gives the step-based
+hang detector (hang.py) nothing to go by. What every process shows, though, is CPU time and
+output. A rank is *idle* from the last sample in which its process tree (the rank and its
+descendants, e.g. data-loader workers) used more than IDLE_CPU_FRACTION of one core or its log
+file grew; ranks that report steps, or sit in a declared section, are exempt (they have the
+step-based detector, or a pause on purpose).
+
+The agent reports its host as idle to the controller only once *every* live rank here has been
+idle for `report_after_s(timeout)` (hysteresis: a rank that prints every few seconds costs no
+messages), and busy again as soon as one is not. The controller combines the hosts
+(controller/stall.py): a job with one busy host is not idle.
+
+`IdleTracker` is pure (the caller passes the clock and the samples); `sample_cpu` reads the
+process trees with psutil, off the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+IDLE_CPU_FRACTION = 0.02  # of one core, per rank process tree
+
+
+def sample_interval_s(timeout_s: float) -> float:
+    """How often to sample: a twentieth of the window, between 0.25 s and 5 s."""
+    return min(5.0, max(0.25, timeout_s / 20))
+
+
+def report_after_s(timeout_s: float) -> float:
+    """How long every rank of the host must have been idle before the host says so."""
+    return min(60.0, max(0.5, timeout_s / 4))
+
+
+@dataclass
+class _RankIdle:
+    t: float
+    cpu_s: float
+    out_bytes: int
+    since: float  # last time the rank was seen busy (or first seen)
+
+
+class IdleTracker:
+    """Per rank of one host: since when it has used no CPU and written nothing."""
+
+    def __init__(self, *, cpu_fraction: float = IDLE_CPU_FRACTION) -> None:
+        self.cpu_fraction = cpu_fraction
+        self.ranks: dict[int, _RankIdle] = {}
+
+    def observe(self, rank: int, now: float, *, cpu_s: float, out_bytes: int,
+                exempt: bool = False) -> None:
+        """One sample of a live rank. `exempt`: it reports steps or is in a declared section."""
+        r = self.ranks.get(rank)
+        if r is None:
+            self.ranks[rank] = _RankIdle(now, cpu_s, out_bytes, since=now)
+            return
+        dt = now - r.t
+        busy = (exempt or out_bytes != r.out_bytes
+                or (dt > 0 and cpu_s - r.cpu_s > self.cpu_fraction * dt))
+        if busy:
+            r.since = now
+        r.t, r.cpu_s, r.out_bytes = now, cpu_s, out_bytes
+
+    def forget(self, rank: int) -> None:
+        self.ranks.pop(rank, None)
+
+    def host_idle(self, now: float, live: set[int], *, min_s: float) -> dict[int, float] | None:
+        """Seconds each live rank has been idle, when all of them have been for at least min_s;
+        None when one is busy, not sampled yet, or there is no live rank."""
+        if not live or not live <= self.ranks.keys():
+            return None
+        idle = {rank: now - self.ranks[rank].since for rank in live}
+        return idle if min(idle.values()) >= min_s else None
+
+
+class IdleGuard:
+    """One generation on one host: samples in, a report out when the host's state flips."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.interval_s = sample_interval_s(timeout_s)
+        self.tracker = IdleTracker()
+        self.reported = False  # what the controller was last told: idle (True) or busy
+
+    def update(self, now: float, cpu: dict[int, float], out: dict[int, int], *,
+               exempt: set[int], finishing: bool) -> tuple[bool, dict[int, float] | None]:
+        """Take one sample of the live ranks (`cpu` has exactly them). Returns (tell the
+        controller?, seconds each rank has been idle, or None for busy)."""
+        for rank in self.tracker.ranks.keys() - cpu.keys():
+            self.tracker.forget(rank)
+        for rank, cpu_s in cpu.items():
+            self.tracker.observe(rank, now, cpu_s=cpu_s, out_bytes=out.get(rank, 0),
+                                 exempt=rank in exempt)
+        ranks = None if finishing else self.tracker.host_idle(
+            now, set(cpu), min_s=report_after_s(self.timeout_s))
+        if (ranks is not None) == self.reported:
+            return False, ranks
+        self.reported = ranks is not None
+        return True, ranks
+
+
+def sample_cpu(pids: dict[int, int]) -> dict[int, float]:
+    """CPU seconds used so far by each rank's process tree: the rank (with its reaped children)
+    plus its live descendants. One pass over the process table. Ranks that are gone are left
+    out. Blocking (reads /proc): call it from an executor."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for proc in psutil.process_iter(["ppid", "cpu_times"]):
+        info = proc.info
+        ct = info.get("cpu_times")
+        if ct is None:
+            continue
+        children.setdefault(info["ppid"], []).append(proc.pid)
+        times[proc.pid] = ct.user + ct.system + ct.children_user + ct.children_system
+    out = {}
+    for rank, pid in pids.items():
+        if pid not in times:
+            continue
+        total, stack, seen = 0.0, [pid], set()
+        while stack:
+            p = stack.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            total += times.get(p, 0.0)
+            stack.extend(children.get(p, ()))
+        out[rank] = total
+    return out
+
+
+def output_bytes(directory: Path, ranks: set[int]) -> dict[int, int]:
+    """Size of each rank's log file (its stdout and stderr), 0 before it exists."""
+    sizes = {}
+    for rank in ranks:
+        try:
+            sizes[rank] = os.stat(directory / f"rank{rank}.log").st_size
+        except OSError:
+            sizes[rank] = 0
+    return sizes

@@ -1,0 +1,218 @@
+"""A generation that stops without failing: the exit barrier and the idle guard, controller side.
+Pure: the supervisor passes the clock in and does the I/O the returned actions ask for.
+
+Exit barrier. torchrun waits for every rank, so a rank that hangs after its work (in a final
+barrier, in a destructor, in a thread that never ends) keeps the job alive forever. Once one rank
+of the generation has exited 0, the others get `exit_timeout_s` to exit, counted from that exit
+(or from the latest step reported since); past it, the controller asks the agents still holding
+live ranks for their stacks, records an `exit_hang` incident, kills the generation and finishes.
+The deadline lives here, not in an agent, because the clean rank and the hung one may be on
+different hosts.
+
+Idle guard. Agents report when every live rank on their host has used ~no CPU and written no
+output for a while (agent/idle.py) and when that stops. The job is idle when every host of the
+generation says so; once the last of them has been idle for `idle_timeout_s`, the controller
+asks every agent for stacks and the supervisor treats it as a hang.
+
+       ┌──────────────── watching ────────────────┐
+       │ first rank exit 0 → barrier (deadline)     │ all agents idle ≥ timeout
+       ▼                                           ▼
+  barrier expired ──▶ collect stacks (bounded) ──▶ ExitHang  /  idle hang
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+STACK_TEXT_MAX = 48 * 1024  # per rank, so a reply of 8 ranks stays well under a frame
+
+
+def stacks_timeout_s(nproc_per_node: int) -> float:
+    """How long an agent may take to answer for its ranks: each rank's faulthandler dump
+    (about a second, all at once), then `py-spy dump` one rank after another (≤ 5 s each)."""
+    return 10.0 + 5.0 * nproc_per_node
+
+
+class Why(str, enum.Enum):
+    EXIT_HANG = "exit_hang"
+    IDLE = "idle"
+
+
+@dataclass
+class StackRequest:
+    """Stacks asked of some agents; complete when all replied or the deadline passed."""
+
+    why: Why
+    waiting: set[str]
+    deadline: float
+    asked_t: float
+    stacks: dict[str, str] = field(default_factory=dict)  # rank (as text) → stacks
+    states: dict[str, str] = field(default_factory=dict)
+    tails: dict[str, list[str]] = field(default_factory=dict)
+    rank_agents: dict[int, str] = field(default_factory=dict)
+    idle_ranks: dict[int, float] = field(default_factory=dict)  # IDLE: seconds idle when asked
+
+    def on_reply(self, agent_id: str, msg: dict[str, Any]) -> None:
+        if agent_id not in self.waiting:
+            return
+        self.waiting.discard(agent_id)
+        for rank, text in (msg.get("stacks") or {}).items():
+            self.stacks[str(rank)] = str(text)[:STACK_TEXT_MAX]
+            self.rank_agents[int(rank)] = agent_id
+        self.states.update({str(r): str(s) for r, s in (msg.get("states") or {}).items()})
+        self.tails.update({str(r): list(t)[-20:] for r, t in (msg.get("tails") or {}).items()})
+
+    def complete(self, now: float) -> bool:
+        return not self.waiting or now >= self.deadline
+
+
+@dataclass(frozen=True)
+class AskStacks:
+    """Action: send `capture_stacks` to these agents."""
+
+    why: Why
+    agents: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ExitHang:
+    """The generation's work is done (a rank exited 0) and these ranks did not exit in time."""
+
+    clean_rank: int
+    clean_host: str
+    timeout_s: float
+    waited_s: float
+    hung: dict[int, str]  # rank → agent id
+    stacks: dict[str, str]
+    states: dict[str, str]
+    tails: dict[str, list[str]]
+    unanswered: frozenset[str]  # agents that did not send stacks in time
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Every rank on every host idle for the window: a hang without a progress signal."""
+
+    idle_s: float
+    ranks: dict[int, float]  # rank → seconds idle
+    rank_agents: dict[int, str]
+    stacks: dict[str, str]
+    states: dict[str, str]
+    tails: dict[str, list[str]]
+    unanswered: frozenset[str]
+
+
+class StallWatch:
+    """Exit barrier and idle guard of one generation."""
+
+    def __init__(self, agents: set[str], *, exit_timeout_s: float, idle_timeout_s: float,
+                 stacks_timeout_s: float) -> None:
+        self.agents = set(agents)
+        self.exit_timeout_s = exit_timeout_s
+        self.idle_timeout_s = idle_timeout_s  # 0: the idle guard is off
+        self.stacks_timeout_s = stacks_timeout_s
+        self.clean: tuple[int, str] | None = None  # (rank, host) of the first exit 0
+        self.clean_t: float | None = None
+        self.deadline: float | None = None
+        self.exited: set[str] = set()  # agents whose torchrun exited 0
+        self.idle: dict[str, dict[int, float]] = {}  # agent → rank → idle since (our clock)
+        self.request: StackRequest | None = None
+
+    # ---- events -----------------------------------------------------------------------------
+
+    @property
+    def finishing(self) -> bool:
+        """A rank exited 0: the generation's work is done, whatever happens next."""
+        return self.clean is not None
+
+    def on_clean_exit(self, rank: int, host: str, now: float) -> bool:
+        """A rank exited 0. True when it is the first: the barrier starts now."""
+        if self.clean is not None:
+            return False
+        self.clean, self.clean_t = (rank, host), now
+        self.deadline = now + self.exit_timeout_s
+        if self.request is not None and self.request.why is Why.IDLE:
+            self.request = None  # finishing: an idle job here is a job at its exit
+        return True
+
+    def on_progress(self, now: float) -> None:
+        """A step reported while finishing: the ranks still work; the barrier counts from now."""
+        if self.deadline is not None and self.request is None:
+            self.deadline = max(self.deadline, now + self.exit_timeout_s)
+
+    def on_agent_done(self, agent_id: str) -> None:
+        """This agent's torchrun exited 0: it holds no live rank."""
+        self.exited.add(agent_id)
+        self.idle.pop(agent_id, None)
+        if self.request is not None:
+            self.request.waiting.discard(agent_id)
+
+    def on_idle(self, agent_id: str, ranks: dict[int, float] | None, now: float) -> None:
+        """An agent's report: seconds each of its live ranks has been idle, or None (busy)."""
+        if not ranks:
+            self.idle.pop(agent_id, None)
+        else:
+            self.idle[agent_id] = {int(r): now - float(s) for r, s in ranks.items()}
+
+    def on_stacks(self, agent_id: str, msg: dict[str, Any]) -> None:
+        if self.request is not None:
+            self.request.on_reply(agent_id, msg)
+
+    # ---- time -------------------------------------------------------------------------------
+
+    def idle_since(self) -> float | None:
+        """Since when every host has been idle (the latest of its ranks to go idle); None when
+        a host is busy or has not said."""
+        live = self.agents - self.exited
+        if not self.idle_timeout_s or self.finishing or not live or not live <= self.idle.keys():
+            return None
+        return max(since for agent in live for since in self.idle[agent].values())
+
+    def wakeup(self) -> float | None:
+        """When poll() next has something to do without any message (None: never)."""
+        if self.request is not None:
+            return self.request.deadline
+        if self.deadline is not None:
+            return self.deadline
+        since = self.idle_since()
+        return None if since is None else since + self.idle_timeout_s
+
+    def poll(self, now: float) -> AskStacks | ExitHang | Idle | None:
+        if self.request is not None:
+            return self._collected(now) if self.request.complete(now) else None
+        if self.deadline is not None and now >= self.deadline:
+            live = frozenset(self.agents - self.exited)
+            return self._ask(Why.EXIT_HANG, live, now)
+        since = self.idle_since()
+        if since is not None and now - since >= self.idle_timeout_s:
+            ask = self._ask(Why.IDLE, frozenset(self.agents - self.exited), now)
+            assert self.request is not None
+            # Taken now: the stack dumps themselves are output, and make the ranks look busy.
+            self.request.idle_ranks = {r: now - t for agent in ask.agents
+                                       for r, t in self.idle[agent].items()}
+            self.request.rank_agents = {r: agent for agent in ask.agents for r in self.idle[agent]}
+            return ask
+        return None
+
+    def _ask(self, why: Why, agents: frozenset[str], now: float) -> AskStacks:
+        self.request = StackRequest(why, set(agents), now + self.stacks_timeout_s, asked_t=now)
+        return AskStacks(why, agents)
+
+    def _collected(self, now: float) -> ExitHang | Idle:
+        req = self.request
+        assert req is not None
+        self.request = None
+        if req.why is Why.EXIT_HANG:
+            assert self.clean is not None and self.clean_t is not None
+            self.deadline = None
+            return ExitHang(clean_rank=self.clean[0], clean_host=self.clean[1],
+                            timeout_s=self.exit_timeout_s, waited_s=req.asked_t - self.clean_t,
+                            hung=dict(sorted(req.rank_agents.items())), stacks=req.stacks,
+                            states=req.states, tails=req.tails,
+                            unanswered=frozenset(req.waiting))
+        return Idle(idle_s=min(req.idle_ranks.values()), ranks=dict(sorted(req.idle_ranks.items())),
+                    rank_agents=req.rank_agents,
+                    stacks=req.stacks, states=req.states, tails=req.tails,
+                    unanswered=frozenset(req.waiting))
