@@ -40,11 +40,12 @@ class TaskFailure:
     task: str
     error: str  # "ValueError: what went wrong"
     traceback: str
-    restarting: bool
+    restarting: bool  # it runs again
+    fatal: bool = False  # its owner gives up (the agent fences, the controller ends the job)
 
     def fields(self) -> dict[str, Any]:
         return {"task": self.task, "error": self.error, "traceback": self.traceback,
-                "restarting": self.restarting}
+                "restarting": self.restarting, "fatal": self.fatal}
 
 
 def _ignore(failure: TaskFailure) -> None:
@@ -72,12 +73,14 @@ class TaskSupervisor:
         task.add_done_callback(lambda t: self._done(name, work, restart, t))
         return task
 
-    def report(self, name: str, error: BaseException, *, restarting: bool = False) -> TaskFailure:
-        """Log and report an exception caught elsewhere (a callback, a per-message handler)."""
+    def report(self, name: str, error: BaseException, *, restarting: bool = False,
+               fatal: bool = False) -> TaskFailure:
+        """Log and report an exception; called directly for one caught elsewhere (a callback,
+        a per-message handler) that the caller handles itself."""
         text = "".join(traceback.format_exception(error))
         log.error("%s failed:\n%s", name, text)
         failure = TaskFailure(name, f"{error.__class__.__name__}: {error}",
-                              text[-TRACEBACK_CHARS:], restarting)
+                              text[-TRACEBACK_CHARS:], restarting, fatal)
         try:
             self.on_failure(failure)
         except Exception:  # the report must not take down what reports
@@ -102,7 +105,8 @@ class TaskSupervisor:
         if task.cancelled() or task.exception() is None:
             return
         restarting = restart and not self.closing and self._may_restart(name)
-        failure = self.report(name, task.exception(), restarting=restarting)  # type: ignore[arg-type]
+        failure = self.report(name, task.exception(), restarting=restarting,  # type: ignore[arg-type]
+                              fatal=not restarting and not self.closing)
         if restarting:
             asyncio.get_running_loop().call_later(RESTART_DELAY_S, self._respawn, name, work)
         elif not self.closing:

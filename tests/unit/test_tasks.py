@@ -34,6 +34,7 @@ def test_a_failing_loop_is_reported_and_restarted_until_the_limit(caplog):
     run(scenario())
     assert len(starts) == tasks_mod.MAX_RESTARTS + 1
     assert [f.restarting for f in failures] == [True] * tasks_mod.MAX_RESTARTS + [False]
+    assert [f.fatal for f in failures] == [False] * tasks_mod.MAX_RESTARTS + [True]
     assert failures[0].task == "tail loop" and failures[0].error == "ValueError: boom 1"
     assert "Traceback" in failures[0].traceback and "in loop" in failures[0].traceback
     assert fatal == [failures[-1]]
@@ -64,7 +65,7 @@ def test_a_loop_that_recovers_keeps_running():
         return ticks
 
     assert len(run(scenario())) >= 20
-    assert [(f.task, f.restarting) for f in failures] == [("heartbeat loop", True)]
+    assert [(f.task, f.restarting, f.fatal) for f in failures] == [("heartbeat loop", True, False)]
 
 
 def test_a_one_shot_task_that_fails_is_fatal_and_cancellation_is_not_a_failure():
@@ -89,6 +90,7 @@ def test_a_one_shot_task_that_fails_is_fatal_and_cancellation_is_not_a_failure()
     run(scenario())
     assert [f.task for f in failures] == ["stop"] and [f.task for f in fatal] == ["stop"]
     assert failures[0].error == "KeyError: 'gen'" and not failures[0].restarting
+    assert failures[0].fatal
 
 
 def test_a_failing_report_does_not_break_the_supervisor():
