@@ -31,7 +31,8 @@ from typing import Any
 
 from ftrun.agent import inject, procs, stacks, workdir
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
-from ftrun.agent.lines import LineSplitter, batches, clip
+from ftrun.agent.lines import (REPORT_LINE_CHARS, REPORT_TEXT_CHARS, STACKS_CHARS, LineSplitter,
+                               batches, clip, report_lines, shrunk)
 from ftrun.agent.tail import GenerationLogs, RankNews, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
 from ftrun.protocol import Channel, open_channel
@@ -44,11 +45,6 @@ TAIL_INTERVAL_S = 0.05
 PROGRESS_FLUSH_INTERVAL_S = 0.5
 EXIT_FENCED = 3
 EXIT_AGENT_ERROR = 4
-# Evidence lines in reports (rank_exited, rank_hung, gen_exited) are cut shorter than forwarded
-# lines, so a report of tails and stacks always fits one frame.
-REPORT_LINE_CHARS = 2048
-REPORT_TEXT_CHARS = 32 * 1024
-STACKS_CHARS = 128 * 1024  # all ranks' stacks together
 # Unsent bytes on the control connection past which log lines are held back (counted, and said
 # so with a marker), so a slow controller cannot make the agent buffer without bound.
 MAX_UNSENT_BYTES = 8 * 1024 * 1024
@@ -240,7 +236,7 @@ class Agent:
             self.chan.send(kind, **fields)
         except ProtocolError as e:
             log.error("%s message too big (%s); sending it cut short", kind, e)
-            self.chan.send(kind, **_shrunk(fields), shrunk=str(e))
+            self.chan.send(kind, **shrunk(fields), shrunk=str(e))
 
     def _unsent_bytes(self) -> int:
         if self.chan is None or self.chan.writer.transport is None:
@@ -311,7 +307,7 @@ class Agent:
         self._drain_logs(run)
         if self.gen is run:
             self._send("gen_exited", gen=run.number, exit_code=code,
-                       tail=_report_lines(run.torchrun_tail))
+                       tail=report_lines(run.torchrun_tail))
 
     def _forward_torchrun(self, run: GenerationRun, lines: list[str]) -> None:
         if lines:
@@ -400,7 +396,7 @@ class Agent:
             self._send("rank_exited", gen=run.number, rank=rank, pid=event.get("pid"),
                        exit_code=event.get("code"), signal=_signal_name(event.get("sig")),
                        t_exit=event.get("t"), step=self._job_step(run),
-                       tail=_report_lines(tail[-20:]), traceback=traceback,
+                       tail=report_lines(tail[-20:]), traceback=traceback,
                        exception=clip(exception_line(traceback), REPORT_LINE_CHARS),
                        usage_error=event.get("code") == 2 and any("usage:" in l for l in tail))
 
@@ -460,7 +456,7 @@ class Agent:
         live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
         report = await stacks.hang_report(overdue, live, run.logs,
                                           flush=lambda: self._flush_logs(run))
-        report["tail"] = _report_lines(report["tail"])
+        report["tail"] = report_lines(report["tail"])
         report["stacks"] = {r: clip(t, STACKS_CHARS // max(1, len(report["stacks"])))
                             for r, t in report["stacks"].items()}
         self._send("rank_hung", gen=run.number, step=self._job_step(run), detected_t=detected_t,
@@ -507,23 +503,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def _report_lines(lines: list[str]) -> list[str]:
-    return [clip(line, REPORT_LINE_CHARS) or "" for line in lines]
-
-
-def _shrunk(fields: dict[str, Any]) -> dict[str, Any]:
-    """Every string cut to a line's worth, every list to its last lines: fits any frame."""
-    def cut(value: Any) -> Any:
-        if isinstance(value, str):
-            return clip(value, 512)
-        if isinstance(value, list):
-            return [cut(v) for v in value[-20:]]
-        if isinstance(value, dict):
-            return {k: cut(v) for k, v in list(value.items())[:64]}
-        return value
-    return {k: cut(v) for k, v in fields.items()}
 
 
 def _signal_name(sig: int | None) -> str | None:

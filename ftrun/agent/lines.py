@@ -11,13 +11,15 @@ MAX_FRAME_BYTES, so everything here is bounded by construction:
   latest state is forwarded, at most once per BAR_INTERVAL_S, and its last state when the line
   ends (what a terminal would show, not a screenful of redraws);
 - bytes that are not UTF-8 are replaced with U+FFFD, never an error;
-- `batches` splits lines into groups whose JSON encoding fits a frame with room to spare.
+- `batches` splits lines into groups whose JSON encoding fits a frame with room to spare;
+- evidence in reports (tails, tracebacks, stacks) is clipped shorter still, so a report fits one
+  frame; `shrunk` is the last resort for a message that would not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 MAX_LINE_BYTES = 16 * 1024
 BAR_INTERVAL_S = 1.0
@@ -25,6 +27,9 @@ BAR_INTERVAL_S = 1.0
 # most this many characters (plus one per line for quotes and comma) stay under 6 × 128 KiB,
 # well below protocol.MAX_FRAME_BYTES (1 MiB), whatever the text is.
 BATCH_CHARS = 128 * 1024
+REPORT_LINE_CHARS = 2048
+REPORT_TEXT_CHARS = 32 * 1024
+STACKS_CHARS = 128 * 1024  # all ranks' stacks together
 
 
 @dataclass
@@ -154,3 +159,20 @@ def clip(text: str | None, limit: int) -> str | None:
     if text is None or len(text) <= limit:
         return text
     return f"[ftrun: {len(text) - limit} characters cut] …" + text[-limit:]
+
+
+def report_lines(lines: list[str]) -> list[str]:
+    return [clip(line, REPORT_LINE_CHARS) or "" for line in lines]
+
+
+def shrunk(fields: dict[str, Any]) -> dict[str, Any]:
+    """Every string cut to a line's worth, every list to its last lines: fits any frame."""
+    def cut(value: Any) -> Any:
+        if isinstance(value, str):
+            return clip(value, 512)
+        if isinstance(value, list):
+            return [cut(v) for v in value[-20:]]
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in list(value.items())[:64]}
+        return value
+    return {k: cut(v) for k, v in fields.items()}

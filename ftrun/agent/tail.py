@@ -7,7 +7,9 @@ The agent must keep up with any rank, whatever it writes (lines.py bounds each l
 reads at most READ_CHUNK bytes per rank, and a rank more than BACKLOG_SKIP_BYTES behind is
 skipped to its last SKIP_KEEP_BYTES with one marker line naming the bytes skipped and the file
 that keeps them. So a rank writing 100 MB/s costs the agent a bounded amount of time and memory
-per tick, forwarding stays current, and the progress regex always sees the latest lines.
+per tick, and forwarding stays current. Progress must not be skipped with the rest (a rank that
+prints a step line per MB of output would look hung): the last SKIP_SCAN_BYTES before the skip
+point are searched, in one C-speed regex pass over the bytes, for the last progress line.
 """
 
 from __future__ import annotations
@@ -18,18 +20,23 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from ftrun.agent.lines import LineSplitter, Lines
+from ftrun.agent.lines import MAX_LINE_BYTES, LineSplitter, Lines
 
 TAIL_LINES = 200
 READ_CHUNK = 512 * 1024
 BACKLOG_SKIP_BYTES = 4 * 1024 * 1024
 SKIP_KEEP_BYTES = 256 * 1024
+SKIP_SCAN_BYTES = 2 * 1024 * 1024
 
 
 class RankLog:
-    def __init__(self, path: Path, *, host: str | None = None) -> None:
+    def __init__(self, path: Path, *, host: str | None = None,
+                 progress: re.Pattern[str] | None = None) -> None:
         self.path = path
+        self.progress = progress
+        self.progress_bytes = _bytes_pattern(progress)
         self.where = f"{host}:{path}" if host else str(path)
         self.offset = 0
         self.splitter = LineSplitter(self.where)
@@ -44,7 +51,10 @@ class RankLog:
                 size = os.fstat(f.fileno()).st_size
                 out = Lines()
                 if size - self.offset > BACKLOG_SKIP_BYTES:
-                    out.add(self._skip_to(size - SKIP_KEEP_BYTES))
+                    skip_to = size - SKIP_KEEP_BYTES
+                    if (step_line := self._last_progress(f, skip_to)) is not None:
+                        out.progress.append(step_line)
+                    out.add(self._skip_to(skip_to))
                 f.seek(self.offset)
                 data = f.read(READ_CHUNK)
         except FileNotFoundError:
@@ -65,6 +75,25 @@ class RankLog:
         self.splitter.resync()
         return (f"[ftrun: skipped {skipped} bytes of this rank's output to keep up "
                 f"({self.skipped_bytes} in all); every byte is in {self.where}]")
+
+    def _last_progress(self, f: BinaryIO, end: int) -> str | None:
+        """The last line before `end` (within SKIP_SCAN_BYTES) that the progress regex finds."""
+        if self.progress is None or self.progress_bytes is None:
+            return None
+        start = max(self.offset, end - SKIP_SCAN_BYTES)
+        f.seek(start)
+        block = f.read(end - start)
+        last = None
+        for m in self.progress_bytes.finditer(block):
+            last = m
+        if last is None:
+            return None
+        line_start = block.rfind(b"\n", 0, last.start()) + 1
+        line_end = block.find(b"\n", last.end())
+        line = block[line_start:line_end if line_end >= 0 else len(block)][:MAX_LINE_BYTES]
+        text = line.decode("utf-8", "replace").replace("\r", "\n").splitlines() or [""]
+        matching = [t for t in text if self.progress.search(t)]  # exactly as a line would be
+        return matching[-1] if matching else None
 
     def _seen(self, out: Lines) -> Lines:
         self.last_lines.extend(out.forward)
@@ -99,7 +128,8 @@ class GenerationLogs:
             if name.startswith("rank") and name.endswith(".log") and name[4:-4].isdigit():
                 rank = int(name[4:-4])
                 if rank not in self.logs:
-                    self.logs[rank] = RankLog(self.directory / name, host=self.host)
+                    self.logs[rank] = RankLog(self.directory / name, host=self.host,
+                                              progress=self.progress)
         out = {}
         for rank, log in self.logs.items():
             if only is not None and rank != only:
@@ -140,6 +170,17 @@ class GenerationLogs:
     def tail(self, rank: int) -> list[str]:
         log = self.logs.get(rank)
         return list(log.last_lines) if log else []
+
+
+def _bytes_pattern(progress: re.Pattern[str] | None) -> re.Pattern[bytes] | None:
+    """The progress regex over raw bytes, `^` and `$` at line ends (a line is matched alone).
+    None when it cannot be expressed so (then nothing is searched in skipped output)."""
+    if progress is None:
+        return None
+    try:
+        return re.compile(progress.pattern.encode(), re.MULTILINE)
+    except (re.error, UnicodeEncodeError):
+        return None
 
 
 def extract_traceback(lines: list[str]) -> str | None:

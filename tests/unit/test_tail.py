@@ -6,7 +6,7 @@ import tracemalloc
 
 from ftrun.agent import lines as lines_mod
 from ftrun.agent import tail as tail_mod
-from ftrun.agent.lines import LineSplitter, batches, clip
+from ftrun.agent.lines import LineSplitter, batches, clip, shrunk
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
 from ftrun.protocol import MAX_FRAME_BYTES, encode
 
@@ -90,6 +90,18 @@ def test_a_rank_far_behind_is_skipped_to_its_recent_end(tmp_path):
     assert logs.logs[0].offset == size
 
 
+def test_a_step_line_far_back_in_skipped_output_still_counts(tmp_path):
+    # A step line per MB of output: the part kept after a skip often holds none of them.
+    logs = GenerationLogs(tmp_path, r"^step (\d+)")
+    junk = b"x" * 99 + b"\n"
+    with open(tmp_path / "rank0.log", "wb") as f:
+        for step in range(1, 11):
+            f.write(b"step %d\n" % step + junk * 10_000)
+    news = logs.poll()[0]
+    assert news.lines[0].startswith("[ftrun: skipped ") and news.step == 10
+    assert not any(line.startswith("step") for line in news.lines)  # seen, not forwarded
+
+
 def test_memory_stays_bounded_whatever_a_rank_writes(tmp_path):
     logs = GenerationLogs(tmp_path, r"step (\d+)")
     path = tmp_path / "rank0.log"
@@ -104,8 +116,8 @@ def test_memory_stays_bounded_whatever_a_rank_writes(tmp_path):
     finally:
         tracemalloc.stop()
         os.close(fd)
-    # A read chunk and its splitting, not the 40 MB written.
-    assert peak < 4 * tail_mod.READ_CHUNK, peak
+    # A read chunk and its splitting, and the progress scan of skipped output: not the 40 MB.
+    assert peak < 2 * (tail_mod.READ_CHUNK + tail_mod.SKIP_SCAN_BYTES), peak
     assert len(logs.logs[0].splitter._buf) <= lines_mod.MAX_LINE_BYTES
 
 
@@ -117,6 +129,13 @@ def test_batches_fit_a_frame_even_for_the_worst_text():
         frame = encode({"v": 1, "kind": "log", "seq": 10**9, "gen": 1, "rank": 1, "lines": group},
                        b"k" * 32)
         assert len(frame) < MAX_FRAME_BYTES
+
+
+def test_a_report_too_big_for_a_frame_is_shrunk_to_fit():
+    huge = {"gen": 1, "stacks": {str(r): "\x01" * 100_000 for r in range(64)},
+            "tail": ["\ufffd" * 10_000] * 200, "traceback": "x" * 5_000_000}
+    frame = encode({"v": 1, "kind": "rank_hung", "seq": 1, **shrunk(huge)}, b"k" * 32)
+    assert len(frame) < MAX_FRAME_BYTES
 
 
 def test_clip_keeps_the_end():
