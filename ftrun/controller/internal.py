@@ -31,8 +31,11 @@ class InternalFailures:
 
     async def guard(self, main: Coroutine[Any, Any, T]) -> T | TaskFailure:
         """Run `main` (the supervise loop) unless one of our tasks fails for good first; a
-        failure of `main` itself other than an FtrunError (a bug) comes back the same way."""
-        self._fatal = asyncio.get_running_loop().create_future()
+        failure of `main` itself other than an FtrunError (a bug) comes back the same way. A
+        callback that raises (a transport's reader) is journaled, not only printed."""
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._on_loop_exception)
+        self._fatal = loop.create_future()
         task = asyncio.ensure_future(main)
         try:
             await asyncio.wait([task, self._fatal], return_when=asyncio.FIRST_COMPLETED)
@@ -67,6 +70,13 @@ class InternalFailures:
         """Why a host was lost, with its agent's own failure when it reported one."""
         error = self.agent_errors.get(agent_id)
         return f"{reason}; {error}" if error else reason
+
+    def _on_loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if error is None:
+            loop.default_exception_handler(context)
+        else:
+            self.tasks.report(str(context.get("message") or "a callback"), error)
 
     def _task_failed(self, failure: TaskFailure) -> None:
         self.journal.record("task_failed", gen=self.generation(), **failure.fields())
