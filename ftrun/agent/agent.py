@@ -11,6 +11,12 @@ controller's death closes our stdin at once, and a silent but living controller 
 Both timed checks here (fence, hang) judge others by how long they have been silent; when our own
 loop wakes up late we were the ones stalled, so the check waits one tick while what arrived in the
 meantime (controller heartbeats, rank progress) is read (docs/timeouts.md).
+
+Every task runs under a TaskSupervisor (ftrun/tasks.py): a loop that raises is reported to the
+controller (`agent_error`, journaled there) and restarted; a one-shot task that raises fences the
+agent, so the controller sees a lost host whose reason is already in its journal. Whatever the
+ranks write, what goes over the connection is bounded (lines.py, tail.py): no rank output can
+make a frame too big and stop the tail loop that forwards logs and detects hangs.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ from typing import Any
 
 from ftrun.agent import error_file, idle, inject, proctitle, procs, stacks, workdir
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
-from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
+from ftrun.agent.lines import (REPORT_LINE_CHARS, REPORT_TEXT_CHARS, STACKS_CHARS, LineSplitter,
+                               batches, clip, report_lines, shrunk)
+from ftrun.agent.tail import GenerationLogs, RankNews, exception_line, extract_traceback
 from ftrun.errors import ProtocolError
 from ftrun.protocol import Channel, open_channel
+from ftrun.tasks import TaskFailure, TaskSupervisor
 
 log = logging.getLogger("ftrun.agent")
 
@@ -43,6 +52,12 @@ PROGRESS_FLUSH_INTERVAL_S = 0.5
 # A timed loop that wakes this much later than it asked was stalled itself: it defers one check.
 STALLED_TICK_S = 0.1
 EXIT_FENCED = 3
+EXIT_AGENT_ERROR = 4
+# Unsent bytes on the control connection past which log lines are held back (counted, and said
+# so with a marker), so a slow controller cannot make the agent buffer without bound.
+MAX_UNSENT_BYTES = 8 * 1024 * 1024
+TORCHRUN_READ_BYTES = 64 * 1024
+DRAIN_POLLS = 16  # > (BACKLOG_SKIP_BYTES + SKIP_KEEP_BYTES) / READ_CHUNK: enough to catch up
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +111,7 @@ class GenerationRun:
     # exited 0 (the controller said so): the hang detectors stand down, its exit barrier rules.
     idle_guard: idle.IdleGuard | None = None
     finishing: bool = False
+    held_back: dict[int | None, int] = field(default_factory=dict)  # lines not forwarded
 
 
 class Agent:
@@ -111,11 +127,13 @@ class Agent:
         self.done = asyncio.Event()
         self.force_stop = asyncio.Event()
         self.datagrams = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.tasks = TaskSupervisor(on_failure=self._report_failure, on_fatal=self._on_fatal)
 
     # ---- life cycle -------------------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._on_loop_exception)
         try:
             self.datagrams.bind(self.sock_path)
             self.datagrams.setblocking(False)
@@ -132,13 +150,14 @@ class Agent:
             self.last_heard = time.monotonic()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
-            tasks = [asyncio.create_task(c) for c in
-                     (self._receive_loop(), self._heartbeat_loop(), self._tail_loop(),
-                      self._idle_loop())]
+            for name, loop_fn in (("receive loop", self._receive_loop),
+                                  ("heartbeat loop", self._heartbeat_loop),
+                                  ("tail loop", self._tail_loop),
+                                  ("idle loop", self._idle_loop)):
+                self.tasks.spawn(name, loop_fn, restart=True)
             _watch_stdin(loop, self)
             await self.done.wait()
-            for task in tasks:
-                task.cancel()
+            self.tasks.cancel_all()
         except (OSError, asyncio.TimeoutError) as e:
             log.error("cannot reach the controller at %s:%s: %s", self.boot.controller_host,
                       self.boot.controller_port, e)
@@ -157,6 +176,23 @@ class Agent:
             if self.chan is not None:
                 self.chan.close()
         return self.exit_code or 0
+
+    # ---- failures of our own tasks ------------------------------------------------------------
+
+    def _report_failure(self, failure: TaskFailure) -> None:
+        self._send("agent_error", gen=self.gen.number if self.gen else None, host=self.boot.host,
+                   **failure.fields())
+
+    def _on_fatal(self, failure: TaskFailure) -> None:
+        self._finish(EXIT_AGENT_ERROR, f"{failure.task} failed ({failure.error})")
+
+    def _on_loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """What asyncio would only print (a callback that raised): reported like a task failure."""
+        error = context.get("exception")
+        if error is None:
+            loop.default_exception_handler(context)
+            return
+        self.tasks.report(str(context.get("message") or "a callback"), error)
 
     def _finish(self, code: int, reason: str) -> None:
         if self.exit_code is None:
@@ -193,11 +229,11 @@ class Agent:
             self.last_heard = time.monotonic()
             kind = msg["kind"]
             if kind == "launch":
-                await self._launch(msg)
+                await self._launch_or_report(msg)
             elif kind == "stop":
                 if msg.get("grace_s", 0) <= 0:
                     self.force_stop.set()
-                asyncio.create_task(self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+                self.tasks.spawn("stop", self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
             elif kind == "signal":
                 self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
             elif kind == "inject":
@@ -209,7 +245,7 @@ class Agent:
                     self.gen.finishing = True
                     self.gen.hang_reported = True  # stands the step-based detector down
             elif kind == "capture_stacks":
-                asyncio.create_task(self._send_stacks(msg.get("gen")))
+                self.tasks.spawn("stacks for the exit barrier", self._send_stacks(msg.get("gen")))
             elif kind == "shutdown":
                 self._finish(0, "shutdown")
                 return
@@ -251,10 +287,32 @@ class Agent:
             await check.sleep(self.boot.heartbeat_interval_s)
 
     def _send(self, kind: str, **fields: Any) -> None:
-        if self.chan is not None:
+        """Send a message; one too big for a frame (a bug: reports are bounded) is sent with
+        every field cut short rather than lost, and said so."""
+        if self.chan is None:
+            return
+        try:
             self.chan.send(kind, **fields)
+        except ProtocolError as e:
+            log.error("%s message too big (%s); sending it cut short", kind, e)
+            self.chan.send(kind, **shrunk(fields), shrunk=str(e))
+
+    def _unsent_bytes(self) -> int:
+        if self.chan is None or self.chan.writer.transport is None:
+            return 0
+        return self.chan.writer.transport.get_write_buffer_size()
 
     # ---- generations ------------------------------------------------------------------------
+
+    async def _launch_or_report(self, msg: dict[str, Any]) -> None:
+        """A launch that fails here is that generation's failure on this host, with the reason
+        (the controller would otherwise wait for ranks that never come)."""
+        try:
+            await self._launch(msg)
+        except Exception as e:
+            failure = self.tasks.report("launch", e)
+            self._send("gen_exited", gen=msg.get("gen"), exit_code=127,
+                       tail=[f"the agent could not launch the generation: {failure.error}"])
 
     async def _launch(self, msg: dict[str, Any]) -> None:
         await self._kill_generation()
@@ -262,7 +320,8 @@ class Agent:
         directory = self.work / f"g{number}"
         directory.mkdir()
         hang = HangPolicy(**msg.get("hang", {}))
-        run = GenerationRun(number, directory, GenerationLogs(directory, msg.get("progress_regex")),
+        logs = GenerationLogs(directory, msg.get("progress_regex"), host=self.boot.host)
+        run = GenerationRun(number, directory, logs,
                             ProgressTracker(hang, expect_progress=hang.expect_progress))
         run.first_rank = int(msg["node_rank"]) * int(msg["nproc_per_node"])
         if float(msg.get("idle_timeout_s") or 0) > 0:
@@ -298,21 +357,26 @@ class Agent:
             self._send("gen_exited", gen=number, exit_code=127, tail=[f"cannot start torchrun: {e}"])
             return
         run.pgids.add(run.proc.pid)
-        asyncio.create_task(self._follow_torchrun(run))
+        self.tasks.spawn(f"torchrun output of generation {number}", self._follow_torchrun(run))
 
     async def _follow_torchrun(self, run: GenerationRun) -> None:
+        """torchrun's own output, in chunks rather than readline(): a line longer than the
+        stream's limit must not end the watch on torchrun's exit."""
         assert run.proc is not None and run.proc.stdout is not None
-        while True:
-            line = await run.proc.stdout.readline()
-            if not line:
-                break
-            text = line.decode("utf-8", "replace").rstrip("\n")
-            run.torchrun_tail = (run.torchrun_tail + [text])[-40:]
-            self._send("log", gen=run.number, rank=None, lines=[text])
+        splitter = LineSplitter()
+        while data := await run.proc.stdout.read(TORCHRUN_READ_BYTES):
+            self._forward_torchrun(run, splitter.feed(data, time.monotonic()).forward)
+        self._forward_torchrun(run, splitter.flush().forward)
         code = await run.proc.wait()
-        self._flush_logs(run)
+        self._drain_logs(run)
         if self.gen is run:
-            self._send("gen_exited", gen=run.number, exit_code=code, tail=run.torchrun_tail)
+            self._send("gen_exited", gen=run.number, exit_code=code,
+                       tail=report_lines(run.torchrun_tail))
+
+    def _forward_torchrun(self, run: GenerationRun, lines: list[str]) -> None:
+        if lines:
+            run.torchrun_tail = (run.torchrun_tail + lines)[-40:]
+            self._forward(run, None, lines)
 
     async def _stop(self, number: int | None, grace_s: float) -> None:
         run = self.gen
@@ -362,6 +426,8 @@ class Agent:
                 self._on_rank_event(event)
             except (ValueError, TypeError, KeyError) as e:
                 log.warning("dropped a malformed datagram from a rank: %s", e)
+            except Exception as e:  # a bug handling it: said, and the next one is read
+                self.tasks.report("rank event handler", e)
 
     def _on_rank_event(self, event: dict[str, Any]) -> None:
         run = self.gen
@@ -386,7 +452,9 @@ class Agent:
         elif kind == "exited" and rank >= 0:
             run.exited_ranks.add(rank)
             run.progress.on_exit(rank)
-            self._flush_logs(run)
+            self._drain_logs(run, rank)
+            if (news := run.logs.flush_partial(rank)) is not None:
+                self._on_news(run, rank, news)
             code, sig = event.get("code"), event.get("sig")
             self._send("rank_exited", gen=run.number, rank=rank, pid=event.get("pid"),
                        exit_code=code, signal=_signal_name(sig), t_exit=event.get("t"),
@@ -408,7 +476,8 @@ class Agent:
             traceback = recorded["traceback"] or traceback
             exception = recorded["exception"] or exception
             source = "error file"
-        return {"tail": tail[-20:], "traceback": traceback, "exception": exception,
+        return {"tail": report_lines(tail[-20:]), "traceback": clip(traceback, REPORT_TEXT_CHARS),
+                "exception": clip(exception, REPORT_LINE_CHARS),
                 "traceback_source": source,
                 "usage_error": code == 2 and any("usage:" in line for line in tail)}
 
@@ -429,7 +498,7 @@ class Agent:
 
     def _maybe_inject(self, run: GenerationRun) -> None:
         for inj in inject.take_due(run.pending_injections, run.steps, run.rank_pids):
-            asyncio.ensure_future(self._inject(run, inj))
+            self.tasks.spawn(f"chaos {inj.get('action')}", self._inject(run, inj))
 
     async def _inject(self, run: GenerationRun, inj: dict[str, Any]) -> None:
         action, rank = inj["action"], inj.get("rank")
@@ -454,7 +523,8 @@ class Agent:
                 now = time.monotonic()
                 if due and not run.hang_reported and (overdue := run.progress.overdue(now)):
                     run.hang_reported = True
-                    asyncio.create_task(self._report_hang(run, overdue, detected_t=time.time()))
+                    self.tasks.spawn("hang report",
+                                     self._report_hang(run, overdue, detected_t=time.time()))
                 if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
                     run.steps_dirty = False
                     last_progress = now
@@ -469,6 +539,9 @@ class Agent:
         live = {r: pid for r, pid in run.rank_pids.items() if r not in run.exited_ranks}
         report = await stacks.hang_report(overdue, live, run.logs,
                                           flush=lambda: self._flush_logs(run))
+        report["tail"] = report_lines(report["tail"])
+        report["stacks"] = {r: clip(t, STACKS_CHARS // max(1, len(report["stacks"])))
+                            for r, t in report["stacks"].items()}
         self._send("rank_hung", gen=run.number, step=self._job_step(run), detected_t=detected_t,
                    **report)
 
@@ -515,11 +588,38 @@ class Agent:
                    states=states, tails={str(r): run.logs.tail(r)[-20:] for r in live})
 
     def _flush_logs(self, run: GenerationRun) -> None:
-        for rank, lines in run.logs.poll().items():
-            self._send("log", gen=run.number, rank=rank, lines=lines)
-            step = run.logs.last_step(lines)
-            if step is not None:
-                self._on_step(run, rank, step)
+        """Forward new rank output and count the steps in it."""
+        for rank, news in run.logs.poll().items():
+            self._on_news(run, rank, news)
+
+    def _drain_logs(self, run: GenerationRun, rank: int | None = None) -> None:
+        """Read until caught up, for last words: of a rank that exited, or of all once torchrun
+        has. A few reads at most: a rank far behind is skipped ahead."""
+        for _ in range(DRAIN_POLLS):
+            for r, news in run.logs.poll(only=rank).items():
+                self._on_news(run, r, news)
+            if not run.logs.behind(only=rank):
+                break
+
+    def _on_news(self, run: GenerationRun, rank: int, news: RankNews) -> None:
+        self._forward(run, rank, news.lines)
+        if news.step is not None:
+            self._on_step(run, rank, news.step)
+
+    def _forward(self, run: GenerationRun, rank: int | None, lines: list[str]) -> None:
+        """Send lines in frames that fit; while the controller is behind, hold them back (the
+        files keep them) and say how many once it has caught up."""
+        if not lines:
+            return
+        if self._unsent_bytes() > MAX_UNSENT_BYTES:
+            run.held_back[rank] = run.held_back.get(rank, 0) + len(lines)
+            return
+        if held := run.held_back.pop(rank, 0):
+            where = f" they are in {run.logs.logs[rank].where}" if rank in run.logs.logs else ""
+            lines = [f"[ftrun: {held} lines not forwarded while the controller was behind;"
+                     f"{where or ' see the torchrun output on the host'}]", *lines]
+        for batch in batches(lines):
+            self._send("log", gen=run.number, rank=rank, lines=batch)
 
 
 class StallGuard:

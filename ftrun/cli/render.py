@@ -112,6 +112,12 @@ def print_job(console: Console, v: JobView) -> None:
 def print_root_cause(console: Console, root: dict[str, Any] | None) -> None:
     if not root or root.get("kind") is None:
         return
+    if root["kind"] == "internal":  # ftrun's own bug: its traceback is in the journal
+        console.print()
+        console.print(Text.assemble(("root cause: ", "bold red"), f"ftrun's {root.get('task')} "
+                                    f"failed: {root.get('exception')}"), soft_wrap=True)
+        console.print(f"traceback: in the job's journal, {root.get('log')}", soft_wrap=True)
+        return
     who = f"rank {root['rank']}" if root.get("rank") is not None else "torchrun"
     how = f"signal {root['signal']}" if root.get("signal") else f"exit code {root.get('exit_code')}"
     console.print()

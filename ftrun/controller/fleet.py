@@ -18,6 +18,7 @@ from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
+from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
 
 if TYPE_CHECKING:
@@ -40,8 +41,10 @@ FENCE_MARGIN_S = 0.5
 
 class Fleet:
     def __init__(self, config: LaunchConfig, *, transport: Transport, server: ControlServer,
-                 journal: Journal, reporter: "Reporter", secret: str, environ: dict[str, str]) -> None:
+                 journal: Journal, reporter: "Reporter", secret: str, environ: dict[str, str],
+                 tasks: TaskSupervisor | None = None) -> None:
         self.config = config
+        self.tasks = tasks or TaskSupervisor()
         self.transport = transport
         self.server = server
         self.journal = journal
@@ -267,9 +270,8 @@ class Fleet:
                                for h in self.handles.values()), return_exceptions=True)
         self.handles.clear()
 
-    @staticmethod
-    def _spawn(coro: Any, tasks: set[asyncio.Task[Any]]) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Any, tasks: set[asyncio.Task[Any]]) -> None:
+        task = self.tasks.spawn(f"fleet: {coro.__qualname__}", coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 

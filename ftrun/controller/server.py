@@ -13,6 +13,9 @@ Silence alone is weak evidence on a busy machine, so two things keep it honest
 - when our own loop wakes up late (we were stalled, not the agents), the silence check waits one
   tick, so that the heartbeats waiting in our socket buffers are read before anyone is judged.
 Heartbeat lateness and our loop's lag are journaled every STATS_INTERVAL_S (`heartbeat_stats`).
+
+A bug while reading one agent's messages is reported (TaskSupervisor.report) and loses that
+agent, the way a closed connection does, rather than leaving it connected and unheard.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Callable
 from ftrun.controller.lateness import Lateness
 from ftrun.errors import ProtocolError
 from ftrun.protocol import Channel, accept_channel
+from ftrun.tasks import TaskSupervisor
 
 log = logging.getLogger("ftrun.controller")
 
@@ -56,8 +60,10 @@ class AgentLink:
 class ControlServer:
     def __init__(self, secret: str, *, expected_agents: set[str], heartbeat_interval_s: float,
                  host_lost_timeout_s: float, local_stall_timeout_s: float = 0.0,
-                 alive: Liveness | None = None, on_event: EventSink | None = None) -> None:
+                 alive: Liveness | None = None, on_event: EventSink | None = None,
+                 tasks: TaskSupervisor | None = None) -> None:
         self.secret = secret
+        self.tasks = tasks or TaskSupervisor()
         self.expected = expected_agents
         self.heartbeat_interval_s = heartbeat_interval_s
         self.host_lost_timeout_s = host_lost_timeout_s
@@ -80,7 +86,7 @@ class ControlServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         # A deep backlog: thousands of agents connect at once when a big job starts.
         self._server = await asyncio.start_server(self._serve, host, port, backlog=4096)
-        self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+        self.tasks.spawn("heartbeat check", self._heartbeat_loop, restart=True)
         return self._server.sockets[0].getsockname()[1]
 
     def send(self, agent_id: str, kind: str, **fields: Any) -> None:
@@ -103,6 +109,14 @@ class ControlServer:
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve_connection(reader, writer)
+        except Exception as e:
+            self.tasks.report(f"serving {writer.get_extra_info('peername')}", e)
+            writer.close()
+
+    async def _serve_connection(self, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         try:
             channel = await accept_channel(reader, writer, self.secret)
@@ -129,7 +143,11 @@ class ControlServer:
             self.links[agent_id] = link
             self._by_last_seen[agent_id] = link
             await self.inbox.put((agent_id, hello))
-        await self._read(link)
+        try:
+            await self._read(link)
+        except Exception as e:
+            failure = self.tasks.report(f"reading {link.host}", e)
+            self._lose(link, f"the controller failed reading its messages ({failure.error})")
 
     async def _read(self, link: AgentLink) -> None:
         reason = "its connection closed"
@@ -196,6 +214,7 @@ class ControlServer:
         # Check silence more often than we send, so detection is bounded by the timeout plus one
         # short tick; each check costs O(agents lost or slow), not O(agents), thanks to the
         # ordering.
+        self._heartbeats = asyncio.current_task()  # this run of it: close() cancels it
         next_send = 0.0
         next_stats = time.monotonic() + STATS_INTERVAL_S
         woke = time.monotonic()

@@ -8,7 +8,9 @@
                       │                              ├─ fatal / no replacement ──▶ failed
                       └──── backoff ◀────────────────┘ restart in place (G+1)
 
-Every decision is an event in the journal; `status` and `inspect` read nothing else.
+Every decision is an event in the journal; `status` and `inspect` read nothing else. So is every
+failure of the job's own machinery (internal.py): a controller or agent task that fails is
+restarted or ends the job with it as the root cause, never a controller that silently stops.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ftrun.controller.evidence import Failure
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record_output, root_cause
 from ftrun.controller.hosts import HostHealth
+from ftrun.controller.internal import InternalFailures
 from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
@@ -40,6 +43,7 @@ from ftrun.controller.stalldesk import StallDesk
 from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
+from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
 
 log = logging.getLogger("ftrun.controller")
@@ -73,14 +77,17 @@ class Supervisor:
         self.transport = transport
         self.reporter = reporter
         self.secret = new_secret()
+        self.internal = InternalFailures(journal, reporter, generation=lambda: self.generation)
         self.server = ControlServer(self.secret, expected_agents=set(),
                                     heartbeat_interval_s=config.heartbeat_interval_s,
                                     host_lost_timeout_s=config.host_lost_timeout_s,
                                     local_stall_timeout_s=config.local_stall_timeout_s,
                                     alive=lambda agent_id: self.fleet.agent_alive(agent_id),
-                                    on_event=journal.record)
+                                    on_event=journal.record,
+                                    tasks=self.internal.tasks)
         self.fleet = Fleet(config, transport=transport, server=self.server, journal=journal,
-                           reporter=reporter, secret=self.secret, environ=dict(os.environ))
+                           reporter=reporter, secret=self.secret, environ=dict(os.environ),
+                           tasks=self.internal.tasks)
         self.roster = self.fleet.roster
         self.health = HostHealth(config.policy.quarantine)
         self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
@@ -112,9 +119,14 @@ class Supervisor:
         for sig in forwarded:
             loop.add_signal_handler(sig, self._forward_signal, sig)
         try:
-            outcome = await self._start_agents(port)
-            if outcome is None:
-                outcome = await self._supervise()
+            outcome = await self.internal.guard(self._start_and_supervise(port))
+            if isinstance(outcome, TaskFailure):
+                outcome = JobOutcome(
+                    "failed", EXIT_JOB_FAILED, f"internal error: {outcome.task} failed "
+                    f"({outcome.error})", {"kind": "internal", "task": outcome.task,
+                                           "exception": outcome.error,
+                                           "traceback": outcome.traceback,
+                                           "log": str(self.journal.job_dir / "events.jsonl")})
         except FtrunError as e:
             outcome = JobOutcome("failed", e.exit_code, e.message, {"hint": e.hint})
         finally:
@@ -127,6 +139,10 @@ class Supervisor:
                             reason=outcome.reason, root_cause=outcome.root_cause,
                             restarts=self.restarts, generation=self.generation)
         return outcome
+
+    async def _start_and_supervise(self, port: int) -> JobOutcome:
+        outcome = await self._start_agents(port)
+        return outcome if outcome is not None else await self._supervise()
 
     def _write_control_file(self, host: str, port: int) -> None:
         """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:
@@ -184,6 +200,9 @@ class Supervisor:
     def _side_channel(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
         """Chaos, `ftrun hosts`, agents (re)connecting: handled the same in every phase."""
         if self.chaos.handle(sender, msg, watch):
+            return True
+        if msg["kind"] == "agent_error":
+            self.internal.on_agent_error(sender, msg)
             return True
         if msg["kind"] == "hosts" and sender in self.server.clients:
             ok, text = self.fleet.request(msg)
@@ -391,6 +410,7 @@ class Supervisor:
             if kind == "stop_requested":
                 return "stopped"
             if kind == "agent_lost" and agent_id in watch.agents:
+                msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
                 return ev_from.host_lost(msg, host, watch.max_step)
             if self._side_channel(agent_id, msg, watch):
@@ -484,6 +504,8 @@ class Supervisor:
                     self.reporter.notice(f"processes survived SIGKILL on "
                                          f"{watch.hosts.get(agent_id, agent_id)}: "
                                          f"{msg['survivors']}", level="error")
+            elif msg["kind"] == "agent_error":
+                self.internal.on_agent_error(agent_id, msg)
             elif msg.get("gen") == number and agent_id in watch.agents:
                 record_output(self.journal, self.reporter, watch, watch.hosts[agent_id], msg)
             else:

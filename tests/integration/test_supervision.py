@@ -1,0 +1,154 @@
+"""Failures of ftrun's own tasks, with real agents and ranks: a controller loop that raises is
+journaled and restarted; a bug in the supervise loop ends the job cleanly with it as the root
+cause (no rank survives); an agent whose loop raises says so, restarts it and keeps working.
+
+Faults are injected deterministically at a seam (a method that raises once), since a healthy
+ftrun has no such bug to trigger from outside."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from ftrun import protocol
+from ftrun.config import LaunchConfig
+from ftrun.controller import supervisor as supervisor_mod
+from ftrun.controller.server import ControlServer
+from ftrun.controller.supervisor import Supervisor
+from ftrun.errors import EXIT_JOB_FAILED
+from ftrun.journal import Journal, read_events
+from ftrun.transport.local import LocalTransport
+from tests.conftest import BIN
+
+
+class Notes:
+    def __init__(self) -> None:
+        self.notices: list[str] = []
+
+    def notice(self, text: str, *, level: str = "info") -> None:
+        self.notices.append(text)
+
+    def rank_output(self, rank: int, lines: list[str]) -> None:
+        pass
+
+    def torchrun_output(self, host: str, lines: list[str]) -> None:
+        pass
+
+
+def run_job(tmp_path, monkeypatch, test_id, *script_args: str):
+    """The real supervisor in this process (so a test can plant a fault in it), with a real
+    local agent and real ranks in subprocesses."""
+    monkeypatch.setenv("FTRUN_TEST_ID", test_id)
+    config = LaunchConfig(job_id="sup-1", job_name="sup", run_dir=tmp_path / "runs",
+                          script=str(BIN / "plain_loop.py"), script_args=script_args,
+                          progress_regex=r"^step (\d+)")
+    journal = Journal(config.job_dir)
+    notes = Notes()
+    supervisor = Supervisor(config, journal=journal, transport=LocalTransport(config.python),
+                            reporter=notes)
+    try:
+        outcome = asyncio.run(asyncio.wait_for(supervisor.run(), 120))
+    finally:
+        journal.close()
+    return outcome, read_events(config.job_dir), notes
+
+
+def test_a_controller_loop_that_raises_is_journaled_and_restarted(tmp_path, monkeypatch,
+                                                                   test_id, no_survivors):
+    original = ControlServer._heartbeat_loop
+    calls = []
+
+    async def raises_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected into the heartbeat check")
+        await original(self)
+
+    monkeypatch.setattr(ControlServer, "_heartbeat_loop", raises_once)
+    # 5 s of steps: longer than the agents' fence timeout (3 s), so without the restart (no
+    # heartbeats from the controller) the host would fence and the job fail.
+    outcome, events, notes = run_job(tmp_path, monkeypatch, test_id, "--steps", "100",
+                                     "--interval", "0.05")
+    assert outcome.state == "succeeded", (outcome, notes.notices)
+    [failed] = [e for e in events if e["kind"] == "task_failed"]
+    assert failed["task"] == "heartbeat check" and failed["restarting"] and not failed["fatal"]
+    assert failed["error"] == "RuntimeError: injected into the heartbeat check"
+    assert "raises_once" in failed["traceback"]
+    assert len(calls) == 2 and not [e for e in events if e["kind"] == "fault_detected"]
+    assert any("heartbeat check failed" in n and "restarting" in n for n in notes.notices)
+
+
+def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(tmp_path, monkeypatch,
+                                                                        test_id, no_survivors):
+    original = supervisor_mod.record_output
+
+    def fails_on_progress(journal, reporter, watch, host, msg):
+        if msg["kind"] == "progress":
+            raise KeyError("injected into the supervise loop")
+        return original(journal, reporter, watch, host, msg)
+
+    monkeypatch.setattr(supervisor_mod, "record_output", fails_on_progress)
+    # Ranks that would step for ever: the job must end by itself, and take them with it.
+    outcome, events, notes = run_job(tmp_path, monkeypatch, test_id, "--steps", "1000000",
+                                     "--interval", "0.05")
+    assert (outcome.state, outcome.exit_code) == ("failed", EXIT_JOB_FAILED)
+    assert outcome.reason == ("internal error: supervise loop failed "
+                              "(KeyError: 'injected into the supervise loop')")
+    root = outcome.root_cause
+    assert root["kind"] == "internal" and "fails_on_progress" in root["traceback"]
+    [failed] = [e for e in events if e["kind"] == "task_failed"]
+    assert failed["task"] == "supervise loop"
+    assert events[-1]["kind"] == "job_finished" and events[-1]["root_cause"]["kind"] == "internal"
+
+
+def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(tmp_path, test_id,
+                                                                         no_survivors):
+    secret = protocol.new_secret()
+    log_path = tmp_path / "agent.log"
+
+    async def scenario() -> tuple[list[dict], int]:
+        connected: asyncio.Queue = asyncio.Queue()
+
+        async def on_connect(reader, writer):
+            await connected.put(await protocol.accept_channel(reader, writer, secret))
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        boot = {"controller_host": "127.0.0.1", "controller_port":
+                server.sockets[0].getsockname()[1], "secret": secret, "job_id": "j",
+                "agent_id": f"a#{test_id}", "host": "a", "heartbeat_interval_s": 0.1,
+                "fence_timeout_s": 5.0, "warm_start": False}
+        with open(log_path, "wb") as log:
+            agent = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
+                stderr=log, env={**os.environ, "FTRUN_TEST_ID": test_id})
+        agent.stdin.write(json.dumps(boot).encode() + b"\n")
+        chan = await asyncio.wait_for(connected.get(), 10)
+        assert (await asyncio.wait_for(chan.receive(), 10))["kind"] == "hello"
+
+        chan.send("stop", gen=1, grace_s="soon")  # raises in the receive loop itself
+        chan.send("launch", gen=7)  # raises in the launch: no nnodes, no entrypoint
+        await chan.drain()
+        said, beats = [], 0
+        while beats < 10 or len(said) < 3:  # and it still hears us, and still heartbeats
+            msg = await asyncio.wait_for(chan.receive(), 5)
+            if msg["kind"] == "heartbeat":
+                beats += 1
+            else:
+                said.append(msg)
+        chan.send("shutdown")
+        await chan.drain()
+        code = await asyncio.wait_for(agent.wait(), 10)
+        server.close()
+        return said, code
+
+    said, code = asyncio.run(scenario())
+    assert code == 0
+    errors = [m for m in said if m["kind"] == "agent_error"]
+    assert [(e["task"], e["restarting"], e["fatal"]) for e in errors] == [
+        ("receive loop", True, False), ("launch", False, False)]
+    assert errors[0]["error"].startswith("TypeError") and "_receive_loop" in errors[0]["traceback"]
+    [gen_exited] = [m for m in said if m["kind"] == "gen_exited"]
+    assert gen_exited["gen"] == 7 and "could not launch" in gen_exited["tail"][0]
+    assert "receive loop failed" in log_path.read_text()
