@@ -27,12 +27,12 @@ usable() {
         2>/dev/null
 }
 
-apt_install() {
+apt_install() {  # --no-upgrade: what is installed already stays as it is
     command -v apt-get >/dev/null 2>&1 || return 1
     info "installing $* with apt-get"
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -qq update >&2 \
         && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -qq install -y \
-            --no-install-recommends "$@" >&2
+            --no-install-recommends --no-upgrade "$@" >&2
 }
 
 find_python() {
