@@ -5,14 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-PYTHON=${PYTHON:-python3}
+PY=.venv/bin/python   # the venv setup.sh made ($PYTHON, if set, only chose its interpreter)
 # The job goes where every ftrun job goes ($FTRUN_RUN_DIR, else ~/.ftrun/runs), so that
 # `ftrun status` and `ftrun inspect` find it afterwards.
-run_dir=$("$PYTHON" -c 'from ftrun.config import resolve_run_dir; print(resolve_run_dir(None))')
+run_dir=$("$PY" -c 'from ftrun.config import resolve_run_dir; print(resolve_run_dir(None))')
 name="demo-$(date +%Y%m%d-%H%M%S)"
 echo "== ftrun demo: job $name under $run_dir"
 
-"$PYTHON" -m ftrun launch --job-name "$name" --nproc-per-node 2 recipes/gpt_ddp.py --steps 300 &
+"$PY" -m ftrun launch --job-name "$name" --nproc-per-node 2 recipes/gpt_ddp.py --steps 300 &
 launcher=$!
 trap 'kill -INT $launcher 2>/dev/null || true; wait $launcher 2>/dev/null || true' EXIT
 
@@ -23,7 +23,7 @@ for _ in $(seq 1 1200); do
     if [ -n "$job_dir" ] && grep -qs "^step 100 " "$job_dir/logs/g1/rank0.log"; then break; fi
     sleep 0.1
 done
-pid=$("$PYTHON" - "$job_dir/events.jsonl" <<'PY'
+pid=$("$PY" - "$job_dir/events.jsonl" <<'PY'
 import json, sys
 events = [json.loads(l) for l in open(sys.argv[1])]
 print(next(e["pid"] for e in events if e["kind"] == "rank_started" and e["gen"] == 1 and e["rank"] == 1))
@@ -36,4 +36,4 @@ wait $launcher
 trap - EXIT
 echo
 echo "== ftrun inspect $(basename "$job_dir")"
-"$PYTHON" -m ftrun inspect "$(basename "$job_dir")"
+"$PY" -m ftrun inspect "$(basename "$job_dir")"

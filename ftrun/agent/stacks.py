@@ -3,7 +3,8 @@
 Two sources: the rank's own faulthandler (registered on STACKS_SIGNAL by ftrun.runtime and by the
 warm interpreter), which prints every thread's stack into the rank's log; and `py-spy dump` when
 it is installed, which also works on a process that cannot run its handlers (stopped, or stuck in
-C code with the GIL held).
+C code with the GIL held). py-spy is looked for beside this interpreter first: a venv's bin/ is on
+PATH only once the venv is activated, and `.venv/bin/ftrun` does not activate it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import os
 import shutil
 import signal
+import sys
 import time
 from typing import Any, Callable
 
@@ -25,6 +27,15 @@ FAULTHANDLER_WAIT_S = 1.0
 PY_SPY_TIMEOUT_S = 5.0
 MARKER = "(most recent call first)"
 REPLY_MAX_CHARS = 48 * 1024  # per rank in a reply: 8 ranks' stacks stay well under a frame
+
+
+def py_spy() -> str | None:
+    """py-spy's path: beside this interpreter (a venv's bin/, on PATH only once activated), else
+    the one on PATH, else None."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("py-spy")
 
 
 def process_state(pid: int | None) -> str:
@@ -74,9 +85,10 @@ async def capture(logs: GenerationLogs, pids: dict[int, int],
                 await asyncio.sleep(0.1)  # let the rest of the dump land
                 flush()
                 dumps[rank] = "\n".join(_new_lines(logs, rank, marks[rank]))
-    if shutil.which("py-spy"):
+    spy_path = py_spy()
+    if spy_path:
         for rank, pid in pids.items():
-            spy = await _py_spy(pid, stopped=process_state(pid) == "stopped")
+            spy = await _py_spy(spy_path, pid, stopped=process_state(pid) == "stopped")
             if spy:
                 dumps[rank] = (dumps[rank] + "\n\n" if rank in dumps else "") + spy
     for rank, pid in pids.items():
@@ -118,12 +130,12 @@ def _new_lines(logs: GenerationLogs, rank: int, mark: int) -> list[str]:
     return list(log.last_lines)[-fresh:] if fresh > 0 else []
 
 
-async def _py_spy(pid: int, *, stopped: bool) -> str | None:
+async def _py_spy(path: str, pid: int, *, stopped: bool) -> str | None:
     # py-spy cannot suspend a process that is already stopped; it can read it as it is.
     mode = ["--nonblocking"] if stopped else []
     try:
         proc = await asyncio.create_subprocess_exec(
-            "py-spy", "dump", *mode, "--pid", str(pid), stdout=asyncio.subprocess.PIPE,
+            path, "dump", *mode, "--pid", str(pid), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError):

@@ -3,10 +3,9 @@ allowance, lost hosts, and the policy file."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
+from ftrun.agent.stacks import py_spy
 from tests.conftest import BIN, Output, wait_for
 
 TOY = str(BIN / "train_toy.py")
@@ -37,7 +36,7 @@ def test_hung_rank_is_detected_with_stacks_and_restarted(ftrun, tmp_path):
     assert inc["states"]["1"] == "stopped"
     # Rank 0 was blocked in a collective, waiting for rank 1: its own faulthandler dump says where.
     assert "most recent call first" in inc["stacks"]["0"] and "train_toy.py" in inc["stacks"]["0"]
-    if shutil.which("py-spy"):
+    if py_spy():
         assert "py-spy dump" in inc["stacks"]["1"] and "train_toy.py" in inc["stacks"]["1"]
     assert job["state"] == "succeeded" and job["restarts"] == 1
 
