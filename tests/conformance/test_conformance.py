@@ -8,7 +8,8 @@ import pytest
 from tests.conformance.runner import CORPUS, MODES, compare, run_one
 
 pytestmark = pytest.mark.slow
-FAST = ("ddp_no_destroy", "uncaught", "conf_module", "nondaemon_thread")
+# Two shapes in CI (seconds per mode each); scripts/conformance.py runs the whole corpus.
+FAST = ("ddp_no_destroy", "uncaught")
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -19,7 +20,7 @@ def test_script_behaves_as_under_torchrun(name, test_id, no_survivors):
     problems, _ = compare(outcomes, killed=False)
     assert not problems, "\n".join(problems) + "\n\n" + outcomes[0].output[-3000:]
     warm = outcomes[0]
-    assert warm.conf, "the script printed nothing to compare"
+    assert warm.conf or warm.traceback, "the script printed nothing to compare"
 
 
 def test_killed_rank_resumes_the_same_losses(test_id, no_survivors):

@@ -301,7 +301,9 @@ def test_exit_barrier_spans_hosts(ftrun, bed):
     assert (inc["kind"], inc["rank"], inc["host"], inc["clean_rank"]) == ("exit_hang", 1, "node2", 0)
     assert "exit_hang.py" in inc["stacks"]["1"] and inc["stacks_missing_from"] == []
     [asked] = kinds(job["events"], "stacks_requested")
-    assert asked["hosts"] == ["node2"]  # node1's torchrun had exited 0: nothing live there
+    # node2 holds the live rank. node1 may be asked too: its rank is done, but its torchrun is
+    # still in torchrun's own exit barrier, waiting for node2's.
+    assert "node2" in asked["hosts"]
     wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2")), 15,
              "both hosts to be back to just their sshd")
 
