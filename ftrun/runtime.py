@@ -71,6 +71,13 @@ def _send(event: dict) -> None:
         pass
 
 
+def code_done() -> None:
+    """Tell the agent this rank's code has returned or raised: what follows is interpreter
+    finalization, not training, so step-based hang detection stands down for it. Called by
+    the warm start (ftrun/agent/as_main.py), not by scripts."""
+    _send({"e": "finishing"})
+
+
 @contextlib.contextmanager
 def section(name: str, timeout_s: float | None = None) -> Iterator[None]:
     """A stretch without steps (checkpoint, eval) with its own hang allowance; None = no limit."""

@@ -105,6 +105,8 @@ class GenerationRun:
     steps: dict[int, int] = field(default_factory=dict)
     steps_dirty: bool = False
     exited_ranks: set[int] = field(default_factory=set)
+    # Ranks whose Python code has returned (as_main said so): finalizing, not training.
+    finishing_ranks: set[int] = field(default_factory=set)
     torchrun_tail: list[str] = field(default_factory=list)
     first_rank: int = 0  # the global rank of this host's local rank 0
     # Zero-config hang guard (idle.py); None when off. `finishing`: a rank of the generation
@@ -436,6 +438,11 @@ class Agent:
         kind, rank = event["e"], int(event["r"])
         if kind == "step":
             self._on_step(run, rank, int(event["s"]))
+        elif kind == "finishing":
+            # The rank's code is done; interpreter finalization (seconds with torch loaded, on a
+            # busy host) is no hang. From here a hang is the exit barrier's or the idle guard's.
+            run.finishing_ranks.add(rank)
+            run.progress.on_exit(rank)
         elif kind == "section":
             timeout = event.get("timeout")
             run.progress.on_section(rank, str(event.get("name")),
@@ -484,7 +491,8 @@ class Agent:
     def _on_step(self, run: GenerationRun, rank: int, step: int) -> None:
         if rank in run.exited_ranks:
             return
-        run.progress.on_step(rank, step, time.monotonic())
+        if rank not in run.finishing_ranks:
+            run.progress.on_step(rank, step, time.monotonic())
         first = rank not in run.steps
         if first or step > run.steps[rank]:
             run.steps[rank] = step

@@ -84,6 +84,10 @@ def run(request: dict[str, Any]) -> None:
         # the wrapper drops those frames so the traceback reads as under `python script.py`.
         sys.excepthook = _StripOurFrames(sys.excepthook)
         raise
+    finally:
+        from ftrun import runtime
+
+        runtime.code_done()
 
 
 def _run_script(target: str, argv: list[str]) -> None:

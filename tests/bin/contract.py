@@ -18,11 +18,16 @@ p.add_argument("--fail-once", default=None, help="marker file: rank 1 dies if it
 p.add_argument("--names", nargs="*", default=[])
 p.add_argument("--wait-for", default=None)
 args = p.parse_args()
+first_generation = bool(args.fail_once) and not os.path.exists(args.fail_once)
 print("CONTRACT " + json.dumps({k: os.environ.get(k) for k in KEYS + args.names}), flush=True)
 if args.fail_once and os.environ["RANK"] == "1" and not os.path.exists(args.fail_once):
     open(args.fail_once, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
 deadline = time.monotonic() + 60
+# Rank 0 of the failing generation waits to be torn down: had it exited 0 first, rank 1's death
+# would come after the generation's work was done, which ends the job instead of restarting it.
+while first_generation and time.monotonic() < deadline:
+    time.sleep(0.05)
 while args.wait_for and not os.path.exists(args.wait_for):
     if time.monotonic() > deadline:
         sys.exit(3)

@@ -132,3 +132,13 @@ def test_bad_policy_file_and_chaos_input(ftrun, tmp_path):
     assert result.returncode == 2 and "no job" in result.stderr
     result = ftrun.run("chaos", "nope", "explode")
     assert result.returncode == 2 and "unknown chaos action" in result.stderr
+
+
+def test_a_warm_rank_finalizing_after_its_last_step_is_not_a_hang(ftrun):
+    """The warm start tells the agent when the script's code has returned; the seconds the
+    interpreter then takes to finalize are not measured against the step allowance."""
+    result = ftrun.run("launch", "--progress-regex", r"^step (\d+)", "--hang-floor", "1",
+                       str(BIN / "slow_exit.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = ftrun.only_job()
+    assert job["incidents"] == [] and job["generation"] == 1
