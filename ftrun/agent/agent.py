@@ -413,6 +413,8 @@ class Agent:
                 survivors.append(run.proc.pid)
         if survivors:
             log.error("processes survived SIGKILL: %s", survivors)
+        # Last words: what the ranks wrote in the moments before they were killed.
+        self._drain_logs(run)
         return survivors
 
     # ---- ranks: datagrams from shims and the runtime library, and their log files ----------

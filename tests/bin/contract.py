@@ -20,7 +20,12 @@ p.add_argument("--wait-for", default=None)
 args = p.parse_args()
 first_generation = bool(args.fail_once) and not os.path.exists(args.fail_once)
 print("CONTRACT " + json.dumps({k: os.environ.get(k) for k in KEYS + args.names}), flush=True)
-if args.fail_once and os.environ["RANK"] == "1" and not os.path.exists(args.fail_once):
+if first_generation and os.environ["RANK"] == "0":
+    open(args.fail_once + ".rank0", "w").close()  # printed: rank 1 may die now
+if first_generation and os.environ["RANK"] == "1":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(args.fail_once + ".rank0") and time.monotonic() < deadline:
+        time.sleep(0.05)
     open(args.fail_once, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
 deadline = time.monotonic() + 60
