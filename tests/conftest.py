@@ -135,3 +135,16 @@ class Output:
     def text(self) -> str:
         self._thread.join(timeout=10)
         return "".join(self.lines)
+
+
+async def spawn_agent(boot: dict[str, Any], log_path: Path, test_id: str) -> Any:
+    """Start a real `python -m ftrun.agent` with this bootstrap on its stdin (as a transport
+    does), its output in log_path, tagged for the no_survivors check."""
+    import asyncio
+
+    with open(log_path, "wb") as log:
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
+            stderr=log, env={**os.environ, "FTRUN_TEST_ID": test_id})
+    agent.stdin.write(json.dumps(boot).encode() + b"\n")
+    return agent

@@ -4,13 +4,13 @@ stale-generation messages are dropped and logged, and the agent keeps heartbeati
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import struct
 import subprocess
 import sys
 
 from ftrun import protocol
+from tests.conftest import spawn_agent
 
 
 def test_agent_survives_malformed_messages(tmp_path, test_id, no_survivors):
@@ -28,11 +28,7 @@ def test_agent_survives_malformed_messages(tmp_path, test_id, no_survivors):
         boot = {"controller_host": "127.0.0.1", "controller_port": port, "secret": secret,
                 "job_id": "j", "agent_id": "a#0", "host": "a", "heartbeat_interval_s": 0.1,
                 "fence_timeout_s": 5.0, "warm_start": False}
-        with open(log_path, "wb") as log:
-            agent = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
-                stderr=log, env={**os.environ, "FTRUN_TEST_ID": test_id})
-        agent.stdin.write(json.dumps(boot).encode() + b"\n")
+        agent = await spawn_agent(boot, log_path, test_id)
         chan = await asyncio.wait_for(connected.get(), 10)
         hello = await asyncio.wait_for(chan.receive(), 10)
         assert hello["kind"] == "hello" and hello["agent_id"] == "a#0"

@@ -8,9 +8,6 @@ ftrun has no such bug to trigger from outside."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 
 from ftrun import protocol
 from ftrun.config import LaunchConfig
@@ -20,7 +17,7 @@ from ftrun.controller.supervisor import Supervisor
 from ftrun.errors import EXIT_JOB_FAILED
 from ftrun.journal import Journal, read_events
 from ftrun.transport.local import LocalTransport
-from tests.conftest import BIN
+from tests.conftest import BIN, spawn_agent
 
 
 class Notes:
@@ -119,11 +116,7 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(tmp_pat
                 server.sockets[0].getsockname()[1], "secret": secret, "job_id": "j",
                 "agent_id": f"a#{test_id}", "host": "a", "heartbeat_interval_s": 0.1,
                 "fence_timeout_s": 5.0, "warm_start": False}
-        with open(log_path, "wb") as log:
-            agent = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
-                stderr=log, env={**os.environ, "FTRUN_TEST_ID": test_id})
-        agent.stdin.write(json.dumps(boot).encode() + b"\n")
+        agent = await spawn_agent(boot, log_path, test_id)
         chan = await asyncio.wait_for(connected.get(), 10)
         assert (await asyncio.wait_for(chan.receive(), 10))["kind"] == "hello"
 
