@@ -8,8 +8,8 @@ import sys
 import typer
 from rich.markup import escape
 
+from ftrun.cli import chaos, hosts, inspect, launch, status
 from ftrun.cli.render import make_console
-
 from ftrun.errors import FtrunError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -19,8 +19,7 @@ err_console = make_console(stderr=True)
 
 
 def _register() -> None:
-    from ftrun.cli import chaos, hosts, inspect, launch, status
-
+    # Commands register here, from the one module that imports them all: none imports app back.
     launch.register(app)
     status.register(app)
     inspect.register(app)
@@ -45,12 +44,6 @@ def main() -> None:
         err_console.print("[dim]hint: run again with FTRUN_DEBUG=1 for the traceback, "
                           "and report it[/]")
         sys.exit(1)
-
-
-def exit_with(code: int) -> None:
-    """Commands end here, so that their exit code survives typer's standalone mode."""
-    if code:
-        raise typer.Exit(code)
 
 
 def report_error(e: FtrunError) -> None:

@@ -14,7 +14,6 @@ from typing import List, Optional
 
 import typer
 
-from ftrun.cli.app import exit_with
 from ftrun.cli.render import make_console, ConsoleReporter, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
@@ -143,7 +142,9 @@ def launch(
     if problems:
         raise UsageError("; ".join(problems), hint=_hint(problems))
     _check_run_dir(resolved_run_dir)
-    exit_with(run(config))
+    code = run(config)
+    if code:  # typer.Exit carries the job's exit code through typer's standalone mode
+        raise typer.Exit(code)
 
 
 def run(config: LaunchConfig) -> int:

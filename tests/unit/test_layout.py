@@ -1,18 +1,154 @@
-"""Imports point one way (STYLE.md): the controller and agent never import torch, typer or rich;
-only ftrun.cli imports typer and rich; `import ftrun` does no work."""
+"""Imports point one way (STYLE.md), checked from the source of every module in ftrun/:
+
+    cli ─▶ controller ─▶ transport ─▶ agent ─▶ ground floor (ftrun/*.py: config, errors, protocol…)
+    checkpoint, parallel, planner stand alone: they run inside ranks or stay pure
+
+No module-level import loop anywhere; the controller and agent never import torch, typer or
+rich; only ftrun.cli imports typer and rich; `import ftrun` does no work.
+"""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ftrun"
+
+# Where each part of the tree may not reach. A module's part is its subpackage under ftrun/,
+# or "ground" for the modules directly in ftrun/ (ftrun/__main__.py is the entry point: exempt).
+LAYERS = ["cli", "controller", "transport", "agent", "ground"]  # each imports only rightwards
+STANDALONE = {"checkpoint", "parallel", "planner"}  # import only the ground floor
+FORBIDDEN: dict[str, set[str]] = {
+    part: set(LAYERS[: LAYERS.index(part)]) | STANDALONE for part in LAYERS
+}
+FORBIDDEN["cli"] = set()
+FORBIDDEN.update({part: set(LAYERS) - {"ground"} for part in STANDALONE})
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def part_of(module: str) -> str:
+    pieces = module.split(".")
+    if len(pieces) == 1 or (len(pieces) == 2 and not (PACKAGE / pieces[1]).is_dir()):
+        return "ground"
+    return pieces[1]
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Every ftrun module this one imports, at any depth of its code (a lazy import is still one)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            # `from ftrun.agent import procs` imports the submodule ftrun.agent.procs
+            found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
+    return {m for m in found if m in known and m != module}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: imports_of(m, p, known) for m, p in mods.items()}
+
+
+def test_imports_point_one_way() -> None:
+    upward = []
+    for module, targets in graph().items():
+        if module == "ftrun.__main__":
+            continue
+        part = part_of(module)
+        for target in sorted(targets):
+            if part_of(target) in FORBIDDEN.get(part, set()):
+                upward.append(f"{module} ({part}) imports {target} ({part_of(target)})")
+    assert upward == []
+
+
+def test_no_import_loop() -> None:
+    """Tarjan's strongly connected components: any component of more than one module is a loop.
+    A package's __init__ that re-exports its own submodules is not a loop to report."""
+    edges = {m: {t for t in ts if not (m.startswith(t + ".") and t != "ftrun")}
+             for m, ts in graph().items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    loops: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    assert loops == []
+
+
+def test_the_rules_cover_the_tree() -> None:
+    """The rules are not vacuous: the real tree has modules in every layer, and an import from
+    the ground floor up into the controller, or from checkpoint into the agent, is forbidden."""
+    parts = {part_of(m) for m in modules()}
+    assert {"cli", "controller", "transport", "agent", "ground", "checkpoint"} <= parts
+    assert part_of("ftrun.config") == "ground" and part_of("ftrun.controller.fleet") == "controller"
+    assert "controller" in FORBIDDEN["ground"] and "agent" in FORBIDDEN["checkpoint"]
+    assert "agent" not in FORBIDDEN["controller"] and "ground" not in FORBIDDEN["agent"]
 
 
 @pytest.mark.parametrize("module", ["ftrun.controller.supervisor", "ftrun.agent.agent",
                                     "ftrun.agent.__main__", "ftrun.jobview", "ftrun"])
-def test_core_modules_import_no_torch_or_ui(module):
+def test_core_modules_import_no_torch_or_ui(module: str) -> None:
     code = (f"import sys, {module}; bad = [m for m in ('torch', 'typer', 'rich') if m in sys.modules];"
             "print(','.join(bad))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60)
     assert out.stdout.strip() == ""
+
+
+def test_only_the_cli_imports_typer_or_rich() -> None:
+    offenders = []
+    for module, path in modules().items():
+        if part_of(module) == "cli":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{module}: {n}" for n in names if n.split(".")[0] in ("typer", "rich")]
+    assert offenders == []
