@@ -47,7 +47,8 @@ def split_target(target: str) -> SshTarget:
 
 def parse_host_list(text: str, *, what: str = "--hosts") -> list[HostEntry]:
     """A comma-separated list, as in `--hosts a,b,c` (empty items are ignored)."""
-    entries, problems = [], []
+    entries: list[HostEntry] = []
+    problems: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         if item:
             _add(entries, problems, item, None, what)

@@ -204,6 +204,8 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
     gens: dict[int, Generation] = {}
     incidents: dict[int, Incident] = {}
     pending_recovery: Incident | None = None
+    g: Generation | None
+    inc: Incident | None
     create_time = None
     for ev in events:
         kind, t = ev["kind"], ev.get("t", 0.0)
