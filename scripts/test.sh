@@ -1,7 +1,32 @@
 #!/usr/bin/env bash
-# Sets up .venv (scripts/setup.sh) and runs the whole test suite in it. CI runs exactly this
-# (.ci/run). Arguments go to pytest: scripts/test.sh tests/unit -x
+# Sets up .venv (scripts/setup.sh; quick when nothing changed), runs the static checks (ruff lint
+# and format check, mypy on ftrun/), then the tests in it. CI runs exactly this (.ci/run).
+#
+#   scripts/test.sh                  static checks + every tier (CI)
+#   scripts/test.sh --fast           static checks + the pure tier: no process spawned, seconds
+#   scripts/test.sh --no-static ...  skip the static checks (while iterating on a test)
+#   scripts/test.sh tests/unit -x    anything else goes to pytest
+#
+# Tiers (markers set in tests/conftest.py): unmarked = pure and in-process; `ranks` = real agents,
+# torchrun and torch ranks; `testbed` = also the ssh hosts in network namespaces (root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0 static=1 args=()
+for arg in "$@"; do
+    case "$arg" in
+        --fast) fast=1 ;;
+        --no-static) static=0 ;;
+        *) args+=("$arg") ;;
+    esac
+done
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+if [ "$static" = 1 ]; then
+    echo "test.sh: ruff check, ruff format --check, mypy ftrun" >&2
+    .venv/bin/ruff check --quiet ftrun tests scripts
+    .venv/bin/ruff format --quiet --check ftrun tests scripts
+    .venv/bin/mypy ftrun
+fi
+if [ "$fast" = 1 ]; then
+    exec .venv/bin/python -m pytest -q -m "not ranks and not testbed" "${args[@]}"
+fi
+exec .venv/bin/python -m pytest -q "${args[@]}"

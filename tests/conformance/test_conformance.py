@@ -7,7 +7,6 @@ import pytest
 
 from tests.conformance.runner import CORPUS, MODES, compare, run_one
 
-pytestmark = pytest.mark.slow
 # Two shapes in CI (seconds per mode each); scripts/conformance.py runs the whole corpus.
 FAST = ("ddp_no_destroy", "uncaught")
 
