@@ -43,6 +43,16 @@ class JobFailed(FtrunError):
     exit_code = EXIT_JOB_FAILED
 
 
+class HostUnreachable(FtrunError):
+    """A transport could not start an agent on a host: the message carries the transport's own
+    error (ssh's, the exec's), the hint the command to try by hand."""
+
+    def __init__(self, host: str, error: str, *, via: str = "", hint: str = "") -> None:
+        super().__init__(f"cannot reach {host}{f' {via}' if via else ''}: {error}", hint=hint)
+        self.host = host
+        self.error = error
+
+
 class ProtocolError(Exception):
     """A control-plane message that is malformed, unauthenticated, oversized or stale.
 

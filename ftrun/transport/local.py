@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ftrun.agent import procs
 from ftrun.agent.agent import Bootstrap
+from ftrun.errors import HostUnreachable
 
 
 class LocalAgent:
@@ -69,10 +70,16 @@ class LocalTransport:
         boot = dataclasses.replace(boot, controller_host="127.0.0.1", local=True)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
-                stderr=log, start_new_session=True,
-                env={**os.environ, "FTRUN_AGENT_ID": boot.process_tag})
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    self.python, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
+                    stderr=log, start_new_session=True,
+                    env={**os.environ, "FTRUN_AGENT_ID": boot.process_tag})
+            except OSError as e:  # the interpreter is missing or not executable
+                raise HostUnreachable(boot.host, f"could not start the agent with {self.python}: "
+                                      f"{e.strerror or e}",
+                                      hint="the local agent runs with the Python that runs "
+                                           "ftrun: check that it is still installed") from None
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(asdict(boot)).encode() + b"\n")
         await proc.stdin.drain()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, TypeVar
 
 from ftrun.agent.agent import Bootstrap
-from ftrun.errors import FtrunError
+from ftrun.errors import HostUnreachable
 from ftrun.hostlist import split_target
 
 log = logging.getLogger("ftrun.transport")
@@ -37,14 +37,10 @@ START_TIMEOUT_S = 30.0  # connect + authenticate, then start the agent: each bou
 SWEEP_TIMEOUT_S = 10.0
 
 
-class HostUnreachable(FtrunError):
+def unreachable(host: str, error: str) -> HostUnreachable:
     """ssh to a host failed at start: the message carries ssh's own error."""
-
-    def __init__(self, host: str, error: str) -> None:
-        super().__init__(f"cannot reach {host} over ssh: {error}",
-                         hint=f"check that `ssh {host} true` works from this machine")
-        self.host = host
-        self.error = error
+    return HostUnreachable(host, error, via="over ssh",
+                           hint=f"check that `ssh {host} true` works from this machine")
 
 
 class SshAgent:
@@ -151,10 +147,10 @@ class SshTransport:
             conn, local_addr = await asyncio.wait_for(in_thread(self._connect, boot.host),
                                                       START_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise HostUnreachable(boot.host, f"no ssh session within {START_TIMEOUT_S:g} s") from None
+            raise unreachable(boot.host, f"no ssh session within {START_TIMEOUT_S:g} s") from None
         if self.controller_addr is None and local_addr is None:
             conn.close()
-            raise HostUnreachable(boot.host, "it is reached through a proxy (ProxyJump or "
+            raise unreachable(boot.host, "it is reached through a proxy (ProxyJump or "
                                   "ProxyCommand), so ftrun cannot tell which address it should "
                                   "dial back; pass --controller-addr")
         boot = dataclasses.replace(boot, controller_host=self.controller_addr or local_addr)
@@ -168,7 +164,7 @@ class SshTransport:
             log_file.close()
             conn.close()  # also unblocks a thread still waiting inside paramiko
             if isinstance(e, asyncio.TimeoutError):
-                raise HostUnreachable(boot.host, "the agent did not start within "
+                raise unreachable(boot.host, "the agent did not start within "
                                       f"{START_TIMEOUT_S:g} s of logging in") from None
             raise
         return SshAgent(boot.host, boot.process_tag, boot.python, conn, chan, log_file,
@@ -183,7 +179,7 @@ class SshTransport:
             config = fabric.Config(runtime_ssh_path=self.ssh_config,
                                    overrides={"timeouts": {"connect": DEFAULT_CONNECT_TIMEOUT_S}})
         except Exception as e:  # noqa: BLE001 - paramiko's ConfigParseError and friends
-            raise HostUnreachable(host, f"cannot read the ssh config: {e}") from None
+            raise unreachable(host, f"cannot read the ssh config: {e}") from None
         conn = fabric.Connection(target.host, user=target.user, port=target.port, config=config,
                                  connect_kwargs={"banner_timeout": DEFAULT_CONNECT_TIMEOUT_S,
                                                  "auth_timeout": DEFAULT_CONNECT_TIMEOUT_S})
@@ -191,7 +187,7 @@ class SshTransport:
             conn.open()
         except (OSError, EOFError, paramiko.SSHException) as e:
             conn.close()
-            raise HostUnreachable(host, _describe(e)) from None
+            raise unreachable(host, _describe(e)) from None
         sock = conn.transport.sock
         # Through a proxy the "socket" is an ssh channel: no address of ours the host can dial.
         local_addr = sock.getsockname()[0] if isinstance(sock, socket.socket) else None
@@ -208,7 +204,7 @@ class SshTransport:
             chan.exec_command(command)
             chan.sendall(json.dumps(dataclasses.asdict(boot)).encode() + b"\n")
         except (OSError, EOFError, paramiko.SSHException) as e:
-            raise HostUnreachable(boot.host, f"could not start the agent: {_describe(e)}") from None
+            raise unreachable(boot.host, f"could not start the agent: {_describe(e)}") from None
         return chan
 
 

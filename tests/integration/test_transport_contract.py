@@ -1,0 +1,180 @@
+"""The transport contract (ftrun/transport/base.py), run against every transport, as torchft runs
+one test against every process-group implementation: local now, ssh on the namespace testbed,
+slurm when it lands (add a case to TRANSPORTS).
+
+What the controller relies on, whatever the transport:
+- the agent it starts dials back to `bind_address()` and says hello as the host it was given;
+- `alive()` never says False while the agent runs (False would make a silent agent lost);
+- an agent that dies is seen gone: `returncode` is set, `alive()` is not True;
+- `terminate()` leaves nothing of the agent on its host, and is safe to call twice;
+- a host that cannot be started on is an FtrunError naming the host, not a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from ftrun.agent.agent import Bootstrap
+from ftrun.controller.server import ControlServer
+from ftrun.errors import FtrunError
+from ftrun.protocol import new_secret
+from ftrun.transport.local import LocalTransport
+from ftrun.transport.ssh import SshTransport
+from tests.testbed import Testbed, ssh_testbed_fixture
+
+# Its own prefix and subnet: it may be up beside another module's testbed.
+testbed = ssh_testbed_fixture(1, scope="module", prefix="fttc", subnet="10.213.52.0/24")
+HELLO_TIMEOUT_S = 30.0
+GONE_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Case:
+    """One transport, a host it can start agents on, and how a test looks at that host."""
+
+    transport: Any
+    host: str
+    unreachable: tuple[Any, Bootstrap]  # a transport and a bootstrap it cannot start
+    kill: Callable[[int], None]  # SIGKILL a pid on the host
+    leftovers: Callable[[str], list[str]]  # live processes on the host carrying a process tag
+
+
+def _local_leftovers(tag: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if (proc.environ().get("FTRUN_AGENT_ID") == tag
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                found.append(f"{proc.pid} {' '.join(proc.cmdline())[:100]}")
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def boot_for(host: str, *, python: str = sys.executable, test_id: str = "") -> Bootstrap:
+    return Bootstrap(controller_host="", controller_port=0, secret=new_secret(),
+                     job_id=f"contract-{uuid.uuid4().hex[:8]}", agent_id=f"{host}#0", host=host,
+                     heartbeat_interval_s=0.25, fence_timeout_s=3.0, warm_start=False,
+                     python=python, env={"FTRUN_TEST_ID": test_id} if test_id else {})
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.testbed)])
+def case(request: pytest.FixtureRequest, test_id: str, no_survivors: None,
+         monkeypatch: pytest.MonkeyPatch) -> Iterator[Case]:
+    if request.param == "local":
+        monkeypatch.setenv("FTRUN_TEST_ID", test_id)  # what no_survivors looks for
+        yield Case(LocalTransport(), "localhost",
+                   (LocalTransport(python="/nonexistent/bin/python3"), boot_for("localhost")),
+                   kill=lambda pid: os.kill(pid, signal.SIGKILL), leftovers=_local_leftovers)
+        return
+    bed: Testbed = request.getfixturevalue("testbed")
+    host = bed.hosts[0].name
+
+    def leftovers(tag: str) -> list[str]:
+        out = bed.ssh(host, f"grep -lz 'FTRUN_AGENT_ID={tag}' /proc/[0-9]*/environ || true")
+        return [line for line in out.stdout.split() if line.startswith("/proc/")]
+
+    transport = SshTransport(python=sys.executable, ssh_config=bed.ssh_config)
+    yield Case(transport, host, (transport, boot_for("no-such-host.invalid")),
+               kill=lambda pid: bed.ssh(host, f"kill -9 {pid}"), leftovers=leftovers)
+
+
+def run(coro: Awaitable[Any], timeout_s: float = 120.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))  # type: ignore[arg-type]
+
+
+async def start(case: Case, tmp_path: Path, test_id: str) -> tuple[ControlServer, Any, dict[str, Any],
+                                                                  Bootstrap]:
+    """Start one agent through the transport and wait for its hello on a real control server."""
+    boot = boot_for(case.host, test_id=test_id)
+    server = ControlServer(boot.secret, expected_agents={boot.agent_id}, heartbeat_interval_s=0.25,
+                           host_lost_timeout_s=30.0)
+    boot = dataclasses.replace(boot, controller_port=await server.start(case.transport.bind_address()))
+    handle = await case.transport.start_agent(boot, log_path=tmp_path / "agent.log")
+    try:
+        agent_id, hello = await asyncio.wait_for(server.inbox.get(), HELLO_TIMEOUT_S)
+    except BaseException:
+        await handle.terminate(5.0)
+        await server.close()
+        raise
+    assert agent_id == boot.agent_id
+    return server, handle, hello, boot
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_agent_dials_back_says_hello_and_is_not_called_dead(case: Case, tmp_path: Path,
+                                                            test_id: str) -> None:
+    async def scenario() -> None:
+        server, handle, hello, boot = await start(case, tmp_path, test_id)
+        try:
+            assert hello["host"] == case.host and hello["pid"] > 0
+            assert handle.host == case.host
+            assert handle.returncode is None and handle.alive() is not False
+            assert case.leftovers(boot.process_tag), "the agent does not carry its process tag"
+        finally:
+            await handle.terminate(5.0)
+            await server.close()
+
+    run(scenario())
+
+
+def test_terminate_leaves_nothing_on_the_host_and_can_be_repeated(case: Case, tmp_path: Path,
+                                                                  test_id: str) -> None:
+    async def scenario() -> None:
+        server, handle, _, boot = await start(case, tmp_path, test_id)
+        try:
+            await handle.terminate(5.0)
+            assert handle.returncode is not None and handle.alive() is not True
+            assert case.leftovers(boot.process_tag) == []
+            await handle.terminate(5.0)  # idempotent: the controller may call it again
+        finally:
+            await server.close()
+
+    run(scenario())
+
+
+def test_an_agent_that_dies_is_seen_gone(case: Case, tmp_path: Path, test_id: str) -> None:
+    async def scenario() -> None:
+        server, handle, hello, boot = await start(case, tmp_path, test_id)
+        try:
+            case.kill(hello["pid"])
+            await wait_until(lambda: handle.returncode is not None, GONE_TIMEOUT_S,
+                             "the transport to see the agent gone")
+            assert handle.alive() is not True
+        finally:
+            await handle.terminate(5.0)
+            await server.close()
+        assert case.leftovers(boot.process_tag) == []
+
+    run(scenario())
+
+
+def test_a_host_it_cannot_start_on_is_an_ftrun_error(case: Case, tmp_path: Path) -> None:
+    transport, boot = case.unreachable
+
+    async def scenario() -> FtrunError:
+        with pytest.raises(FtrunError) as caught:
+            await transport.start_agent(boot, log_path=tmp_path / "agent.log")
+        return caught.value
+
+    error = run(scenario())
+    assert boot.host in error.message and error.hint
