@@ -40,7 +40,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+import benchlib
 import ftrun.checkpoint as ckpt
+from benchlib import Column, Table
 
 REPO = Path(__file__).resolve().parent.parent
 WIDTH = 4096
@@ -293,32 +295,34 @@ def crash_trials(args: argparse.Namespace) -> dict:
     return summary
 
 
+TABLE = Table([Column(key="method", header="method", align="<"),
+               Column(key="stall_s", header="stall every step s", spec=".3f", ratio=".4f"),
+               Column(key="stall10_s", header="stall alone s", spec=".3f", ratio=".4f"),
+               Column(key="thru1", header="thru every step", spec=".3f"),
+               Column(key="thru10", header="thru every 10", spec=".3f"),
+               Column(key="note", header="notes", align="<")],
+              name="method", anchor="torch.save")
+
+
 def table(rows: list[dict], state_gib: float, crash: dict | None, args: argparse.Namespace) -> None:
-    ref = next((r for r in rows if r["method"] == "torch.save"), None)
     base = statistics.mean(r["base_s"] for r in rows)
     print()
     print(f"state {state_gib:.2f} GiB, batch {args.batch}, no-checkpoint step {base:.2f} s "
           f"(mean of the baselines)")
     print("stall = seconds the training loop is held per checkpoint: median with a checkpoint "
-          "every step, and for one checkpoint alone (every 10)")
-    print(f"{'method':<16}{'stall every':>12}{'ratio':>8}{'stall alone':>12}{'ratio':>8}"
-          f"{'thru every':>11}{'thru every':>11}  notes")
-    print(f"{'':<16}{'step (s)':>12}{'':>8}{'(s)':>12}{'':>8}{'step':>11}{'10 steps':>11}")
-    print(f"{'none':<16}{'-':>12}{'-':>8}{'-':>12}{'-':>8}{1.0:>11.3f}{1.0:>11.3f}")
-    for r in rows:
-        rel1 = f"{r['stall_s'] / ref['stall_s']:.4f}" if ref else "-"
-        rel10 = f"{r['stall10_s'] / ref['stall10_s']:.4f}" if ref else "-"
-        print(f"{r['method']:<16}{r['stall_s']:>12.3f}{rel1:>8}{r['stall10_s']:>12.3f}{rel10:>8}"
-              f"{r['thru1']:>11.3f}{r['thru10']:>11.3f}  {r['note']}")
+          "every step, and for one checkpoint alone (every 10); thru = steps/s relative to none")
+    print(TABLE.render([{"method": "none", "thru1": 1.0, "thru10": 1.0, "note": ""}, *rows]))
     if crash is not None:
         print(f"crash trials: {crash['trials']} SIGKILLs at random moments during saves "
               f"({args.crash_state_mib:g} MiB state): {crash['failures']} failed (torn, lost or "
               f"older restores); restores by tier: {crash['tiers']}")
-    ftrun_row = next((r for r in rows if r["method"] == "ftrun"), None)
-    if ref and ftrun_row:
+    by = {r["method"]: r for r in rows}
+    ref, ours = by.get("torch.save"), by.get("ftrun")
+    if ref and ours:
         # The larger (less favourable) of the two ratios.
-        ratio = max(ftrun_row["stall_s"] / ref["stall_s"], ftrun_row["stall10_s"] / ref["stall10_s"])
-        print(f"stall ratio ftrun/torch.save: {ratio:.4f}")
+        ratios = [benchlib.ratio(ours[k], ref[k]) for k in ("stall_s", "stall10_s")]
+        if None not in ratios:
+            print(f"stall ratio ftrun/torch.save: {max(ratios):.4f}")
 
 
 def main() -> None:

@@ -22,12 +22,13 @@ import multiprocessing as mp
 import os
 import random
 import resource
-import statistics
 import sys
 import time
 
 import psutil
 
+import benchlib
+from benchlib import Column, Table
 from ftrun import protocol
 from ftrun.controller.server import ControlServer
 
@@ -146,12 +147,12 @@ def run_size(n: int, drivers: int, silence: int, warmup_s: float, window_s: floa
     delays = [t for a, t in reports if a == "lateness"]
     sim_lateness = max(delays) if delays else None
     lost = dict(_drain(lost_q))
-    latencies = sorted(lost[a] - t for a, t in faults.items() if a in lost)
+    latencies = [lost[a] - t for a, t in faults.items() if a in lost]
     false_alarms = sum(1 for a, t in lost.items() if a not in faults and t <= window_end)
     return {"agents": n, "controller_cpu_pct": round(100 * cpu, 1), "silenced": len(faults),
             "detected": len(latencies), "false_alarms": false_alarms,
-            "p50_s": _pct(latencies, 50), "p99_s": _pct(latencies, 99),
-            "max_s": latencies[-1] if latencies else None,
+            "p50_s": benchlib.percentile(latencies, 50), "p99_s": benchlib.percentile(latencies, 99),
+            "max_s": max(latencies, default=None),
             "simulator_max_heartbeat_delay_s": None if sim_lateness is None else round(sim_lateness, 3)}
 
 
@@ -164,10 +165,13 @@ def _drain(q: mp.Queue) -> list:
             return items
 
 
-def _pct(xs: list[float], p: int) -> float | None:
-    if not xs:
-        return None
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+TABLE = Table([Column(key="agents", header="agents"),
+               Column(key="controller_cpu_pct", header="ctrl CPU %"),
+               Column(key="silenced", header="silenced"), Column(key="detected", header="detected"),
+               Column(key="false_alarms", header="false"),
+               Column(key="p50_s", header="p50 s", spec=".3f"),
+               Column(key="p99_s", header="p99 s", spec=".3f"),
+               Column(key="max_s", header="max s", spec=".3f")])
 
 
 def main() -> None:
@@ -185,18 +189,12 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
-    print(f"{'agents':>7} {'ctrl CPU %':>10} {'silenced':>9} {'detected':>9} {'false':>6} "
-          f"{'p50 s':>7} {'p99 s':>7} {'max s':>7}")
-    fmt = lambda x: "-" if x is None else f"{x:.3f}"
-    for r in rows:
-        print(f"{r['agents']:>7} {r['controller_cpu_pct']:>10} {r['silenced']:>9} {r['detected']:>9} "
-              f"{r['false_alarms']:>6} {fmt(r['p50_s']):>7} {fmt(r['p99_s']):>7} {fmt(r['max_s']):>7}")
+    print(TABLE.render(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        benchlib.write_json(args.json, rows)
     big = rows[-1]
     ok = big["p99_s"] is not None and big["p99_s"] <= 1.5 and big["detected"] == big["silenced"]
-    print(f"\n{big['agents']} agents: p99 detection {fmt(big['p99_s'])} s "
+    print(f"\n{big['agents']} agents: p99 detection {benchlib.cell(big['p99_s'], '.3f')} s "
           f"({'meets' if ok else 'misses'} the 1.5 s target)")
     sys.exit(0)
 

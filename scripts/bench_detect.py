@@ -18,19 +18,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import re
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import psutil
+
+import benchlib
+from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
@@ -40,41 +38,8 @@ FAULT = re.compile(r"FAULT t=([\d.]+)")
 # E1121 23:25:01.123000 123 .../api.py:874] failed (exitcode: -9) local_rank: 1 (pid: 9) of binary
 TORCHRUN_FAILED = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*failed \(exitcode", re.M)
 TRAIN = ["--steps", "100000", "--step-time", "0.02", "--width", "64"]
-
-
-class Run:
-    """A launcher process in its own session, its output collected, its whole tree killable."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.tag = uuid.uuid4().hex
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True,
-                                     env={**os.environ, **(env or {}), "BENCH_TRIAL": self.tag})
-        self.out: list[str] = []
-        self._t = threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True)
-        self._t.start()
-
-    def text(self) -> str:
-        return "".join(self.out)
-
-    def wait_for(self, pattern: str, timeout_s: float) -> re.Match[str] | None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            m = re.search(pattern, self.text())
-            if m:
-                return m
-            time.sleep(0.02)
-        return None
-
-    def close(self) -> None:
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get("BENCH_TRIAL") == self.tag:
-                    proc.kill()
-            except psutil.Error:
-                continue
-        self.proc.wait(timeout=30)
-        self._t.join(timeout=5)
+TARGETS = {"crash": "≤ 0.2 s", "hang": "≤ 2 s past the allowance (2 s floor)",
+           "host-lost": "≤ 1.5 s"}
 
 
 def torchrun_detected_t(text: str) -> float | None:
@@ -138,7 +103,7 @@ def torchrun_trial(kind: str, wait_s: float) -> float | None:
         fault = run.wait_for(r"FAULT t=([\d.]+)", 60)
         if not fault:
             return None
-        run.wait_for(TORCHRUN_FAILED.pattern, wait_s)
+        run.wait_for(TORCHRUN_FAILED, wait_s)
         detected = torchrun_detected_t(run.text())
         return None if detected is None else detected - float(fault.group(1))
     finally:
@@ -160,14 +125,13 @@ def torchrun_host_lost(wait_s: float) -> float | None:
             victims = [psutil.Process(second.proc.pid), *psutil.Process(second.proc.pid).children(True)]
             for p in victims:
                 p.suspend()
-            first.wait_for(TORCHRUN_FAILED.pattern, wait_s)
+            first.wait_for(TORCHRUN_FAILED, wait_s)
             detected = torchrun_detected_t(first.text())
             return None if detected is None else detected - fault_t
         finally:
-            for p in psutil.process_iter():
+            for p in benchlib.tagged(first.tag, second.tag):
                 try:
-                    if p.environ().get("BENCH_TRIAL") in (first.tag, second.tag):
-                        p.resume()
+                    p.resume()
                 except psutil.Error:
                     continue
             first.close()
@@ -180,6 +144,27 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+TABLE = Table([Column(key="fault", header="fault", align="<"),
+               Column(key="launcher", header="launcher", align="<"),
+               Column(key="detected", header="detected"),
+               Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
+               Column(key="min_s", header="min s", spec=".3f"),
+               Column(key="max_s", header="max s", spec=".3f"),
+               Column(key="note", header="target", align="<")],
+              name="launcher", anchor="torchrun", group="fault")
+
+
+def row(kind: str, name: str, values: list[float | None], wait_s: float) -> dict:
+    """A launcher's figures for one kind of fault; none unless every trial was detected."""
+    s = benchlib.summarize(values)
+    if s.failed:
+        return {"fault": kind, "launcher": name, "detected": f"{s.ok}/{s.trials}",
+                "note": f"not detected within {wait_s:g} s in {s.failed}/{s.trials}"}
+    return {"fault": kind, "launcher": name, "detected": f"{s.ok}/{s.trials}",
+            "median_s": s.median, "min_s": s.min, "max_s": s.max,
+            "note": TARGETS[kind] if name == "ftrun" else ""}
 
 
 def main() -> None:
@@ -198,24 +183,12 @@ def main() -> None:
                 shown = "not detected" if value is None else f"{value:.3f} s"
                 print(f"trial {trial + 1} {kind:<9} {name:<8} fault → detected: {shown}", flush=True)
     print()
-    print(f"{'fault':<10}{'launcher':<10}{'median':>12}{'min':>9}{'max':>9}  target")
-    targets = {"crash": "≤ 0.2 s", "hang": "≤ 2 s past the allowance (2 s floor)",
-               "host-lost": "≤ 1.5 s"}
-    for (kind, name), values in results.items():
-        got = [v for v in values if v is not None]
-        if len(got) < len(values):
-            med = f"not detected within {args.wait_s:g} s in {len(values) - len(got)}/{len(values)}"
-            print(f"{kind:<10}{name:<10}{med}")
-            continue
-        print(f"{kind:<10}{name:<10}{statistics.median(got):>11.3f}s{min(got):>8.3f}s"
-              f"{max(got):>8.3f}s  {targets[kind] if name == 'ftrun' else ''}")
+    print(TABLE.render([row(kind, name, values, args.wait_s)
+                        for (kind, name), values in results.items()]))
     if args.json:
-        Path(args.json).write_text(json.dumps({f"{k}/{n}": v for (k, n), v in results.items()}, indent=2))
+        benchlib.write_json(args.json, {f"{k}/{n}": v for (k, n), v in results.items()})
 
 
 if __name__ == "__main__":
-    # Plain torchrun leaves a mkdtemp of its own (torchelastic_*) in $TMPDIR on every run: the
-    # launchers get a scratch TMPDIR that goes away with the benchmark.
-    with tempfile.TemporaryDirectory(prefix="bench-tmp-") as scratch:
-        os.environ["TMPDIR"] = scratch
+    with benchlib.scratch_tmpdir():
         main()

@@ -55,17 +55,18 @@ import re
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+import benchlib
+from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -80,67 +81,6 @@ STEP = re.compile(r"^(?:\[rank(\d+)\]:\s*)?STEP (\d+) t=([\d.]+)")
 RESUMED = re.compile(r"^(?:\[rank(\d+)\]:\s*)?resumed from step (\d+)")
 TARGET_S = 10.0
 BOX = "│╭╮╰╯─┃━"
-
-
-class Run:
-    """A local process (ssh client or ftrun controller) in its own session, its output kept line
-    by line, its whole local tree killable (by session and by an environment tag)."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.tag = uuid.uuid4().hex
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                                     cwd=ROOT, env={**os.environ, **(env or {}),
-                                                    "BENCH_TRIAL": self.tag})
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str] | None:
-        """The first line from the start matching `pattern`; None on timeout or exit."""
-        deadline = time.monotonic() + timeout_s
-        seen = 0
-        while time.monotonic() < deadline:
-            for line in self.lines[seen:]:
-                m = pattern.search(line)
-                if m:
-                    return m
-            seen = len(self.lines)
-            if self.proc.poll() is not None and not self._reader.is_alive() \
-                    and seen == len(self.lines):
-                return None
-            time.sleep(0.02)
-        return None
-
-    def interrupt(self, timeout_s: float) -> int | None:
-        """SIGINT to the process group, as Ctrl-C in a terminal; the exit code, or None."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for proc in psutil.process_iter():  # local children that made sessions of their own
-            try:
-                if proc.environ().get("BENCH_TRIAL") == self.tag:
-                    proc.kill()
-            except psutil.Error:
-                continue
-        self.proc.wait(timeout=30)
-        self._reader.join(timeout=5)
 
 
 def recovery(lines: list[str], since: int) -> tuple[float, int, int] | None:
@@ -258,7 +198,7 @@ class Bench:
                                 "--ckpt-dir", str(ckpt)]))
         result: dict[str, Any] = {"mode": "torchrun", "trial": i, "recovered": False,
                                   "recovery_s": None, "command": remote}
-        runs = {h: Run(self.bed.ssh_argv(h, remote)) for h in HOSTS}
+        runs = {h: Run(self.bed.ssh_argv(h, remote), cwd=ROOT) for h in HOSTS}
         try:
             at = runs["node1"].wait_for(re.compile(rf"^STEP {a.fault_step} t="), a.start_timeout_s)
             if at is None:
@@ -307,7 +247,7 @@ class Bench:
                "--ckpt-dir", str(ckpt)]
         result: dict[str, Any] = {"mode": mode, "trial": i, "recovered": False,
                                   "recovery_s": None, "command": shlex.join(cmd)}
-        run = Run(cmd, env={"PYTHONPATH": str(ROOT)})
+        run = Run(cmd, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
         try:
             at = run.wait_for(re.compile(rf"^\[rank\d+\]:\s*STEP {a.fault_step} t="),
                               a.start_timeout_s)
@@ -408,45 +348,40 @@ def journal_check(run_dir: Path, fault_t: float) -> dict[str, Any]:
 
 def summarize(results: list[dict[str, Any]], mode: str, wait_s: float) -> dict[str, Any]:
     mine = [r for r in results if r["mode"] == mode]
-    ok = [r["recovery_s"] for r in mine if r["recovered"]]
-    errors = sorted({r["error"] for r in mine if r.get("error")})
-    journal = [r["journal"]["first_step_s"] for r in mine
-               if r.get("journal", {}).get("first_step_s") is not None]
-    detected = [r["journal"]["detected_s"] for r in mine
-                if r.get("journal", {}).get("detected_s") is not None]
-    left = [r["left_on_hosts"] for r in mine if r.get("left_on_hosts")]
-    return {"mode": mode, "trials": len(mine), "recovered": len(ok),
-            "median_s": statistics.median(ok) if ok else None,
-            "min_s": min(ok) if ok else None, "max_s": max(ok) if ok else None,
-            "journal_first_step_median_s": statistics.median(journal) if journal else None,
-            "detected_median_s": statistics.median(detected) if detected else None,
-            "trials_with_leftovers": len(left), "errors": errors, "wait_s": wait_s}
+    rec = benchlib.summarize(r["recovery_s"] if r["recovered"] else None for r in mine)
+    journals = [r.get("journal", {}) for r in mine]
+    return {"mode": mode, "trials": rec.trials, "recovered": rec.ok,
+            "median_s": rec.median, "min_s": rec.min, "max_s": rec.max,
+            "journal_first_step_median_s": benchlib.median(j.get("first_step_s") for j in journals),
+            "detected_median_s": benchlib.median(j.get("detected_s") for j in journals),
+            "trials_with_leftovers": sum(bool(r.get("left_on_hosts")) for r in mine),
+            "errors": sorted({r["error"] for r in mine if r.get("error")}), "wait_s": wait_s}
+
+
+TABLE = Table([Column(key="mode", header="mode", align="<"),
+               Column(key="trials", header="trials"),
+               Column(key="recovered_of", header="recovered"),
+               Column(key="median_s", header="median s", spec=".2f", ratio=".3f"),
+               Column(key="spread", header="min–max s"),
+               Column(key="detected_median_s", header="detected s", spec=".2f"),
+               Column(key="journal_first_step_median_s", header="journal s", spec=".2f"),
+               Column(key="verdict", header=f"target ≤ {TARGET_S:g} s", align="<")],
+              name="mode", anchor="torchrun")
 
 
 def print_table(summary: list[dict[str, Any]], wait_s: float) -> None:
-    f = lambda x: "-" if x is None else f"{x:.2f}"
-    print(f"\n{'mode':<14}{'trials':>7}{'recovered':>11}{'median s':>10}{'min–max s':>14}"
-          f"{'detected s':>12}{'journal s':>11}  target ≤ {TARGET_S:g} s")
+    rows = []
     for s in summary:
-        spread = "-" if s["min_s"] is None else f"{s['min_s']:.2f}–{s['max_s']:.2f}"
         verdict = ""
         if s["median_s"] is not None and s["mode"] != "torchrun":
             verdict = "met" if s["median_s"] <= TARGET_S else "MISSED"
         elif s["median_s"] is None and s["trials"]:
             verdict = f"not recovered within {wait_s:g} s" if not s["errors"] else s["errors"][0]
-        print(f"{s['mode']:<14}{s['trials']:>7}{s['recovered']:>6}/{s['trials']:<4}"
-              f"{f(s['median_s']):>10}{spread:>14}{f(s['detected_median_s']):>12}"
-              f"{f(s['journal_first_step_median_s']):>11}  {verdict}")
-    by = {s["mode"]: s for s in summary}
-    anchor = by.get("torchrun")
-    for s in summary:
-        if s["mode"] == "torchrun" or s["median_s"] is None or anchor is None:
-            continue
-        if anchor["median_s"]:
-            print(f"ratio {s['mode']}/torchrun (median): {s['median_s'] / anchor['median_s']:.3f}")
-        else:
-            print(f"ratio {s['mode']}/torchrun: none, torchrun did not recover within "
-                  f"{wait_s:g} s in {anchor['trials']}/{anchor['trials']} trials")
+        spread = None if s["min_s"] is None else f"{s['min_s']:.2f}–{s['max_s']:.2f}"
+        rows.append({**s, "recovered_of": f"{s['recovered']}/{s['trials']}", "spread": spread,
+                     "verdict": verdict})
+    print()
+    print(TABLE.render(rows))
     for s in summary:
         if s["trials_with_leftovers"]:
             print(f"{s['mode']}: processes left on hosts after SIGINT in "
@@ -540,8 +475,7 @@ def main() -> int:
     print_table(summary, args.wait_s)
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"}
-        Path(args.json).write_text(json.dumps({"config": config, "trials": results,
-                                               "summary": summary}, indent=2, default=str))
+        benchlib.write_json(args.json, {"config": config, "trials": results, "summary": summary})
     return 0
 
 

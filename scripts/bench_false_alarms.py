@@ -22,7 +22,6 @@ Reported, from both jobs' journals and agent logs:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -35,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import benchlib  # noqa: E402
+from benchlib import Column, Table  # noqa: E402
 from ftrun.controller.lateness import Histogram  # noqa: E402
 from ftrun.journal import read_events  # noqa: E402
 
@@ -245,36 +246,46 @@ def main() -> None:
         "controller_loop_lag": latency(jobs, "loop_lag"),
         "faults": rows, "notes": notes, "dir": str(tmp)}
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(benchlib.to_json(result))
     else:
         print_table(result)
+
+
+ALARMS = Table([Column(key="job", header="job", align="<"),
+                Column(key="host_lost", header="host lost"), Column(key="hang", header="hang"),
+                Column(key="crash", header="crash"), Column(key="fenced", header="fenced"),
+                Column(key="agent_slow", header="| slow"),
+                Column(key="controller_stalled", header="stalled"),
+                Column(key="not_fencing_warnings", header="not fenced"),
+                Column(key="steps", header="steps")])
+DETECTED = Table([Column(key="fault", header="fault", align="<"),
+                  Column(key="kind", header="kind", align="<"),
+                  Column(key="detected_s", header="detected s", spec=".3f"),
+                  Column(key="target_s", header="target s", spec="g"),
+                  Column(key="under_load", header="under load", align="<"),
+                  Column(key="verdict", header="", align="<")])
 
 
 def print_table(r: dict) -> None:
     print(f"\nfalse alarms under load: {r['duration_s']} s, stress-ng {'on' if r['stress'] else 'off'}"
           f", load average {r['loadavg_1m']} on {r['cores']} cores; both jobs training from "
           f"{r['quiet_from_s']} s, quiet window {r['quiet_window_s']} s, then the faults")
-    print(f"{'job':<4}{'host lost':>10}{'hang':>6}{'crash':>7}{'fenced':>8}{'| slow':>8}"
-          f"{'stalled':>9}{'not fenced':>12}{'steps':>8}")
-    for name, c in r["whole_run"].items():
-        print(f"{name:<4}{c['host_lost']:>10}{c['hang']:>6}{c['crash']:>7}{c['fenced']:>8}"
-              f"{c['agent_slow']:>8}{c['controller_stalled']:>9}{c['not_fencing_warnings']:>12}"
-              f"{c['steps']:>8}")
+    print(ALARMS.render([{"job": name, **c} for name, c in r["whole_run"].items()]))
     print("  (false alarms: left of '|', target 0; right: late but rightly not an alarm)")
     for key, what in (("heartbeat_late", "heartbeat lateness"),
                       ("controller_loop_lag", "controller loop lag")):
         h = r[key]
         print(f"{what}: p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms, max {h['max_ms']} ms "
               f"({h['n']} samples)")
-    print(f"{'fault':<12}{'kind':<11}{'detected':>10}{'target':>9}  under load")
+    rows = []
     for row in r["faults"]:
-        d = row["detected_s"]
-        what = "-" if d is None else f"{d:.3f} s"
-        target = TARGET_S[row["kind"]]
-        ok = "" if d is None else ("ok" if d <= target else "OVER")
-        suffix = " past allowance" if row["kind"] == "hang" else ""
-        print(f"{row['fault']:<12}{row['kind']:<11}{what:>10}{target:>8g}s  "
-              f"{row['injected_under_load']} {ok}{suffix}")
+        d, target = row["detected_s"], TARGET_S[row["kind"]]
+        verdict = "" if d is None else ("ok" if d <= target else "OVER")
+        if row["kind"] == "hang":
+            verdict += " past allowance"
+        rows.append({**row, "target_s": target, "under_load": row["injected_under_load"],
+                     "verdict": verdict.strip()})
+    print(DETECTED.render(rows))
     print(f"job B alive through job A's faults: {r['job_b_alive_through_a_faults']}; "
           f"exit codes {r['exit_codes']}")
     for note in r["notes"]:

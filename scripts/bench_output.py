@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -32,6 +29,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+import benchlib
+from benchlib import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 RANK = textwrap.dedent('''
@@ -134,21 +134,18 @@ def main() -> int:
         script = Path(tmp) / "writer.py"
         script.write_text(RANK)
         run_dir = str(Path(tmp) / "runs")
-        env = {**os.environ, "FTRUN_RUN_DIR": run_dir, "PYTHONPATH": str(ROOT)}
+        env = {"FTRUN_RUN_DIR": run_dir, "PYTHONPATH": str(ROOT)}
         sampler, watcher = AgentSampler(run_dir), LogWatcher(run_dir)
         sampler.start()
         watcher.start()
-        t0 = time.time()
-        try:  # killed at the deadline, the controller's agent fences and kills the rank
-            proc = subprocess.run(
-                [sys.executable, "-m", "ftrun", "launch", "--progress-regex", r"^step (\d+)",
-                 "--hang-floor", "2", "--max-restarts", "0", str(script), str(args.rate),
-                 str(args.seconds), str(args.hang_s)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                errors="replace", timeout=args.seconds + args.hang_s + 60)
-            exit_code, output = proc.returncode, proc.stdout
-        except subprocess.TimeoutExpired as e:
-            exit_code, output = None, (e.stdout or b"").decode(errors="replace")
+        run = Run([sys.executable, "-m", "ftrun", "launch", "--progress-regex", r"^step (\d+)",
+                   "--hang-floor", "2", "--max-restarts", "0", str(script), str(args.rate),
+                   str(args.seconds), str(args.hang_s)], env=env, log=Path(tmp) / "launch.out")
+        try:  # None: still running at the deadline; close() kills its whole tree
+            exit_code = run.wait(args.seconds + args.hang_s + 60)
+        finally:
+            run.close()
+        output = run.tail(3000)
         for thread in (sampler, watcher):
             thread.stop.set()
             thread.join(5)
@@ -166,6 +163,7 @@ def main() -> int:
         events = [json.loads(line) for line in (job / "events.jsonl").read_text().splitlines()]
         hang = [e for e in events if e["kind"] == "fault_detected"]
     mb = 1 << 20
+    lag = benchlib.median(watcher.lags)
     result = {
         "rate_asked_mb_s": args.rate,
         "written_mb_s": round(int(wrote[1]) / mb / float(wrote[4]), 1) if wrote else None,
@@ -174,19 +172,19 @@ def main() -> int:
         "skipped_mb": round(skipped / mb, 1),
         "agent_peak_rss_mb": round(sampler.peak_rss / mb, 1),
         "agent_cpu_s": round(sampler.cpu_s, 2),
-        "wall_s": round(time.time() - t0, 1),
+        "wall_s": round(run.wall_s, 1),
         "hang_detected": bool(hang) and hang[0]["fault"] == "hang",
         "hang_past_allowance_s": hang[0].get("past_allowance_s") if hang else None,
         "hang_step": hang[0].get("step") if hang else None,
         "step_lines_seen": len(watcher.lags),
-        "lag_median_s": round(statistics.median(watcher.lags), 3) if watcher.lags else None,
+        "lag_median_s": None if lag is None else round(lag, 3),
         "lag_max_s": round(max(watcher.lags), 3) if watcher.lags else None,
         "exit_code": exit_code,  # None: the job never ended (killed at the deadline)
     }
-    print(json.dumps(result, indent=2))
+    print(benchlib.to_json(result))
     ok = result["hang_detected"] if args.hang_s > 0 else exit_code == 0
     if not ok:
-        print(output[-3000:], file=sys.stderr)
+        print(output, file=sys.stderr)
     return 0 if ok else 1
 
 

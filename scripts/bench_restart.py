@@ -15,19 +15,14 @@ and how many restarts failed (did not finish, or took more than --slow-s to come
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 
-import psutil
+import benchlib
+from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "bin" / "train_toy.py"
@@ -51,21 +46,12 @@ def trial(name: str, args: argparse.Namespace) -> dict:
             str(SCRIPT), "--steps", str(args.steps), "--ckpt-dir", tmp, "--ckpt-every", "10",
             "--fail-at", str(args.fail_at), "--fail-rank", "1", "--fail-once",
             os.path.join(tmp, "failed"), "--step-time", str(args.step_time), "--width", "256"]
-        tag = uuid.uuid4().hex
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, env={**os.environ, "BENCH_TRIAL": tag})
+        run = Run(cmd)
         try:
-            text, _ = proc.communicate(timeout=args.timeout_s)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kill_tagged(tag)  # first: workers in sessions of their own still hold the pipe open
-            text, _ = proc.communicate()
-            rc = None
+            rc = run.wait(args.timeout_s)  # None: still running, killed below
         finally:
-            kill_tagged(tag)  # a hung launcher's workers live in sessions of their own
-        wall = time.monotonic() - started
+            run.close()  # a hung launcher's workers live in sessions of their own
+        text, wall = run.text(), run.wall_s
     fault = FAULT.search(text)
     recovered = None
     if fault:
@@ -80,22 +66,19 @@ def trial(name: str, args: argparse.Namespace) -> dict:
     return {"launcher": name, "rc": rc, "recovered_s": recovered, "wall_s": wall, "failed": failed}
 
 
-def kill_tagged(tag: str) -> None:
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("BENCH_TRIAL") == tag:
-                proc.kill()
-        except psutil.Error:
-            continue
-
-
 def summarize(results: list[dict], name: str) -> dict:
-    ok = [r["recovered_s"] for r in results if r["launcher"] == name and not r["failed"]]
-    n = sum(r["launcher"] == name for r in results)
-    return {"launcher": name, "trials": n, "failed": n - len(ok),
-            "median_s": statistics.median(ok) if ok else None,
-            "min_s": min(ok) if ok else None, "max_s": max(ok) if ok else None,
-            "stdev_s": statistics.stdev(ok) if len(ok) > 1 else 0.0}
+    s = benchlib.summarize(None if r["failed"] else r["recovered_s"]
+                           for r in results if r["launcher"] == name)
+    return {"launcher": name, **s.as_dict()}
+
+
+TABLE = Table([Column(key="launcher", header="launcher", align="<"),
+               Column(key="trials", header="trials"), Column(key="failed", header="failed"),
+               Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
+               Column(key="min_s", header="min s", spec=".3f"),
+               Column(key="max_s", header="max s", spec=".3f"),
+               Column(key="stdev_s", header="stdev", spec=".3f")],
+              name="launcher", anchor="torchrun")
 
 
 def main() -> None:
@@ -123,23 +106,17 @@ def main() -> None:
                   f"  (rc={r['rc']}, wall {r['wall_s']:.1f} s)", flush=True)
     summary = [summarize(results, n) for n in names]
     print()
-    print(f"{'launcher':<12}{'trials':>7}{'failed':>7}{'median s':>10}{'min s':>8}{'max s':>8}{'stdev':>8}")
-    for s in summary:
-        fmt = lambda x: "-" if x is None else f"{x:.3f}"
-        print(f"{s['launcher']:<12}{s['trials']:>7}{s['failed']:>7}{fmt(s['median_s']):>10}"
-              f"{fmt(s['min_s']):>8}{fmt(s['max_s']):>8}{fmt(s['stdev_s']):>8}")
+    print(TABLE.render(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps({"trials": results, "summary": summary}, indent=2))
+        benchlib.write_json(args.json, {"trials": results, "summary": summary})
     by = {s["launcher"]: s for s in summary}
-    if "torchrun" in by and "ftrun" in by and by["torchrun"]["median_s"] and by["ftrun"]["median_s"]:
-        print(f"\nratio ftrun/torchrun (median fault → first step again): "
-              f"{by['ftrun']['median_s'] / by['torchrun']['median_s']:.3f}  (target ≤ 0.5)")
-    print(f"failed restarts: " + ", ".join(f"{s['launcher']} {s['failed']}/{s['trials']}" for s in summary))
+    r = benchlib.ratio(by.get("ftrun", {}).get("median_s"), by.get("torchrun", {}).get("median_s"))
+    if r is not None:
+        print(f"\nratio ftrun/torchrun (median fault → first step again): {r:.3f}  (target ≤ 0.5)")
+    print("failed restarts: " + ", ".join(f"{s['launcher']} {s['failed']}/{s['trials']}"
+                                          for s in summary))
 
 
 if __name__ == "__main__":
-    # Plain torchrun leaves a mkdtemp of its own (torchelastic_*) in $TMPDIR on every run: the
-    # launchers get a scratch TMPDIR that goes away with the benchmark.
-    with tempfile.TemporaryDirectory(prefix="bench-tmp-") as scratch:
-        os.environ["TMPDIR"] = scratch
+    with benchlib.scratch_tmpdir():
         main()

@@ -18,7 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchlib import Column, Table  # noqa: E402
 from tests.conformance.runner import CORPUS, MODES, compare, run_one  # noqa: E402
+
+# Printed a row at a time, as each script's trials end (a full run takes a while).
+TABLE = Table([Column(key="script", header="script", width=24, align="<"),
+               Column(key="trials", header="trials"),
+               Column(key="hangs", header="hangs", width=10),
+               Column(key="mismatches", header="mismatches"),
+               Column(key="anchor_failed", header="torchrun failed"),
+               *(Column(key=f"s_{m}", header=f"s/run {m}", spec=".1f") for m in MODES)])
 
 
 def main() -> int:
@@ -32,8 +41,7 @@ def main() -> int:
     scripts = [s for s in CORPUS if not args.scripts or s.name in args.scripts]
     if not scripts:
         parser.error(f"no such script; the corpus is: {', '.join(s.name for s in CORPUS)}")
-    print(f"{'script':24} {'trials':>6} {'hangs':>12} {'mismatches':>12} {'torchrun failed':>16}"
-          f" {'s/run warm cold torchrun':>26}")
+    print(TABLE.header())
     total_bad = 0
     for script in scripts:
         hangs: Counter[str] = Counter()
@@ -55,9 +63,9 @@ def main() -> int:
                 examples.append(p[:400])
         bad = sum(hangs.values()) + sum(mismatches.values())
         total_bad += bad
-        per_run = " ".join(f"{seconds[m] / args.trials:6.1f}" for m in MODES)
-        print(f"{script.name:24} {args.trials:6} {_pair(hangs):>12} {_pair(mismatches):>12}"
-              f" {anchor_failed:16} {per_run:>26}", flush=True)
+        print(TABLE.line({"script": script.name, "trials": args.trials, "hangs": _pair(hangs),
+                          "mismatches": _pair(mismatches), "anchor_failed": anchor_failed,
+                          **{f"s_{m}": seconds[m] / args.trials for m in MODES}}), flush=True)
         for example in examples[:3]:
             print(f"    {example}")
     print(f"\nftrun hangs + mismatches over all scripts: {total_bad}"
