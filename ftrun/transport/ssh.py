@@ -148,12 +148,13 @@ class SshTransport:
                                                       START_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise unreachable(boot.host, f"no ssh session within {START_TIMEOUT_S:g} s") from None
-        if self.controller_addr is None and local_addr is None:
+        dial = self.controller_addr or local_addr
+        if dial is None:
             conn.close()
             raise unreachable(boot.host, "it is reached through a proxy (ProxyJump or "
                                   "ProxyCommand), so ftrun cannot tell which address it should "
                                   "dial back; pass --controller-addr")
-        boot = dataclasses.replace(boot, controller_host=self.controller_addr or local_addr)
+        boot = dataclasses.replace(boot, controller_host=dial)
         env_prefix = _env_prefix(boot)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")
@@ -170,7 +171,7 @@ class SshTransport:
         return SshAgent(boot.host, boot.process_tag, boot.python, conn, chan, log_file,
                         env_prefix=env_prefix)
 
-    def _connect(self, host: str) -> tuple[Any, str]:
+    def _connect(self, host: str) -> tuple[Any, str | None]:
         import fabric  # only the ssh transport needs fabric and paramiko: import on first use
         import paramiko
 
@@ -230,6 +231,7 @@ def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
             future.set_result(result)
 
     def work() -> None:
+        error: BaseException | None
         try:
             result = fn(*args)
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
