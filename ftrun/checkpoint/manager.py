@@ -20,14 +20,12 @@ two integers), so every rank persists the same steps.
 from __future__ import annotations
 
 import os
-import pickle
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,9 +34,9 @@ from ftrun.checkpoint import dcp_layout, restore as restore_mod, slots, storage
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
-from ftrun.checkpoint.errors import CheckpointDirError, CheckpointError
+from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.persist_client import PersistClient
-from ftrun.checkpoint.state import Flat, apply, flatten, storage_key
+from ftrun.checkpoint.state import Flat, apply, flatten, pickle_objects, storage_key
 
 
 @dataclass
@@ -70,7 +68,7 @@ class Manager:
                  config: CheckpointConfig | None = None, **options: Any) -> None:
         self.config = config or resolve_config(directory, **options)
         self._closed = True  # until fully constructed
-        _prepare_directory(self.config.directory)
+        storage.prepare_directory(self.config.directory)
         self._comm = Comm(timeout_s=self.config.collective_timeout)
         rank, world = self._comm.rank, self._comm.world
         self._nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
@@ -157,7 +155,7 @@ class Manager:
         keyed = [(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors]
         entries, size = slots.layout(keyed)  # type: ignore[arg-type]
         sig = slots.signature(entries, self.world_size)
-        objects = _pickle_objects(flat)
+        objects = pickle_objects(flat)
         persist = False
         if step % self.config.persist_every == 0:
             busy, replan = self._comm.max_ints(
@@ -364,23 +362,3 @@ class Manager:
 
     def __exit__(self, *exc: object) -> None:
         self.close(persist_last=exc[0] is None)
-
-
-def _pickle_objects(flat: Flat) -> bytes:
-    shared = {leaf.key: leaf.value for leaf in flat.objects if not leaf.local}
-    local = {leaf.key: leaf.value for leaf in flat.objects if leaf.local}
-    return pickle.dumps({"global": shared, "local": local}, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _prepare_directory(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise CheckpointDirError(f"checkpoint directory {path} exists and is not a directory",
-                                 hint="pass another directory") from None
-    except OSError as exc:
-        raise CheckpointDirError(f"cannot create checkpoint directory {path}: {exc.strerror}",
-                                 hint="pass a writable directory") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise CheckpointDirError(f"checkpoint directory {path} is not writable",
-                                 hint="pass a writable directory")
