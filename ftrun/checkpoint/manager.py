@@ -35,7 +35,7 @@ from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
 from ftrun.checkpoint.errors import CheckpointError
-from ftrun.checkpoint.persist_client import PersistClient
+from ftrun.checkpoint.persist_client import PersistClient, persist_message
 from ftrun.checkpoint.state import Flat, apply, flatten, pickle_objects, storage_key
 
 
@@ -208,22 +208,10 @@ class Manager:
 
     def _send_persist(self, step: int, index: int, entries: list[slots.TensorEntry],
                       objects: bytes, plan: dcp_layout.StoragePlan) -> None:
-        by_key = {e.key: e for e in entries}
-        items = [(by_key[key].offset, nbytes, file_off) for key, file_off, nbytes in plan.items]
-        directory = self.config.directory
-        commit = None
-        if self.rank == 0:
-            commit = {"world_size": self.world_size, "metadata": plan.metadata,
-                      "final_dir": str(directory / storage.step_dir_name(step)),
-                      "keep": self.config.keep, "timeout": self.config.persist_timeout,
-                      "job_id": self.config.job_id}
-        self._client.send({
-            "op": "persist", "step": step, "generation": self.config.generation,
-            "rank": self.rank, "slot_path": self._tier.slots[index].path,
-            "tmp_dir": str(directory / storage.tmp_dir_name(step, self.config.generation, self._nonce)),
-            "files": [{"name": storage.data_file_name(self.rank), "items": items}],
-            "objects": objects, "commit": commit,
-            "bandwidth": self.config.persist_bandwidth * 1e6})
+        self._client.send(persist_message(
+            step=step, rank=self.rank, world_size=self.world_size,
+            slot_path=self._tier.slots[index].path, entries=entries, objects=objects, plan=plan,
+            config=self.config, nonce=self._nonce))
 
     def _on_worker(self, msg: dict[str, Any]) -> None:
         """Runs on the reply-reader thread."""
