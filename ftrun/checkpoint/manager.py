@@ -1,33 +1,30 @@
 """Manager: the object a training script holds. Snapshot, persist, restore.
 
-Per rank: one snapshot thread (copies tensors into a slot while the next forward/backward runs),
-one persist worker process (writes a slot to storage at idle priority), one reply-reader thread.
+This module is the public API and the order of things in one rank. The rules live elsewhere:
+which slot a save writes into, which one the worker reads and when a persist may start are the
+pure `slot_table.SlotTable`; the copy is `snapshot.py`; the worker and its messages are
+`persist_client.py`; the tier choice is `restore.py`. Per rank: a snapshot thread (copies tensors
+into a slot while the next forward/backward runs), a persist worker process (writes a slot to
+storage at idle priority) and its reply-reader thread; they meet in the slot table, under `_cond`.
 
     save(step)  ── references + small copies ──▶ snapshot thread ── memcpy ──▶ slot (memory tier)
                                                                    └─ persist? ─▶ worker ─▶ storage
     next optimizer.step() ─ pre-step hook ─▶ wait_snapshot() (blocks only if the copy is not done)
 
-State of the slots (guarded by `_cond`): `_latest` holds the newest complete snapshot, `_pinned`
-is being read by the worker; a new snapshot goes to a slot that is neither, or, when a persist
-pins the only other slot, over `_latest` (the memory tier then falls back to the pinned one while
-the copy runs). At most one persist is in flight (`_busy`) and the worker writes at no more than
-`persist_bandwidth` MB/s: storage I/O is not free for the training loop (on the reference VM,
-unthrottled writes at 1-2 GB/s slow it by 10-100%, 300 MB/s by a few %). Every save still
-reaches the memory tier. Whether a save is persisted is agreed by all ranks (one all-reduce of
-two integers), so every rank persists the same steps.
+Every save reaches the memory tier; at most one persist is in flight, at no more than
+`persist_bandwidth` MB/s (on the reference VM, unthrottled writes at 1-2 GB/s slow training by
+10-100%, 300 MB/s by a few %). All ranks agree whether a save is persisted (one all-reduce).
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import threading
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,9 +33,10 @@ from ftrun.checkpoint import dcp_layout, restore as restore_mod, slots, storage
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
-from ftrun.checkpoint.errors import CheckpointDirError, CheckpointError
-from ftrun.checkpoint.persist_client import PersistClient
-from ftrun.checkpoint.state import Flat, apply, flatten, storage_key
+from ftrun.checkpoint.errors import CheckpointError
+from ftrun.checkpoint.persist_client import PersistClient, persist_message
+from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
+from ftrun.checkpoint.state import apply, flatten, pickle_objects, storage_key
 
 
 @dataclass
@@ -70,7 +68,7 @@ class Manager:
                  config: CheckpointConfig | None = None, **options: Any) -> None:
         self.config = config or resolve_config(directory, **options)
         self._closed = True  # until fully constructed
-        _prepare_directory(self.config.directory)
+        storage.prepare_directory(self.config.directory)
         self._comm = Comm(timeout_s=self.config.collective_timeout)
         rank, world = self._comm.rank, self._comm.world
         self._nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
@@ -78,10 +76,7 @@ class Manager:
         self._tier = slots.MemoryTier(directory=mem / f"rank{rank}" if mem else None,
                                       slots=self.config.memory_slots, rank=rank, world_size=world)
         self._cond = threading.Condition()
-        self._latest: int | None = None
-        self._pinned: int | None = None
-        self._busy = False
-        self._worker_gone = False
+        self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
         self._job: SnapshotJob | None = None
         self._plan: dcp_layout.StoragePlan | None = None
         self._last_saved: int | None = None
@@ -109,6 +104,10 @@ class Manager:
     def world_size(self) -> int:
         return self._comm.world
 
+    @property
+    def _worker_gone(self) -> bool:  # read by tests
+        return self._slots.worker_gone
+
     # -- restore -------------------------------------------------------------------------------
 
     def restore(self, state: Mapping[str, Any]) -> int:
@@ -119,17 +118,12 @@ class Manager:
         self._check_open()
         self._wait_done()
         flat = flatten(state)
-        self._attach_from(flat)
+        self.attach(*flat.optimizers())
         restored, objects, slot_index = restore_mod.restore(
             flat, comm=self._comm, tier=self._tier, config=self.config)
         apply(flat, objects)
         with self._cond:
-            for i, st in enumerate(self._tier.states):  # drop snapshots of another timeline
-                if st.step is None or st.step > restored.step:
-                    self._tier.invalidate(i)
-            valid = [i for i, st in enumerate(self._tier.states) if st.step is not None]
-            self._latest = (slot_index if slot_index is not None else
-                            max(valid, key=lambda i: self._tier.states[i].step or 0, default=None))
+            self._slots.restored(self._tier.keep_until(restored.step), latest=slot_index)
             self._touched_slots = True
         size = slots.layout([(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors])[1]  # type: ignore[misc]
         self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
@@ -149,33 +143,29 @@ class Manager:
         t0 = time.perf_counter()
         self._check_open()
         self._wait_done()
-        if self._worker_gone:
-            raise CheckpointError("the checkpoint persist worker died",
-                                  hint="see this rank's log for its error")
+        if self._slots.worker_gone:
+            raise _worker_died()
         flat = flatten(state)
-        self._attach_from(flat)
+        self.attach(*flat.optimizers())
         keyed = [(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors]
         entries, size = slots.layout(keyed)  # type: ignore[arg-type]
         sig = slots.signature(entries, self.world_size)
-        objects = _pickle_objects(flat)
+        objects = pickle_objects(flat)
         persist = False
         if step % self.config.persist_every == 0:
             busy, replan = self._comm.max_ints(
-                [int(self._busy), int(self._plan is None or self._plan.signature != sig)])
+                [int(self._slots.persisting), int(self._plan is None or self._plan.signature != sig)])
             persist = not busy
             if persist and replan:
                 self._plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)  # type: ignore[arg-type]
         with self._cond:
             if not self._touched_slots:  # saving without a restore: old snapshots are stale
-                for i in range(len(self._tier.slots)):
-                    self._tier.invalidate(i)
+                self._tier.invalidate_all()
                 self._touched_slots = True
-            index = self._choose_slot()
+            persist = persist and not self._slots.worker_gone  # it may have died just now
+            index = self._slots.start_snapshot(persist=persist)
             self._tier.invalidate(index)
-            if self._latest == index:
-                self._latest = None
             if persist:
-                self._busy, self._pinned = True, index
                 self._last_persist_started = step
                 self.stats.persists += 1
         small = self.config.small_tensor_bytes
@@ -184,19 +174,11 @@ class Manager:
                          self._plan if persist else None)
         others = [s for s in self._tier.slots if s.index != index and (s.size < size or not s.populated)]
         self._job = SnapshotJob(step, self._tier.slots[index], size, copies, finish,  # type: ignore[arg-type]
-                                      prepare=others)
+                                prepare=others, on_failure=partial(self._snapshot_failed, index))
         self._snapshotter.submit(self._job)
         self._last_saved = step
         self.stats.saves += 1
         self.stats.save_s += time.perf_counter() - t0
-
-    def _choose_slot(self) -> int:
-        free = [i for i in range(len(self._tier.slots)) if i not in (self._latest, self._pinned)]
-        if not free:
-            assert self._latest is not None
-            return self._latest
-        return min(free, key=lambda i: -1 if self._tier.states[i].step is None
-                   else self._tier.states[i].step)  # type: ignore[return-value]
 
     def _snapshot_done(self, step: int, index: int, sig: str, entries: list[slots.TensorEntry],
                        objects: bytes, size: int, plan: dcp_layout.StoragePlan | None) -> None:
@@ -204,37 +186,34 @@ class Manager:
         self._tier.commit(index, step=step, generation=self.config.generation, sig=sig,
                           entries=entries, objects=objects, data_size=size)
         with self._cond:
-            self._latest = index
-        if plan is not None:
+            send = self._slots.filled(index, step)
+        if send:
+            assert plan is not None
             self._send_persist(step, index, entries, objects, plan)
+        elif plan is not None:  # the worker exited during the copy
+            raise _worker_died()
+
+    def _snapshot_failed(self, index: int) -> None:
+        """Runs on the snapshot thread when the copy into `index` or its commit failed."""
+        with self._cond:
+            if self._slots.phase(index) in COPYING_PHASES:  # not when only the persist send failed
+                self._slots.copy_failed(index)
+            self._cond.notify_all()
 
     def _send_persist(self, step: int, index: int, entries: list[slots.TensorEntry],
                       objects: bytes, plan: dcp_layout.StoragePlan) -> None:
-        by_key = {e.key: e for e in entries}
-        items = [(by_key[key].offset, nbytes, file_off) for key, file_off, nbytes in plan.items]
-        directory = self.config.directory
-        commit = None
-        if self.rank == 0:
-            commit = {"world_size": self.world_size, "metadata": plan.metadata,
-                      "final_dir": str(directory / storage.step_dir_name(step)),
-                      "keep": self.config.keep, "timeout": self.config.persist_timeout,
-                      "job_id": self.config.job_id}
-        self._client.send({
-            "op": "persist", "step": step, "generation": self.config.generation,
-            "rank": self.rank, "slot_path": self._tier.slots[index].path,
-            "tmp_dir": str(directory / storage.tmp_dir_name(step, self.config.generation, self._nonce)),
-            "files": [{"name": storage.data_file_name(self.rank), "items": items}],
-            "objects": objects, "commit": commit,
-            "bandwidth": self.config.persist_bandwidth * 1e6})
+        self._client.send(persist_message(
+            step=step, rank=self.rank, world_size=self.world_size,
+            slot_path=self._tier.slots[index].path, entries=entries, objects=objects, plan=plan,
+            config=self.config, nonce=self._nonce))
 
     def _on_worker(self, msg: dict[str, Any]) -> None:
         """Runs on the reply-reader thread."""
         with self._cond:
             if msg["op"] == "released":
-                self._pinned = None
+                self._slots.released()
             elif msg["op"] == "done":
-                self._busy = False
-                self._pinned = None
+                self._slots.persist_done()
                 if msg["ok"]:
                     self.stats.persisted += 1
                     self.stats.last_persisted_step = msg["step"]
@@ -242,9 +221,8 @@ class Manager:
                     self.stats.persist_failures += 1
                     restore_mod.warn(f"persisting step {msg['step']} failed: {msg['error']}")
             elif msg["op"] == "exited":
-                self._busy, self._pinned = False, None
+                self._slots.worker_exited()
                 if not self._closed:
-                    self._worker_gone = True
                     restore_mod.warn(f"the persist worker exited (code {msg['code']})")
             self._cond.notify_all()
 
@@ -289,14 +267,9 @@ class Manager:
     def wait_persist(self, timeout: float | None = None) -> bool:
         """Wait until no persist is in flight on this rank; False on timeout."""
         self._wait_done()
-        deadline = time.monotonic() + (self.config.persist_timeout if timeout is None else timeout)
+        limit = self.config.persist_timeout if timeout is None else timeout
         with self._cond:
-            while self._busy and not self._worker_gone:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+            return self._cond.wait_for(lambda: not self._slots.persisting, limit)
 
     def attach(self, *optimizers: torch.optim.Optimizer) -> None:
         """Make each optimizer's step() wait for the snapshot copy first (a pre-step hook)."""
@@ -304,9 +277,6 @@ class Manager:
             if id(opt) not in self._hooks:
                 self._hooks[id(opt)] = opt.register_step_pre_hook(
                     lambda _opt, _args, _kwargs: self.wait_snapshot())
-
-    def _attach_from(self, flat: Flat) -> None:
-        self.attach(*flat.optimizers())
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -321,11 +291,15 @@ class Manager:
                 # Agreed by all ranks, so that they all take part in the same collectives.
                 need, gone = self._comm.max_ints([
                     int(self._last_saved is not None and self._last_saved != self._last_persist_started),
-                    int(self._worker_gone)])
+                    int(self._slots.worker_gone)])
                 if need and not gone:
-                    self.wait_persist(limit)
-                    self._comm.max_ints([0])  # every rank's worker is idle past this point
-                    self._persist_latest()
+                    # Past this point every rank's worker is idle, or no rank persists.
+                    busy, = self._comm.max_ints([int(not self.wait_persist(limit))])
+                    if busy:
+                        restore_mod.warn(f"step {self._last_saved} is not persisted: a persist "
+                                         f"was still in flight after {limit} s")
+                    else:
+                        self._persist_latest()
             if not self.wait_persist(limit):
                 restore_mod.warn(f"the last persist did not finish within {limit} s")
         finally:
@@ -339,7 +313,7 @@ class Manager:
             self._comm.close()
 
     def _persist_latest(self) -> None:
-        index = self._latest
+        index = self._slots.latest
         state = self._tier.states[index] if index is not None else None
         if index is None or state is None or state.step is None:
             return
@@ -350,7 +324,9 @@ class Manager:
             self._plan = dcp_layout.plan_storage(tensors, comm=self._comm, signature=sig)
         del tensors
         with self._cond:
-            self._busy, self._pinned = True, index
+            if self._slots.worker_gone:
+                raise _worker_died()
+            self._slots.pin_latest()
         self._last_persist_started = state.step
         self.stats.persists += 1
         self._send_persist(state.step, index, state.entries, state.objects, self._plan)
@@ -366,21 +342,6 @@ class Manager:
         self.close(persist_last=exc[0] is None)
 
 
-def _pickle_objects(flat: Flat) -> bytes:
-    shared = {leaf.key: leaf.value for leaf in flat.objects if not leaf.local}
-    local = {leaf.key: leaf.value for leaf in flat.objects if leaf.local}
-    return pickle.dumps({"global": shared, "local": local}, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _prepare_directory(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise CheckpointDirError(f"checkpoint directory {path} exists and is not a directory",
-                                 hint="pass another directory") from None
-    except OSError as exc:
-        raise CheckpointDirError(f"cannot create checkpoint directory {path}: {exc.strerror}",
-                                 hint="pass a writable directory") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise CheckpointDirError(f"checkpoint directory {path} is not writable",
-                                 hint="pass a writable directory")
+def _worker_died() -> CheckpointError:
+    return CheckpointError("the checkpoint persist worker died",
+                           hint="see this rank's log for its error")

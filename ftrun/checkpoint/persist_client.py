@@ -1,8 +1,13 @@
-"""The rank's side of the persist worker: start it, send it work, track what it reports.
+"""The rank's side of the persist worker: start it, tell it what to persist, relay its replies.
 
 The worker is started with `python -m ftrun.checkpoint.worker` (no torch import, so milliseconds)
 in the rank's own process group, so whatever kills the rank's group kills it too; it also dies
 with its parent (PDEATHSIG) and on EOF of its command pipe.
+
+This module owns the rank's half of the worker protocol (see `worker.py`): `persist_message`
+turns a snapshot in a slot and its storage plan into the "persist" command, with the file names
+and directories of `storage.py`, so the Manager deals in snapshots and never in frames. Importing
+it does not import torch.
 """
 
 from __future__ import annotations
@@ -12,17 +17,52 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ftrun
 
+from ftrun.checkpoint import storage
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.worker import encode_frame, read_frame
 
+if TYPE_CHECKING:
+    from ftrun.checkpoint.config import CheckpointConfig
+    from ftrun.checkpoint.dcp_layout import StoragePlan
+    from ftrun.checkpoint.slots import TensorEntry
+
+
+def persist_message(*, step: int, rank: int, world_size: int, slot_path: str,
+                    entries: Sequence[TensorEntry], objects: bytes, plan: StoragePlan,
+                    config: CheckpointConfig, nonce: str) -> dict[str, Any]:
+    """The "persist" command for the snapshot of `step` in the slot at `slot_path`.
+
+    The worker copies this rank's share of the tensors (`plan.items`, located in the slot through
+    `entries`) into its data file under a temporary directory unique to this generation and
+    manager (`nonce`); rank 0's command also carries what the commit needs.
+    """
+    by_key = {e.key: e for e in entries}
+    items = [(by_key[key].offset, nbytes, file_off) for key, file_off, nbytes in plan.items]
+    directory = config.directory
+    commit = None
+    if rank == 0:
+        commit = {"world_size": world_size, "metadata": plan.metadata,
+                  "final_dir": str(directory / storage.step_dir_name(step)),
+                  "keep": config.keep, "timeout": config.persist_timeout,
+                  "job_id": config.job_id}
+    return {
+        "op": "persist", "step": step, "generation": config.generation,
+        "rank": rank, "slot_path": slot_path,
+        "tmp_dir": str(directory / storage.tmp_dir_name(step, config.generation, nonce)),
+        "files": [{"name": storage.data_file_name(rank), "items": items}],
+        "objects": objects, "commit": commit,
+        "bandwidth": config.persist_bandwidth * 1e6}
+
 
 class PersistClient:
+    """One persist worker for this rank; `on_message` gets its replies on a reader thread."""
+
     def __init__(self, *, priority: str, on_message: Callable[[dict[str, Any]], None]) -> None:
         self._on_message = on_message
         self._lock = threading.Lock()

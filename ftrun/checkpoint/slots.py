@@ -195,6 +195,19 @@ class MemoryTier:
             found.append(slot.index)
         return found
 
+    def keep_until(self, step: int) -> list[int | None]:
+        """Drop invalid slots' leftovers and the snapshots newer than `step` (another timeline);
+        returns each slot's step."""
+        for index, state in enumerate(self.states):
+            if state.step is None or state.step > step:
+                self.invalidate(index)
+        return [state.step for state in self.states]
+
+    def invalidate_all(self) -> None:
+        """Stale snapshots of an earlier process (a save without a restore) must not be restored."""
+        for index in range(len(self.slots)):
+            self.invalidate(index)
+
     def invalidate(self, index: int) -> None:
         self.states[index] = SlotState()
         path = self.slots[index].manifest_path

@@ -34,7 +34,8 @@ COPY_CHUNK = 64 << 20  # small enough for the training thread to join a copy in 
 @dataclass
 class SnapshotJob:
     """Copy `copies` (source tensor, destination entry) into `slot`, call `finish`, then make
-    the `prepare` slots ready for `size` bytes. A job without a slot only prepares."""
+    the `prepare` slots ready for `size` bytes. A job without a slot only prepares. When the copy
+    or `finish` fails, `on_failure` runs instead (still before `done`)."""
 
     step: int
     slot: Slot | None
@@ -42,6 +43,7 @@ class SnapshotJob:
     copies: list[tuple[torch.Tensor, TensorEntry]]
     finish: Callable[[], None] | None
     prepare: list[Slot] = field(default_factory=list)
+    on_failure: Callable[[], None] | None = None
     copied: threading.Event = field(default_factory=threading.Event)   # state may change now
     done: threading.Event = field(default_factory=threading.Event)     # finish() ran too
     error: BaseException | None = None
@@ -163,6 +165,11 @@ class Snapshotter:
                                               f"within {self._timeout_s} s")
                 if job.error is None and job.finish is not None:
                     job.finish()
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                job.fail(exc)
+            try:
+                if job.error is not None and job.on_failure is not None:
+                    job.on_failure()
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 job.fail(exc)
             finally:

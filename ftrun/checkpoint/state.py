@@ -18,6 +18,7 @@ optimizer state is keyed by parameter name too (and survives resharding).
 
 from __future__ import annotations
 
+import pickle
 import random
 import sys
 from collections.abc import Iterable, Mapping
@@ -140,6 +141,13 @@ def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: boo
 def storage_key(leaf: Leaf, rank: int) -> str:
     """The DCP name of a tensor: its FQN, or a rank-qualified one for PerRank state."""
     return f"__rank{rank}__.{leaf.key}" if leaf.local else leaf.key
+
+
+def pickle_objects(flat: Flat) -> bytes:
+    """The non-tensor values of a save, shared and per rank apart (restore.py reads them)."""
+    shared = {leaf.key: leaf.value for leaf in flat.objects if not leaf.local}
+    local = {leaf.key: leaf.value for leaf in flat.objects if leaf.local}
+    return pickle.dumps({"global": shared, "local": local}, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def apply(flat: Flat, objects: Mapping[str, Any]) -> None:

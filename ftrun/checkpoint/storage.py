@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftrun.checkpoint.errors import CheckpointDirError
+
 FORMAT = "ftrun-checkpoint/1"
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
@@ -40,6 +42,21 @@ _TRASH_PREFIX = ".trash-"
 
 class Invalid(Exception):
     """A checkpoint (or memory snapshot) that must not be loaded; the message says why."""
+
+
+def prepare_directory(path: Path) -> None:
+    """Create the storage directory if needed; a user error if it cannot be written to."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CheckpointDirError(f"checkpoint directory {path} exists and is not a directory",
+                                 hint="pass another directory") from None
+    except OSError as exc:
+        raise CheckpointDirError(f"cannot create checkpoint directory {path}: {exc.strerror}",
+                                 hint="pass a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CheckpointDirError(f"checkpoint directory {path} is not writable",
+                                 hint="pass a writable directory")
 
 
 def step_dir_name(step: int) -> str:
