@@ -28,7 +28,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.lines import (REPORT_LINE_CHARS, REPORT_TEXT_CHARS, STACKS_CHARS, LineSplitter,
                                batches, clip, report_lines, shrunk)
 from ftrun.agent.tail import GenerationLogs, RankNews, exception_line, extract_traceback
+from ftrun.bootstrap import Bootstrap
 from ftrun.errors import ProtocolError
 from ftrun.protocol import Channel, open_channel
 from ftrun.tasks import TaskFailure, TaskSupervisor
@@ -58,37 +58,6 @@ EXIT_AGENT_ERROR = 4
 MAX_UNSENT_BYTES = 8 * 1024 * 1024
 TORCHRUN_READ_BYTES = 64 * 1024
 DRAIN_POLLS = 16  # > (BACKLOG_SKIP_BYTES + SKIP_KEEP_BYTES) / READ_CHUNK: enough to catch up
-
-
-@dataclass(frozen=True, kw_only=True)
-class Bootstrap:
-    """What the controller hands an agent on stdin (never on a command line: it holds the secret)."""
-
-    controller_host: str
-    controller_port: int
-    secret: str
-    job_id: str
-    agent_id: str
-    host: str
-    heartbeat_interval_s: float
-    fence_timeout_s: float
-    warm_start: bool
-    python: str = sys.executable
-    # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
-    env: dict[str, str] = field(default_factory=dict)
-    # Started by the local transport: the controller is our parent, on this host.
-    local: bool = False
-
-    @property
-    def process_tag(self) -> str:
-        """The FTRUN_AGENT_ID every process of this agent carries, and that its sweeps kill by.
-        Unique per job: agent ids (host#N) repeat across jobs, and two jobs on one host must
-        never sweep each other's processes."""
-        return f"{self.job_id}/{self.agent_id}"
-
-    @classmethod
-    def from_json(cls, text: str) -> "Bootstrap":
-        return cls(**json.loads(text))
 
 
 @dataclass
