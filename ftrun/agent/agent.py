@@ -40,7 +40,8 @@ from ftrun.agent.lines import (REPORT_LINE_CHARS, REPORT_TEXT_CHARS, STACKS_CHAR
                                batches, clip, report_lines, shrunk)
 from ftrun.agent.tail import GenerationLogs, RankNews, exception_line, extract_traceback
 from ftrun.bootstrap import Bootstrap
-from ftrun.errors import ProtocolError
+from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED, ProtocolError
+from ftrun.netutil import ALL_INTERFACES, free_port
 from ftrun.protocol import Channel, open_channel
 from ftrun.tasks import TaskFailure, TaskSupervisor
 
@@ -51,8 +52,6 @@ TAIL_INTERVAL_S = 0.05
 PROGRESS_FLUSH_INTERVAL_S = 0.5
 # A timed loop that wakes this much later than it asked was stalled itself: it defers one check.
 STALLED_TICK_S = 0.1
-EXIT_FENCED = 3
-EXIT_AGENT_ERROR = 4
 # Unsent bytes on the control connection past which log lines are held back (counted, and said
 # so with a marker), so a slow controller cannot make the agent buffer without bound.
 MAX_UNSENT_BYTES = 8 * 1024 * 1024
@@ -117,7 +116,7 @@ class Agent:
             # the controller makes it the rendezvous address when we are node rank 0.
             self.chan.send("hello", agent_id=self.boot.agent_id, host=self.boot.host,
                            pid=os.getpid(), addr=self.chan.writer.get_extra_info("sockname")[0],
-                           port=free_port())
+                           port=free_port(ALL_INTERFACES))
             self.last_heard = time.monotonic()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
@@ -366,7 +365,7 @@ class Agent:
         else:
             survivors = []
         # A fresh rendezvous port for the next generation, in case we are its node rank 0.
-        self._send("stopped", gen=number, survivors=survivors, port=free_port())
+        self._send("stopped", gen=number, survivors=survivors, port=free_port(ALL_INTERFACES))
 
     async def _kill_generation(self) -> list[int]:
         run, self.gen = self.gen, None
@@ -618,14 +617,6 @@ class StallGuard:
     async def sleep(self, seconds: float) -> None:
         self._wake = time.monotonic() + seconds
         await asyncio.sleep(seconds)
-
-
-def free_port() -> int:
-    """A port for a generation's rendezvous, picked before it is needed, so a restart never
-    waits on a port still in TIME_WAIT from the generation it replaces."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _signal_name(sig: int | None) -> str | None:
