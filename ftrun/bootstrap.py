@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, kw_only=True)
 class Bootstrap:
-    """What the controller hands an agent on stdin (never on a command line: it holds the secret)."""
+    """What the controller hands an agent on stdin (not a command line: it holds the secret)."""
 
     controller_host: str
     controller_port: int
