@@ -14,6 +14,12 @@ EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# An agent's own exit status (its process on a host, not the job's): what its log and its
+# transport see. Fenced: it lost the controller (silence, a closed connection or stdin, a signal)
+# and killed everything it started, so a partitioned host never trains on. Agent error: one of
+# its own tasks failed for good (tasks.py); the controller has the reason in its journal.
+EXIT_FENCED = 3
+EXIT_AGENT_ERROR = 4
 
 
 class FtrunError(Exception):

@@ -7,7 +7,8 @@ import logging
 import os
 import sys
 
-from ftrun.agent.agent import Agent, Bootstrap
+from ftrun.agent.agent import Agent
+from ftrun.bootstrap import Bootstrap
 
 
 def main() -> int:

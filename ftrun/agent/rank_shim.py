@@ -27,6 +27,10 @@ PR_SET_PDEATHSIG = 1
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                      signal.SIGQUIT)
 ZYGOTE_MAX_MESSAGE = 1 << 20
+# How long a shim waits for the warm interpreter's answer (a pid, or "start it cold"). The first
+# answers come once it has imported torch (seconds, more on a loaded host), later ones within
+# milliseconds; one that takes this long is stuck, and the child starts cold rather than never.
+ZYGOTE_REPLY_TIMEOUT_S = 120.0
 
 
 def die_with_parent() -> None:
@@ -107,16 +111,27 @@ def run_warm(zygote_path: str, request: dict, fds: list[int]) -> dict | None:
     """Ask the zygote to fork the child. Returns its exit status, or None if the zygote could not
     be reached at all or refused (the caller then starts the child cold)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(ZYGOTE_REPLY_TIMEOUT_S)
     try:
         sock.connect(zygote_path)
     except OSError:
         sock.close()
         return None
     request.update(env=dict(os.environ), cwd=os.getcwd(), **exec_identity())
-    socket.send_fds(sock, [json.dumps(request).encode()], fds)
-    reply = sock.recv(ZYGOTE_MAX_MESSAGE)
+    try:
+        socket.send_fds(sock, [json.dumps(request).encode()], fds)
+        reply = sock.recv(ZYGOTE_MAX_MESSAGE)
+    except TimeoutError:
+        # Closing our end tells the zygote we gave up: it forks nothing for this request (or
+        # kills at once what it forked just now: EOF on the connection).
+        sock.close()
+        print(f"ftrun: starting cold: the warm interpreter did not answer within "
+              f"{ZYGOTE_REPLY_TIMEOUT_S:g} s", file=sys.stderr)
+        return None
     if not reply:
         return None
+    # From here we wait for the child's exit status: as long as the child runs.
+    sock.settimeout(None)
     answer = json.loads(reply)
     if "cold" in answer:
         print(f"ftrun: starting cold: {answer['cold']}", file=sys.stderr)

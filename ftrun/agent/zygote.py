@@ -4,7 +4,9 @@ A restart's cost is mostly start-up: a fresh interpreter importing torch takes s
 machine, and torchrun itself is such an interpreter. The agent starts one zygote per host; each
 generation's torchrun and ranks are forks of it (rank_shim.py asks, passing its stdin/stdout/
 stderr over SCM_RIGHTS), so a restart pays milliseconds instead of seconds. The technique is
-Android's zygote; DESIGN.md §5 lists the precedent (TrainMover's warm-up sandbox).
+Android's zygote (one process preloads the runtime; every app starts as a fork of it); for
+training jobs, TrainMover's warm-up sandbox is the precedent for readying a worker before it is
+needed.
 
 A fork does not run the user's code inside the zygote's loop: it returns out of `serve()` to
 `main()` and becomes the process `python -u script.py` would have been (as_main.py), so the
@@ -95,6 +97,11 @@ class Zygote:
         except (OSError, ValueError):
             conn.close()
             return None
+        if _peer_gone(conn):  # the shim stopped waiting (its reply timeout) and started cold
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
         mismatch = interpreter_env_mismatch(request.get("env", {}), os.environ)
         if mismatch:
             _send(conn, {"cold": f"{mismatch} differs from the warm interpreter's"})
@@ -173,6 +180,16 @@ def interpreter_env_mismatch(requested: Mapping[str, str], ours: Mapping[str, st
         if requested.get(name) != ours.get(name):
             return name
     return None
+
+
+def _peer_gone(conn: socket.socket) -> bool:
+    """Whether the other end has closed (EOF after its request), without waiting."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _send(conn: socket.socket, body: dict[str, Any]) -> None:

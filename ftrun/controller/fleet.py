@@ -12,7 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ftrun.agent.agent import Bootstrap
+from ftrun.bootstrap import Bootstrap
 from ftrun.config import LaunchConfig
 from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from ftrun.agent.agent import Bootstrap
+from ftrun.bootstrap import Bootstrap
 
 
 class AgentHandle(Protocol):

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ftrun.agent import procs
-from ftrun.agent.agent import Bootstrap
+from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
 
 

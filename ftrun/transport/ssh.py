@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Callable, TypeVar
 
-from ftrun.agent.agent import Bootstrap
+from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
 from ftrun.hostlist import split_target
 

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ftrun.agent.agent import Bootstrap
+from ftrun.bootstrap import Bootstrap
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
 from ftrun.protocol import new_secret

@@ -1,0 +1,45 @@
+"""The agent's bootstrap: what the controller hands each agent when a transport starts it.
+
+One JSON line on the agent's stdin, never a command line: it holds the job secret, and a command
+line is readable by every user of the host. The controller (fleet.py) fills it in, a transport
+(local, ssh) delivers it, the agent reads it; so it is part of the wire contract, beside
+protocol.py, and sits on the ground floor where all three can import it without an arrow that
+runs up. Ground floor: imports nothing of ftrun.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bootstrap:
+    """What the controller hands an agent on stdin (not a command line: it holds the secret)."""
+
+    controller_host: str
+    controller_port: int
+    secret: str
+    job_id: str
+    agent_id: str
+    host: str
+    heartbeat_interval_s: float
+    fence_timeout_s: float
+    warm_start: bool
+    python: str = sys.executable
+    # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
+    env: dict[str, str] = field(default_factory=dict)
+    # Started by the local transport: the controller is our parent, on this host.
+    local: bool = False
+
+    @property
+    def process_tag(self) -> str:
+        """The FTRUN_AGENT_ID every process of this agent carries, and that its sweeps kill by.
+        Unique per job: agent ids (host#N) repeat across jobs, and two jobs on one host must
+        never sweep each other's processes."""
+        return f"{self.job_id}/{self.agent_id}"
+
+    @classmethod
+    def from_json(cls, text: str) -> Bootstrap:
+        return cls(**json.loads(text))
