@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ftrun.agent.agent import Bootstrap
 from ftrun.config import LaunchConfig
+from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
-
-if TYPE_CHECKING:
-    from ftrun.controller.supervisor import Reporter
 
 log = logging.getLogger("ftrun.controller")
 
@@ -41,7 +39,7 @@ FENCE_MARGIN_S = 0.5
 
 class Fleet:
     def __init__(self, config: LaunchConfig, *, transport: Transport, server: ControlServer,
-                 journal: Journal, reporter: "Reporter", secret: str, environ: dict[str, str],
+                 journal: Journal, reporter: Reporter, secret: str, environ: dict[str, str],
                  tasks: TaskSupervisor | None = None) -> None:
         self.config = config
         self.tasks = tasks or TaskSupervisor()

@@ -6,15 +6,13 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ftrun.controller.evidence import Failure
 from ftrun.controller.policy import Evidence
+from ftrun.controller.reporting import Reporter
 from ftrun.controller.stall import StallWatch
 from ftrun.journal import Journal
-
-if TYPE_CHECKING:
-    from ftrun.controller.supervisor import Reporter
 
 PROGRESS_EVENT_INTERVAL_S = 5.0
 
@@ -41,7 +39,7 @@ class Reconfigure:
     detail: str
 
 
-def record_output(journal: Journal, reporter: "Reporter", watch: GenWatch, host: str,
+def record_output(journal: Journal, reporter: Reporter, watch: GenWatch, host: str,
               msg: dict[str, Any]) -> bool:
     """Handle logs, progress and rank starts; True when the message was one of those."""
     kind = msg["kind"]

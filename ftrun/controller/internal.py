@@ -7,20 +7,18 @@ the job with it as the root cause, instead of leaving a controller that silently
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
+from ftrun.controller.reporting import Reporter
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskFailure, TaskSupervisor
-
-if TYPE_CHECKING:
-    from ftrun.controller.supervisor import Reporter
 
 T = TypeVar("T")
 
 
 class InternalFailures:
-    def __init__(self, journal: Journal, reporter: "Reporter", *,
+    def __init__(self, journal: Journal, reporter: Reporter, *,
                  generation: Callable[[], int]) -> None:
         self.journal = journal
         self.reporter = reporter

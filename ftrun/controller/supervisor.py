@@ -22,8 +22,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
@@ -35,12 +34,13 @@ from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record_output, root_cause
 from ftrun.controller.hosts import HostHealth
 from ftrun.controller.internal import InternalFailures
+from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stall import ExitHang
 from ftrun.controller.stalldesk import StallDesk
-from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
+from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
@@ -51,22 +51,6 @@ log = logging.getLogger("ftrun.controller")
 TEARDOWN_MARGIN_S = 10.0
 CONTROL_FILE = "control.json"
 
-
-
-class Reporter(Protocol):
-    """Where the controller's output goes for people (the CLI renders it)."""
-
-    def rank_output(self, rank: int, lines: list[str]) -> None: ...
-    def torchrun_output(self, host: str, lines: list[str]) -> None: ...
-    def notice(self, text: str, *, level: str = "info") -> None: ...
-
-
-@dataclass
-class JobOutcome:
-    state: str  # succeeded | failed | stopped
-    exit_code: int
-    reason: str
-    root_cause: dict[str, Any] | None = None
 
 
 class Supervisor:
@@ -121,21 +105,21 @@ class Supervisor:
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
             if isinstance(outcome, TaskFailure):
-                outcome = JobOutcome(
-                    "failed", EXIT_JOB_FAILED, f"internal error: {outcome.task} failed "
+                outcome = JobOutcome.failed(
+                    f"internal error: {outcome.task} failed "
                     f"({outcome.error})", {"kind": "internal", "task": outcome.task,
                                            "exception": outcome.error,
                                            "traceback": outcome.traceback,
                                            "log": str(self.journal.job_dir / "events.jsonl")})
         except FtrunError as e:
-            outcome = JobOutcome("failed", e.exit_code, e.message, {"hint": e.hint})
+            outcome = JobOutcome.failed(e.message, {"hint": e.hint}, exit_code=e.exit_code)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, *forwarded):
                 loop.remove_signal_handler(sig)
             await self._stop_agents()
             await self.server.close()
             (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
-        self.journal.record("job_finished", state=outcome.state, exit_code=outcome.exit_code,
+        self.journal.record("job_finished", state=outcome.state.value, exit_code=outcome.exit_code,
                             reason=outcome.reason, root_cause=outcome.root_cause,
                             restarts=self.restarts, generation=self.generation)
         return outcome
@@ -183,7 +167,7 @@ class Supervisor:
                 self.fleet.never_connected(waiting)
                 break
             if msg["kind"] == "stop_requested":
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped before the job started")
+                return JobOutcome.stopped("stopped before the job started")
             if msg["kind"] == "hello":
                 self.fleet.on_message(agent_id, msg)
                 waiting.discard(agent_id)
@@ -226,24 +210,24 @@ class Supervisor:
         try:
             hosts = self._plan()
         except NotEnoughHosts as e:
-            return JobOutcome("failed", EXIT_JOB_FAILED, self._too_few("cannot start", e),
+            return JobOutcome.failed(self._too_few("cannot start", e),
                               {"hint": "check the unreachable hosts, add --spares, or lower "
                                        "--min-nodes"})
         while True:
             if self.signals:  # a Ctrl-C that came while we tore down, waited or planned
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+                return JobOutcome.stopped()
             self.generation += 1
             watch = self._launch(self.generation, hosts)
             result = await self._watch(watch)
             if result == "succeeded":
                 self.journal.record("generation_ended", gen=watch.number, outcome="succeeded",
                                     step=watch.max_step)
-                return JobOutcome("succeeded", EXIT_OK, "every rank exited 0")
+                return JobOutcome.succeeded("every rank exited 0")
             if result == "stopped":
                 await self._teardown(watch, graceful=self.signals < 2)
                 self.journal.record("generation_ended", gen=watch.number, outcome="stopped",
                                     step=watch.max_step)
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+                return JobOutcome.stopped()
             if isinstance(result, ExitHang):
                 incident += 1
                 return await self._exit_hang(watch, result, incident)
@@ -258,11 +242,11 @@ class Supervisor:
                                     step=watch.max_step)
                 self.fleet.release_removed()
                 if await self._wait_fenced(0):  # a host lost during the teardown
-                    return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+                    return JobOutcome.stopped()
                 try:
                     hosts = self._plan()
                 except NotEnoughHosts as e:
-                    return JobOutcome("failed", EXIT_JOB_FAILED, self._too_few(result.detail, e))
+                    return JobOutcome.failed(self._too_few(result.detail, e))
                 continue
 
             assert isinstance(result, Failure)
@@ -292,18 +276,18 @@ class Supervisor:
                                 step=watch.max_step)
             if decision.tier is Tier.FATAL:
                 self.reporter.notice(f"fatal: {decision.reason}", level="error")
-                return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
+                return JobOutcome.failed(decision.reason,
                                   root_cause(self.journal, ev, watch.number, result))
             self.fleet.release_removed()
             if await self._wait_fenced(incident):
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+                return JobOutcome.stopped()
             failures_in_row = 1 if progressed else failures_in_row + 1
             delay = backoff_s(failures_in_row, base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s)
             if delay:
                 self.reporter.notice(f"{decision.reason}; next attempt in {delay:g} s",
                                      level="warning")
                 if await self._stop_requested_within(delay):
-                    return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+                    return JobOutcome.stopped()
             # Planned only now, right before the launch: hosts may have been lost (or come back)
             # while we waited.
             try:
@@ -311,7 +295,7 @@ class Supervisor:
             except NotEnoughHosts as e:
                 reason = self._too_few(decision.reason, e)
                 self.reporter.notice(f"fatal: {reason}", level="error")
-                return JobOutcome("failed", EXIT_JOB_FAILED, reason,
+                return JobOutcome.failed(reason,
                                   root_cause(self.journal, ev, watch.number, result))
             self.fleet.journal_replan(incident, list(watch.hosts.values()), hosts)
             self.restarts += 1
@@ -474,7 +458,7 @@ class Supervisor:
         self.journal.record("generation_ended", gen=watch.number, outcome="exit_hang",
                             step=watch.max_step)
         self.reporter.notice(f"{reason} (incident {incident} has their stacks)", level="warning")
-        return JobOutcome("succeeded", EXIT_OK, reason)
+        return JobOutcome.succeeded(reason)
 
     async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
         number = watch.number
