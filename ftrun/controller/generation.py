@@ -8,8 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftrun.controller.evidence import Failure
-from ftrun.controller.policy import Evidence
+from ftrun.controller.evidence import Evidence, Failure
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.stall import StallWatch
 from ftrun.journal import Journal

@@ -29,13 +29,13 @@ import psutil
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence as ev_from
 from ftrun.controller.chaos import ChaosDesk
-from ftrun.controller.evidence import Failure
+from ftrun.controller.evidence import Evidence, Failure
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record_output, root_cause
 from ftrun.controller.hosts import HostHealth
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.reporting import JobOutcome, Reporter
-from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
+from ftrun.controller.policy import Decision, History, Tier, backoff_s, classify
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stall import ExitHang
