@@ -14,7 +14,7 @@ guards, any of which makes it fatal:
 A failure after a rank of the generation exited 0 is never restarted: the generation's work is
 done (see controller/stall.py), so it ends the job, failed.
 What the evidence is comes from evidence.py; host history (repeated failures on one host →
-quarantine) is hosts.py's.
+quarantine) is host_health.py's.
 """
 
 from __future__ import annotations

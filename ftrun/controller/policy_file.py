@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrun.agent.hang import HangPolicy
-from ftrun.controller.hosts import QuarantinePolicy
+from ftrun.controller.host_health import QuarantinePolicy
 from ftrun.controller.evidence import KINDS
 from ftrun.controller.policy import Rule, Tier
 from ftrun.errors import UsageError

@@ -32,7 +32,7 @@ from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.evidence import Evidence, Failure
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record_output, root_cause
-from ftrun.controller.hosts import HostHealth
+from ftrun.controller.host_health import HostHealth
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.controller.policy import Decision, History, Tier, backoff_s, classify
@@ -306,31 +306,16 @@ class Supervisor:
                                  level="warning")
 
     def _decide(self, ev: Evidence, history: History) -> Decision:
-        cfg = self.config
-        decision = classify(ev, history, max_restarts=cfg.max_restarts, rules=cfg.policy.rules)
-        now = time.monotonic()
-        if ev.host is not None and decision.tier is not Tier.FATAL:
-            if ev.kind == "host-lost":
-                # Benched until its agent is back (the fleet keeps retrying it); a host that
-                # keeps failing is benched for the policy's expiry below, like any other.
-                self.journal.record("host_quarantined", host=ev.host, until="its agent is back",
-                                    failures=self.health.recent_failures(ev.host) + 1)
-            if self.health.record_failure(ev.host, now):
-                q = cfg.policy.quarantine
-                self.journal.record("host_quarantined", host=ev.host,
-                                    failures=self.health.recent_failures(ev.host),
-                                    window_s=q.window_s, until_t=time.time() + q.expiry_s)
-            if self.health.quarantined(ev.host, now) and decision.tier is Tier.RESTART_IN_PLACE:
-                q = cfg.policy.quarantine
-                decision = Decision(Tier.REPLACE_NODE,
-                                    f"{ev.describe()}; host {ev.host} is quarantined for "
-                                    f"{q.expiry_s:g} s after {self.health.recent_failures(ev.host)} "
-                                    f"failures within {q.window_s:g} s", "quarantine")
+        decision = classify(ev, history, max_restarts=self.config.max_restarts,
+                            rules=self.config.policy.rules)
+        decision, benched = self.health.judge(ev, decision, now=time.monotonic(),
+                                              wall_t=time.time())
+        for fields in benched:
+            self.journal.record("host_quarantined", **fields)
         return decision
 
     def _plan(self) -> list[str]:
-        now = time.monotonic()
-        return self.roster.plan(excluded=lambda host: self.health.quarantined(host, now))
+        return self.roster.plan(excluded=self.health.excluded(time.monotonic()))
 
     def _too_few(self, why: str, e: NotEnoughHosts) -> str:
         left = ", ".join(e.usable) or "none"
@@ -441,8 +426,7 @@ class Supervisor:
             return Reconfigure("remove", f"{', '.join(removed)} removed from the job")
         if not watch.first_step_seen:
             return None
-        now = time.monotonic()
-        joining = self.roster.can_grow(excluded=lambda host: self.health.quarantined(host, now))
+        joining = self.roster.can_grow(excluded=self.health.excluded(time.monotonic()))
         if joining:
             return Reconfigure("grow", f"{', '.join(joining)} ready: growing from "
                                        f"{len(watch.agents)} host(s)")
