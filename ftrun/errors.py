@@ -37,12 +37,6 @@ class UsageError(FtrunError):
     exit_code = EXIT_USAGE
 
 
-class JobFailed(FtrunError):
-    """The job ended as fatal or ran out of restarts; data holds the root cause."""
-
-    exit_code = EXIT_JOB_FAILED
-
-
 class ProtocolError(Exception):
     """A control-plane message that is malformed, unauthenticated, oversized or stale.
 

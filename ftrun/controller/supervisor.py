@@ -210,9 +210,7 @@ class Supervisor:
         try:
             hosts = self._plan()
         except NotEnoughHosts as e:
-            return JobOutcome.failed(self._too_few("cannot start", e),
-                              {"hint": "check the unreachable hosts, add --spares, or lower "
-                                       "--min-nodes"})
+            return JobOutcome.failed(self._too_few("cannot start", e), {"hint": e.hint})
         while True:
             if self.signals:  # a Ctrl-C that came while we tore down, waited or planned
                 return JobOutcome.stopped()
