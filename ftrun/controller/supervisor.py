@@ -35,6 +35,7 @@ from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.reporting import JobOutcome, Reporter
+from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.policy import Decision, History, Tier, backoff_s, classify
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
@@ -54,9 +55,10 @@ CONTROL_FILE = "control.json"
 
 
 class Supervisor:
-    def __init__(self, config: LaunchConfig, *, journal: Journal, transport: Transport,
-                 reporter: Reporter) -> None:
+    def __init__(self, config: LaunchConfig, *, policy: FaultPolicy, journal: Journal,
+                 transport: Transport, reporter: Reporter) -> None:
         self.config = config
+        self.policy = policy
         self.journal = journal
         self.transport = transport
         self.reporter = reporter
@@ -73,7 +75,7 @@ class Supervisor:
                            reporter=reporter, secret=self.secret, environ=dict(os.environ),
                            tasks=self.internal.tasks)
         self.roster = self.fleet.roster
-        self.health = HostHealth(config.policy.quarantine)
+        self.health = HostHealth(policy.quarantine)
         self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
         self.stalls = StallDesk(config, server=self.server, journal=journal)
         self.signals = 0
@@ -305,7 +307,7 @@ class Supervisor:
 
     def _decide(self, ev: Evidence, history: History) -> Decision:
         decision = classify(ev, history, max_restarts=self.config.max_restarts,
-                            rules=self.config.policy.rules)
+                            rules=self.policy.rules)
         decision, benched = self.health.judge(ev, decision, now=time.monotonic(),
                                               wall_t=time.time())
         for fields in benched:
@@ -335,8 +337,8 @@ class Supervisor:
         agents = [self.fleet.agent_of(h) or "" for h in hosts]
         master = agents[0]
         port = cfg.master_port or self.fleet.take_port(master) or free_port()
-        hang = dataclasses.replace(cfg.policy.hang, expect_progress=(
-            cfg.policy.hang.expect_progress or bool(cfg.progress_regex) or self.ever_progressed))
+        hang = dataclasses.replace(self.policy.hang, expect_progress=(
+            self.policy.hang.expect_progress or bool(cfg.progress_regex) or self.ever_progressed))
         for node_rank, agent_id in enumerate(agents):
             self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
                              node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,

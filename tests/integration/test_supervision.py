@@ -12,6 +12,7 @@ import asyncio
 from ftrun import protocol
 from ftrun.config import LaunchConfig
 from ftrun.controller import supervisor as supervisor_mod
+from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.server import ControlServer
 from ftrun.controller.supervisor import Supervisor
 from ftrun.errors import EXIT_JOB_FAILED
@@ -43,8 +44,8 @@ def run_job(tmp_path, monkeypatch, test_id, *script_args: str):
                           progress_regex=r"^step (\d+)")
     journal = Journal(config.job_dir)
     notes = Notes()
-    supervisor = Supervisor(config, journal=journal, transport=LocalTransport(config.python),
-                            reporter=notes)
+    supervisor = Supervisor(config, policy=FaultPolicy(), journal=journal,
+                            transport=LocalTransport(config.python), reporter=notes)
     try:
         outcome = asyncio.run(asyncio.wait_for(supervisor.run(), 120))
     finally:
