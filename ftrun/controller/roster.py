@@ -52,6 +52,12 @@ class NotEnoughHosts(FtrunError):
         self.usable = usable
         self.min_nodes = min_nodes
 
+    def explain(self, why: str) -> str:
+        """The reason a job ends with: `why` a new generation was wanted, and why there is none."""
+        left = ", ".join(self.usable) or "none"
+        return (f"{why}, and no spare host is ready to take its place: {len(self.usable)} "
+                f"usable host(s) ({left}), fewer than --min-nodes {self.min_nodes}")
+
 
 class Roster:
     def __init__(self, hosts: Iterable[str], spares: Iterable[str] = (), *, min_nodes: int = 1) -> None:
