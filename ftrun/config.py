@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ftrun.controller.policy_file import FaultPolicy
 from ftrun.errors import UsageError
 from ftrun.timeouts import ControlTimeouts
 
@@ -46,7 +45,10 @@ def new_job_id(name: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
-    """Everything one `ftrun launch` needs; written to <job dir>/config.json."""
+    """Everything one `ftrun launch` needs; written to <job dir>/config.json.
+
+    All but the fault policy: that is the controller's own type (controller/policy_file.py),
+    so the Supervisor takes it beside this config rather than config.py importing upward."""
 
     job_id: str
     job_name: str
@@ -93,7 +95,6 @@ class LaunchConfig:
     remote_python: str | None = None
     # The address agents dial [default: the address this machine uses to reach each host].
     controller_addr: str | None = None
-    policy: FaultPolicy = field(default_factory=FaultPolicy)
 
     def __post_init__(self) -> None:
         problems = []

@@ -43,12 +43,6 @@ class UsageError(FtrunError):
     exit_code = EXIT_USAGE
 
 
-class JobFailed(FtrunError):
-    """The job ended as fatal or ran out of restarts; data holds the root cause."""
-
-    exit_code = EXIT_JOB_FAILED
-
-
 class HostUnreachable(FtrunError):
     """A transport could not start an agent on a host: the message carries the transport's own
     error (ssh's, the exec's), the hint the command to try by hand."""

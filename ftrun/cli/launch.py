@@ -131,7 +131,7 @@ def launch(
                               forward_signals=_signal_names(forward_signal or ()),
                               env=rank_env,
                               exit_timeout_s=exit_timeout, idle_timeout_s=idle_timeout,
-                              warm_start=warm_start, policy=fault_policy,
+                              warm_start=warm_start,
                               hosts=host_list.hosts, spares=host_list.spares,
                               min_nodes=min_nodes if min_nodes is not None else 1,
                               ssh=host_list.ssh, remote_python=remote_python,
@@ -142,19 +142,19 @@ def launch(
     if problems:
         raise UsageError("; ".join(problems), hint=_hint(problems))
     _check_run_dir(resolved_run_dir)
-    code = run(config)
+    code = run(config, fault_policy)
     if code:  # typer.Exit carries the job's exit code through typer's standalone mode
         raise typer.Exit(code)
 
 
-def run(config: LaunchConfig) -> int:
+def run(config: LaunchConfig, policy: FaultPolicy) -> int:
     from ftrun.controller.supervisor import Supervisor
     from ftrun.journal import Journal
     from ftrun.transport.local import LocalTransport
     from ftrun.transport.ssh import SshTransport
 
     journal = Journal(config.job_dir)
-    journal.write_config(config.to_json())
+    journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
     handler = logging.FileHandler(config.job_dir / "controller.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("ftrun").addHandler(handler)
@@ -165,7 +165,8 @@ def run(config: LaunchConfig) -> int:
         transport = (SshTransport(python=config.agent_python, ssh_config=config.ssh_config,
                                   controller_addr=config.controller_addr)
                      if config.ssh else LocalTransport(config.python))
-        supervisor = Supervisor(config, journal=journal, transport=transport, reporter=reporter)
+        supervisor = Supervisor(config, policy=policy, journal=journal, transport=transport,
+                                reporter=reporter)
         outcome = asyncio.run(supervisor.run())
     finally:
         journal.close()

@@ -1,12 +1,60 @@
-"""From agents' messages to evidence: what failed, when, and what we know about it."""
+"""What the controller knows about a failure, and how agents' messages become it.
+
+`Evidence` is what the fault policy (policy.py) classifies: the kind of failure, where, and
+its signature. A `Failure` is evidence with what the journal needs beside it: when the fault
+happened, when it was detected, tracebacks, stacks, log tails. The functions below build one
+from each kind of report (a rank's crash or hang, torchrun's exit, a lost host, an idle job).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftrun.controller.policy import Evidence
 from ftrun.controller.stall import Idle
+
+KINDS = ("crash", "hang", "host-lost")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """What the controller knows about one failure."""
+
+    kind: str  # one of KINDS
+    host: str | None = None
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    exception: str | None = None  # the last line of the traceback, e.g. "ValueError: boom"
+    usage_error: bool = False  # argparse-style "usage:" output with exit code 2
+    step: int | None = None  # the last step the job reported before the failure
+    log_tail: tuple[str, ...] = ()
+    note: str | None = None  # how it was detected, when that is worth saying (not compared)
+
+    @property
+    def exception_type(self) -> str | None:
+        if not self.exception:
+            return None
+        head = self.exception.split(":", 1)[0].strip()
+        return head.rsplit(".", 1)[-1] or None
+
+    def signature(self) -> tuple[object, ...]:
+        return (self.kind, self.rank, self.exit_code, self.signal, self.exception, self.step)
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "torchrun"
+        if self.kind == "host-lost":
+            return f"host {self.host} was lost"
+        if self.kind == "hang":
+            at = f" after step {self.step}" if self.step is not None else " before its first step"
+            text = f"{who} on {self.host} hung{at}"
+            return f"{text} ({self.note})" if self.note else text
+        how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
+        text = f"{who} on {self.host} died with {how}"
+        if self.exception:
+            text += f": {self.exception}"
+        return text
+
 
 # Which injected chaos action explains which kind of fault.
 INJECTED_KIND = {"kill-rank": "crash", "hang-rank": "hang", "kill-agent": "host-lost",

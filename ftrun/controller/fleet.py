@@ -1,5 +1,6 @@
 """The job's hosts and their agents: start them (all at once), learn where they are, restart the
-agents of lost hosts, take `ftrun hosts add/remove` requests, stop them all at the end.
+agents of lost hosts, take `ftrun hosts add/remove` requests, launch each generation on them,
+stop them all at the end.
 
 Which hosts a generation runs on is the Roster's business (pure); this module does the I/O
 around it: the transport, the journal, the console.
@@ -9,20 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ftrun.bootstrap import Bootstrap
 from ftrun.config import LaunchConfig
+from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
-
-if TYPE_CHECKING:
-    from ftrun.controller.supervisor import Reporter
 
 log = logging.getLogger("ftrun.controller")
 
@@ -41,7 +41,7 @@ FENCE_MARGIN_S = 0.5
 
 class Fleet:
     def __init__(self, config: LaunchConfig, *, transport: Transport, server: ControlServer,
-                 journal: Journal, reporter: "Reporter", secret: str, environ: dict[str, str],
+                 journal: Journal, reporter: Reporter, secret: str, environ: dict[str, str],
                  tasks: TaskSupervisor | None = None) -> None:
         self.config = config
         self.tasks = tasks or TaskSupervisor()
@@ -167,9 +167,35 @@ class Fleet:
         change = f"{', '.join(gone)} → {', '.join(new)}" if new else f"without {', '.join(gone)}"
         self.reporter.notice(f"{how}: {change} ({len(hosts)} host(s))", level="warning")
 
-    def take_port(self, agent_id: str) -> int | None:
-        """The agent's spare port for the next rendezvous (each is used once)."""
-        return self.ports.pop(agent_id, None)
+    # ---- generations -------------------------------------------------------------------------
+
+    def launch(self, number: int, hosts: list[str], *, hang: dict[str, Any], restarts: int
+               ) -> list[str]:
+        """Tell each host's agent to start its torchrun for generation `number` (node rank by
+        position in `hosts`), with the hang detector's settings `hang` (a HangPolicy as the
+        agents take it); returns the agent ids in that order."""
+        cfg = self.config
+        agents = [self.agent_of(h) or "" for h in hosts]
+        master = agents[0]
+        # A port the rendezvous host offered (it binds there), else one picked here.
+        port = cfg.master_port or self.ports.pop(master, None) or free_port()
+        # ftrun's variables for the ranks. The TORCHELASTIC_ ones replace torchrun's own
+        # (always 0: it never restarts under ftrun) in the rank shim.
+        env = {"FTRUN_JOB_DIR": str(self.journal.job_dir),
+               "FTRUN_TORCHELASTIC_RESTART_COUNT": str(restarts),
+               "FTRUN_TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts)}
+        for node_rank, agent_id in enumerate(agents):
+            self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
+                             node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,
+                             master_addr=self.addrs.get(master, "127.0.0.1"),
+                             master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
+                             progress_regex=cfg.progress_regex, hang=hang,
+                             idle_timeout_s=cfg.idle_timeout_s, env=env)
+        world = len(agents) * cfg.nproc_per_node
+        self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
+                            master_port=port, master_addr=self.addrs.get(master))
+        self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
+        return agents
 
     def agent_alive(self, agent_id: str) -> bool | None:
         """Whether the agent's process runs, where the transport can tell (local agents);
@@ -274,6 +300,14 @@ class Fleet:
         task = self.tasks.spawn(f"fleet: {coro.__qualname__}", coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+
+def free_port() -> int:
+    """A port for the next generation's rendezvous, picked before it is needed so a restart
+    never waits on a port still in TIME_WAIT from the generation it replaces."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _safe(host: str) -> str:

@@ -1,36 +1,143 @@
 """One generation as the controller sees it while it runs: which agents and hosts, how far it
-got, and how its output becomes journal events (log lines, first step, progress, rank starts)."""
+got, and what its agents' messages mean: output becomes journal events (log lines, first step,
+progress, rank starts), a rank's crash or hang becomes a Failure, every host's torchrun exiting
+0 is success. Clean rank exits, idle reports and stacks are the stall desk's (stalldesk.py).
+And how a generation ends: an `Ending`, decided before the supervisor tears it down.
+"""
 
 from __future__ import annotations
 
-import socket
+import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ftrun.controller.evidence import Failure
-from ftrun.controller.policy import Evidence
-from ftrun.controller.stall import StallWatch
+from ftrun.controller import evidence
+from ftrun.controller.evidence import Evidence, Failure
+from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
+from ftrun.controller.roster import Roster
+from ftrun.controller.stall import ExitHang, StallWatch
 from ftrun.journal import Journal
 
-if TYPE_CHECKING:
-    from ftrun.controller.supervisor import Reporter
-
 PROGRESS_EVENT_INTERVAL_S = 5.0
+
+
+class Seen(enum.Enum):
+    """A message the watch took that decides nothing by itself."""
+
+    OUTPUT = "output"  # logs, rank starts, signal deliveries: journaled and shown
+    PROGRESS = "progress"  # a step: the job may grow now (the caller checks)
 
 
 @dataclass
 class GenWatch:
     number: int
     agents: set[str]
-    hosts: dict[str, str]
+    hosts: dict[str, str]  # agent id → host
+    order: list[str]  # agent ids by node rank
+    stall: StallWatch  # exit barrier and idle guard
+    journal: Journal
+    reporter: Reporter
     done: set[str] = field(default_factory=set)
     max_step: int | None = None
     first_step_seen: bool = False
     last_progress_event: float = 0.0
     injected: dict[str, Any] | None = None
-    order: list[str] = field(default_factory=list)  # agent ids by node rank
-    stall: StallWatch | None = None  # exit barrier and idle guard
+
+    def on_message(self, agent_id: str, msg: dict[str, Any]
+                   ) -> Seen | Failure | OutcomeState | None:
+        """A message of this generation from one of its agents: output (Seen), a Failure, or
+        SUCCEEDED once every host's torchrun exited 0. None: not the watch's to judge (the
+        stall desk's: clean rank exits, late hang reports, idle reports, stacks)."""
+        kind, host = msg["kind"], self.hosts.get(agent_id, "?")
+        if self.record_output(host, msg):
+            if kind != "progress":
+                return Seen.OUTPUT
+            self.stall.on_progress(time.monotonic())
+            return Seen.PROGRESS
+        if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
+            self.max_step = max(self.max_step or 0, msg["step"])
+        if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
+            self.journal.record("rank_exited", gen=self.number, host=host,
+                                **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
+                                                           "t_exit", "step", "exception",
+                                                           "traceback", "traceback_source")})
+            return evidence.crash(msg, host, self.max_step)
+        if kind == "rank_hung" and not self.stall.finishing:
+            return evidence.hang(msg, host, self.max_step)
+        if kind == "gen_exited":
+            if msg.get("exit_code") != 0:
+                return evidence.torchrun_exit(msg, host, self.max_step, time.time())
+            self.done.add(agent_id)
+            self.stall.on_agent_done(agent_id)
+            return OutcomeState.SUCCEEDED if self.done >= self.agents else Seen.OUTPUT
+        return None
+
+    def record_output(self, host: str, msg: dict[str, Any]) -> bool:
+        """Logs, progress, signal deliveries and rank starts (also while the generation is torn
+        down); True when the message was one of those."""
+        kind, journal = msg["kind"], self.journal
+        if kind == "log":
+            rank, lines = msg.get("rank"), msg.get("lines") or []
+            if rank is None:
+                journal.append_log(self.number, f"{host}.torchrun", lines)
+                self.reporter.torchrun_output(host, lines)
+            else:
+                journal.append_log(self.number, f"rank{rank}", lines)
+                self.reporter.rank_output(rank, lines)
+            return True
+        if kind == "progress":
+            step = msg.get("step")
+            if step is not None:
+                self.max_step = step if self.max_step is None else max(self.max_step, step)
+            now = time.monotonic()
+            if msg.get("first") and not self.first_step_seen:
+                self.first_step_seen = True
+                journal.record("first_step", gen=self.number, host=host,
+                               rank=msg.get("rank"), step=step, rank_t=msg.get("t"))
+                self.last_progress_event = now
+            elif now - self.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
+                journal.record("progress", gen=self.number, step=self.max_step)
+                self.last_progress_event = now
+            return True
+        if kind == "signalled":
+            journal.record("signal_delivered", gen=self.number, host=host,
+                           signal=msg.get("signal"), ranks=msg.get("ranks"))
+            return True
+        if kind == "rank_started":
+            journal.record("rank_started", gen=self.number, host=host,
+                           rank=msg.get("rank"), pid=msg.get("pid"))
+            return True
+        return False
+
+    def reconfiguration(self, roster: Roster, excluded: Callable[[str], bool]
+                        ) -> Reconfigure | None:
+        """A host of this generation was removed, or ready hosts can grow a shrunken job. Grow
+        only once this generation steps (its start-up is paid; no flapping while it starts)."""
+        if self.stall.finishing:
+            return None  # its work is done: it ends, whatever the hosts do
+        removed = roster.needs_replacing()
+        if removed:
+            return Reconfigure("remove", f"{', '.join(removed)} removed from the job")
+        if not self.first_step_seen:
+            return None
+        joining = roster.can_grow(excluded=excluded)
+        if joining:
+            return Reconfigure("grow", f"{', '.join(joining)} ready: growing from "
+                                       f"{len(self.agents)} host(s)")
+        return None
+
+    def root_cause(self, failure: Failure) -> dict[str, Any]:
+        """What `status` and `inspect` show as why the job failed."""
+        ev: Evidence = failure.evidence
+        stream = f"rank{ev.rank}" if ev.rank is not None else f"{ev.host}.torchrun"
+        return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
+                "signal": ev.signal, "exception": ev.exception, "generation": self.number,
+                "traceback": failure.detail.get("traceback"),
+                "traceback_source": failure.detail.get("traceback_source"),
+                "tail": (failure.detail.get("tail") or [])[-15:],
+                "log": str(self.journal.log_path(self.number, stream))}
 
 
 @dataclass
@@ -41,57 +148,19 @@ class Reconfigure:
     detail: str
 
 
-def record_output(journal: Journal, reporter: "Reporter", watch: GenWatch, host: str,
-              msg: dict[str, Any]) -> bool:
-    """Handle logs, progress and rank starts; True when the message was one of those."""
-    kind = msg["kind"]
-    if kind == "log":
-        rank, lines = msg.get("rank"), msg.get("lines") or []
-        if rank is None:
-            journal.append_log(watch.number, f"{host}.torchrun", lines)
-            reporter.torchrun_output(host, lines)
-        else:
-            journal.append_log(watch.number, f"rank{rank}", lines)
-            reporter.rank_output(rank, lines)
-        return True
-    if kind == "progress":
-        step = msg.get("step")
-        if step is not None:
-            watch.max_step = step if watch.max_step is None else max(watch.max_step, step)
-        now = time.monotonic()
-        if msg.get("first") and not watch.first_step_seen:
-            watch.first_step_seen = True
-            journal.record("first_step", gen=watch.number, host=host,
-                                rank=msg.get("rank"), step=step, rank_t=msg.get("t"))
-            watch.last_progress_event = now
-        elif now - watch.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
-            journal.record("progress", gen=watch.number, step=watch.max_step)
-            watch.last_progress_event = now
-        return True
-    if kind == "signalled":
-        journal.record("signal_delivered", gen=watch.number, host=host,
-                       signal=msg.get("signal"), ranks=msg.get("ranks"))
-        return True
-    if kind == "rank_started":
-        journal.record("rank_started", gen=watch.number, host=host,
-                            rank=msg.get("rank"), pid=msg.get("pid"))
-        return True
-    return False
+# What ends a watch: every host done (SUCCEEDED), a stop (STOPPED), a fault, a planned change
+# of hosts, or ranks that did not exit after one exited 0.
+WatchResult = OutcomeState | Failure | Reconfigure | ExitHang
 
 
-def root_cause(journal: Journal, ev: Evidence, number: int, result: Failure) -> dict[str, Any]:
-    stream = f"rank{ev.rank}" if ev.rank is not None else f"{ev.host}.torchrun"
-    return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
-            "signal": ev.signal, "exception": ev.exception, "generation": number,
-            "traceback": result.detail.get("traceback"),
-            "traceback_source": result.detail.get("traceback_source"),
-            "tail": (result.detail.get("tail") or [])[-15:],
-            "log": str(journal.log_path(number, stream))}
+@dataclass(frozen=True)
+class Ending:
+    """How a generation ends, decided before the supervisor tears it down (the one way)."""
 
-
-def free_port() -> int:
-    """A port for the next generation's rendezvous, picked before it is needed so a restart
-    never waits on a port still in TIME_WAIT from the generation it replaces."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    outcome: str  # as generation_ended says: succeeded|stopped|exit_hang|reconfigured|failed
+    graceful: bool | None  # ranks get SIGTERM and the grace period; None: nothing to tear down
+    incident: int | None = None  # the incident it ends (journals torn_down)
+    job: JobOutcome | None = None  # the job ends with this; None: a next generation
+    notice: tuple[str, str] | None = None  # (text, level), told once the generation has ended
+    why: str = ""  # what the next generation is for
+    failure: Failure | None = None  # the fault a restart follows

@@ -7,20 +7,18 @@ the job with it as the root cause, instead of leaving a controller that silently
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
+from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskFailure, TaskSupervisor
-
-if TYPE_CHECKING:
-    from ftrun.controller.supervisor import Reporter
 
 T = TypeVar("T")
 
 
 class InternalFailures:
-    def __init__(self, journal: Journal, reporter: "Reporter", *,
+    def __init__(self, journal: Journal, reporter: Reporter, *,
                  generation: Callable[[], int]) -> None:
         self.journal = journal
         self.reporter = reporter
@@ -54,6 +52,13 @@ class InternalFailures:
         self.reporter.notice(f"fatal: internal error: {failure.task} failed ({failure.error})",
                              level="error")
         return failure
+
+    def outcome(self, failure: TaskFailure) -> JobOutcome:
+        """The job's end when one of its own tasks failed for good: it is the root cause."""
+        return JobOutcome.failed(f"internal error: {failure.task} failed ({failure.error})",
+                                 {"kind": "internal", "task": failure.task,
+                                  "exception": failure.error, "traceback": failure.traceback,
+                                  "log": str(self.journal.job_dir / "events.jsonl")})
 
     def on_agent_error(self, sender: str, msg: dict[str, Any]) -> None:
         fields = {k: msg.get(k) for k in ("gen", "host", "task", "error", "traceback",

@@ -1,6 +1,6 @@
 """Fault policy: evidence about a failure → the tier that handles it. Pure, no I/O.
 
-Tiers (DESIGN.md §5):
+Three tiers, from cheapest to final:
   restart-in-place  the host is fine and the failure looks transient: same hosts, next generation.
   replace-node      the host is lost or unhealthy: it needs a spare or a shrink.
   fatal             the job itself is wrong, or the budget is spent: stop and name the root cause.
@@ -13,7 +13,8 @@ guards, any of which makes it fatal:
   - the restart budget spent.
 A failure after a rank of the generation exited 0 is never restarted: the generation's work is
 done (see controller/stall.py), so it ends the job, failed.
-Host history (repeated failures on one host → quarantine) lives in hosts.py.
+What the evidence is comes from evidence.py; host history (repeated failures on one host →
+quarantine) is host_health.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import enum
 import functools
 import re
 from dataclasses import dataclass
+
+from ftrun.controller.evidence import Evidence
 
 # Exceptions that a restart cannot fix when they happen before training starts.
 DETERMINISTIC_EXCEPTIONS = frozenset({
@@ -34,49 +37,6 @@ class Tier(str, enum.Enum):
     RESTART_IN_PLACE = "restart-in-place"
     REPLACE_NODE = "replace-node"
     FATAL = "fatal"
-
-
-KINDS = ("crash", "hang", "host-lost")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Evidence:
-    """What the controller knows about one failure."""
-
-    kind: str  # one of KINDS
-    host: str | None = None
-    rank: int | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    exception: str | None = None  # the last line of the traceback, e.g. "ValueError: boom"
-    usage_error: bool = False  # argparse-style "usage:" output with exit code 2
-    step: int | None = None  # the last step the job reported before the failure
-    log_tail: tuple[str, ...] = ()
-    note: str | None = None  # how it was detected, when that is worth saying (not compared)
-
-    @property
-    def exception_type(self) -> str | None:
-        if not self.exception:
-            return None
-        head = self.exception.split(":", 1)[0].strip()
-        return head.rsplit(".", 1)[-1] or None
-
-    def signature(self) -> tuple[object, ...]:
-        return (self.kind, self.rank, self.exit_code, self.signal, self.exception, self.step)
-
-    def describe(self) -> str:
-        who = f"rank {self.rank}" if self.rank is not None else "torchrun"
-        if self.kind == "host-lost":
-            return f"host {self.host} was lost"
-        if self.kind == "hang":
-            at = f" after step {self.step}" if self.step is not None else " before its first step"
-            text = f"{who} on {self.host} hung{at}"
-            return f"{text} ({self.note})" if self.note else text
-        how = f"signal {self.signal}" if self.signal else f"exit code {self.exit_code}"
-        text = f"{who} on {self.host} died with {how}"
-        if self.exception:
-            text += f": {self.exception}"
-        return text
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from ftrun.agent.hang import HangPolicy
-from ftrun.controller.hosts import QuarantinePolicy
-from ftrun.controller.policy import KINDS, Rule, Tier
+from ftrun.controller.evidence import KINDS
+from ftrun.controller.host_health import QuarantinePolicy
+from ftrun.controller.policy import Rule, Tier
 from ftrun.errors import UsageError
 from ftrun.timeouts import FLAGS as TIMEOUT_KEYS
 

@@ -20,6 +20,8 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ftrun.errors import FtrunError
+
 
 class HostState(enum.Enum):
     STARTING = "starting"
@@ -40,11 +42,21 @@ class HostSlot:
     incarnation: int = 0
 
 
-class NotEnoughHosts(Exception):
+class NotEnoughHosts(FtrunError):
+    """Fewer usable hosts than --min-nodes: no generation can be planned."""
+
     def __init__(self, usable: list[str], min_nodes: int) -> None:
-        super().__init__(f"{len(usable)} usable host(s), fewer than --min-nodes {min_nodes}")
+        super().__init__(f"{len(usable)} usable host(s), fewer than --min-nodes {min_nodes}",
+                         hint="check the unreachable hosts, add --spares, or lower --min-nodes",
+                         data={"usable": usable, "min_nodes": min_nodes})
         self.usable = usable
         self.min_nodes = min_nodes
+
+    def explain(self, why: str) -> str:
+        """The reason a job ends with: `why` a new generation was wanted, and why there is none."""
+        left = ", ".join(self.usable) or "none"
+        return (f"{why}, and no spare host is ready to take its place: {len(self.usable)} "
+                f"usable host(s) ({left}), fewer than --min-nodes {self.min_nodes}")
 
 
 class Roster:

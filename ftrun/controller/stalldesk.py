@@ -37,11 +37,11 @@ class StallDesk:
                           idle_timeout_s=cfg.idle_timeout_s,
                           stacks_timeout_s=stacks_timeout_s(cfg.nproc_per_node))
 
-    def news(self, watch: "GenWatch", stall: StallWatch, agent_id: str, host: str,
-             msg: dict[str, Any]) -> bool:
+    def news(self, watch: "GenWatch", agent_id: str, msg: dict[str, Any]) -> bool:
         """Clean rank exits, idle reports, stacks, and hang reports that come too late to
         matter. True when the message was one of those."""
-        kind, now = msg["kind"], time.monotonic()
+        kind, now, stall = msg["kind"], time.monotonic(), watch.stall
+        host = watch.hosts.get(agent_id, "?")
         if kind == "rank_exited" and msg.get("exit_code") == 0 and not msg.get("signal"):
             if stall.on_clean_exit(int(msg["rank"]), host, now):
                 # The work is done: the step-based detectors stand down, the barrier rules.
@@ -64,9 +64,9 @@ class StallDesk:
             return True
         return False
 
-    def poll(self, watch: "GenWatch", stall: StallWatch) -> Failure | ExitHang | None:
+    def poll(self, watch: "GenWatch") -> Failure | ExitHang | None:
         """Whatever is due now: ask for stacks, or the stall found once they are in."""
-        action = stall.poll(time.monotonic())
+        action = watch.stall.poll(time.monotonic())
         if isinstance(action, AskStacks):
             self.journal.record("stacks_requested", gen=watch.number, why=action.why.value,
                                 hosts=sorted(watch.hosts.get(a, a) for a in action.agents))

@@ -8,6 +8,12 @@
                       │                              ├─ fatal / no replacement ──▶ failed
                       └──── backoff ◀────────────────┘ restart in place (G+1)
 
+Whatever ends a watch is judged first (journaled, classified: an `Ending`); then the generation
+goes down the one teardown path, and only then does the job end or the next generation start.
+What agents' messages mean is the generation's (generation.py), the stall desk's (stalldesk.py)
+or the side channel's (chaos, `ftrun hosts`, agents coming and going); quarantine is
+host_health.py's.
+
 Every decision is an event in the journal; `status` and `inspect` read nothing else. So is every
 failure of the job's own machinery (internal.py): a controller or agent task that fails is
 restarted or ends the job with it as the root cause, never a controller that silently stops.
@@ -22,25 +28,28 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
 
 import psutil
 
 from ftrun.config import LaunchConfig
-from ftrun.controller import evidence as ev_from
+from ftrun.controller import evidence
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.evidence import Failure
 from ftrun.controller.fleet import Fleet
-from ftrun.controller.generation import GenWatch, Reconfigure, free_port, record_output, root_cause
-from ftrun.controller.hosts import HostHealth
+from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
+from ftrun.controller.host_health import HostHealth
+from ftrun.controller.inbox import Inbox
+from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
-from ftrun.controller.policy import Decision, Evidence, History, Tier, backoff_s, classify
+from ftrun.controller.policy import Tier
+from ftrun.controller.policy_file import FaultPolicy
+from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stall import ExitHang
 from ftrun.controller.stalldesk import StallDesk
-from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, FtrunError
+from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
@@ -52,27 +61,11 @@ TEARDOWN_MARGIN_S = 10.0
 CONTROL_FILE = "control.json"
 
 
-
-class Reporter(Protocol):
-    """Where the controller's output goes for people (the CLI renders it)."""
-
-    def rank_output(self, rank: int, lines: list[str]) -> None: ...
-    def torchrun_output(self, host: str, lines: list[str]) -> None: ...
-    def notice(self, text: str, *, level: str = "info") -> None: ...
-
-
-@dataclass
-class JobOutcome:
-    state: str  # succeeded | failed | stopped
-    exit_code: int
-    reason: str
-    root_cause: dict[str, Any] | None = None
-
-
 class Supervisor:
-    def __init__(self, config: LaunchConfig, *, journal: Journal, transport: Transport,
-                 reporter: Reporter) -> None:
+    def __init__(self, config: LaunchConfig, *, policy: FaultPolicy, journal: Journal,
+                 transport: Transport, reporter: Reporter) -> None:
         self.config = config
+        self.policy = policy
         self.journal = journal
         self.transport = transport
         self.reporter = reporter
@@ -89,14 +82,15 @@ class Supervisor:
                            reporter=reporter, secret=self.secret, environ=dict(os.environ),
                            tasks=self.internal.tasks)
         self.roster = self.fleet.roster
-        self.health = HostHealth(config.policy.quarantine)
-        self.chaos = ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node)
+        self.health = HostHealth(policy.quarantine)
+        self.incidents = Incidents(config, rules=policy.rules, health=self.health,
+                                   journal=journal)
+        self.inbox = Inbox(self.server, fleet=self.fleet, internal=self.internal,
+                           chaos=ChaosDesk(self.server, journal,
+                                           nproc_per_node=config.nproc_per_node))
         self.stalls = StallDesk(config, server=self.server, journal=journal)
         self.signals = 0
         self.generation = 0
-        self.watch: GenWatch | None = None
-        self.restarts = 0
-        self.ever_progressed = False
 
     # ---- top level --------------------------------------------------------------------------
 
@@ -121,28 +115,25 @@ class Supervisor:
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
             if isinstance(outcome, TaskFailure):
-                outcome = JobOutcome(
-                    "failed", EXIT_JOB_FAILED, f"internal error: {outcome.task} failed "
-                    f"({outcome.error})", {"kind": "internal", "task": outcome.task,
-                                           "exception": outcome.error,
-                                           "traceback": outcome.traceback,
-                                           "log": str(self.journal.job_dir / "events.jsonl")})
+                outcome = self.internal.outcome(outcome)
         except FtrunError as e:
-            outcome = JobOutcome("failed", e.exit_code, e.message, {"hint": e.hint})
+            outcome = JobOutcome.failed(e.message, {"hint": e.hint}, exit_code=e.exit_code)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM, *forwarded):
                 loop.remove_signal_handler(sig)
-            await self._stop_agents()
+            await self.fleet.stop_all()
             await self.server.close()
             (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
-        self.journal.record("job_finished", state=outcome.state, exit_code=outcome.exit_code,
+        self.journal.record("job_finished", state=outcome.state.value, exit_code=outcome.exit_code,
                             reason=outcome.reason, root_cause=outcome.root_cause,
-                            restarts=self.restarts, generation=self.generation)
+                            restarts=self.incidents.restarts, generation=self.generation)
         return outcome
 
     async def _start_and_supervise(self, port: int) -> JobOutcome:
-        outcome = await self._start_agents(port)
-        return outcome if outcome is not None else await self._supervise()
+        started = await self.fleet.start_all(port)
+        if not await self.inbox.agents_started(set(started), self.config.agent_start_timeout_s):
+            return JobOutcome.stopped("stopped before the job started")
+        return await self._supervise()
 
     def _write_control_file(self, host: str, port: int) -> None:
         """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:
@@ -171,187 +162,96 @@ class Supervisor:
         self.reporter.notice(f"{sig.name}: passing it on to the ranks")
         self.server.broadcast("signal", gen=self.generation, signal=sig.name)
 
-    async def _start_agents(self, port: int) -> JobOutcome | None:
-        cfg = self.config
-        waiting = set(await self.fleet.start_all(port))
-        deadline = time.monotonic() + cfg.agent_start_timeout_s
-        while waiting:
-            try:
-                agent_id, msg = await asyncio.wait_for(self.server.inbox.get(),
-                                                       max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                self.fleet.never_connected(waiting)
-                break
-            if msg["kind"] == "stop_requested":
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped before the job started")
-            if msg["kind"] == "hello":
-                self.fleet.on_message(agent_id, msg)
-                waiting.discard(agent_id)
-            elif msg["kind"] == "agent_lost":
-                self.fleet.on_lost(agent_id)
-                waiting.discard(agent_id)
-            else:
-                self._side_channel(agent_id, msg, None)
-        return None
-
-    async def _stop_agents(self) -> None:
-        await self.fleet.stop_all()
-
-    def _side_channel(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
-        """Chaos, `ftrun hosts`, agents (re)connecting: handled the same in every phase."""
-        if self.chaos.handle(sender, msg, watch):
-            return True
-        if msg["kind"] == "agent_error":
-            self.internal.on_agent_error(sender, msg)
-            return True
-        if msg["kind"] == "hosts" and sender in self.server.clients:
-            ok, text = self.fleet.request(msg)
-            self.server.send(sender, "hosts_ack", ok=ok, message=text)
-            return True
-        if msg["kind"] == "hello":
-            return self.fleet.on_message(sender, msg)
-        if msg["kind"] == "agent_lost" and (watch is None or sender not in watch.agents):
-            self.fleet.on_lost(sender)
-            return True
-        self.fleet.on_message(sender, msg)  # a stopped agent's fresh port
-        return False
-
     # ---- generations ------------------------------------------------------------------------
 
     async def _supervise(self) -> JobOutcome:
-        cfg = self.config
-        previous: Evidence | None = None
-        failures_in_row = 0
-        incident = 0
         try:
             hosts = self._plan()
         except NotEnoughHosts as e:
-            return JobOutcome("failed", EXIT_JOB_FAILED, self._too_few("cannot start", e),
-                              {"hint": "check the unreachable hosts, add --spares, or lower "
-                                       "--min-nodes"})
+            return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
         while True:
             if self.signals:  # a Ctrl-C that came while we tore down, waited or planned
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
+                return JobOutcome.stopped()
             self.generation += 1
             watch = self._launch(self.generation, hosts)
-            result = await self._watch(watch)
-            if result == "succeeded":
-                self.journal.record("generation_ended", gen=watch.number, outcome="succeeded",
-                                    step=watch.max_step)
-                return JobOutcome("succeeded", EXIT_OK, "every rank exited 0")
-            if result == "stopped":
-                await self._teardown(watch, graceful=self.signals < 2)
-                self.journal.record("generation_ended", gen=watch.number, outcome="stopped",
-                                    step=watch.max_step)
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
-            if isinstance(result, ExitHang):
-                incident += 1
-                return await self._exit_hang(watch, result, incident)
-            if isinstance(result, Reconfigure):
-                # Planned: the ranks get SIGTERM and the grace period (a script that saves on
-                # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
-                self.journal.record("reconfigure", gen=watch.number, why=result.why,
-                                    detail=result.detail, step=watch.max_step)
-                self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
-                await self._teardown(watch, graceful=True)
-                self.journal.record("generation_ended", gen=watch.number, outcome="reconfigured",
-                                    step=watch.max_step)
-                self.fleet.release_removed()
-                if await self._wait_fenced(0):  # a host lost during the teardown
-                    return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
-                try:
-                    hosts = self._plan()
-                except NotEnoughHosts as e:
-                    return JobOutcome("failed", EXIT_JOB_FAILED, self._too_few(result.detail, e))
-                continue
-
-            assert isinstance(result, Failure)
-            ev = result.evidence
-            result.attribute_injection(watch.injected)
-            incident += 1
-            progressed = watch.max_step is not None and (
-                previous is None or previous.step is None or watch.max_step > previous.step)
-            self.ever_progressed |= watch.first_step_seen
-            self.journal.record("fault_detected", incident=incident, gen=watch.number,
-                                fault=ev.kind, host=ev.host, rank=ev.rank, fault_t=result.fault_t,
-                                detected_t=result.detected_t, exit_code=ev.exit_code,
-                                signal=ev.signal, step=ev.step, exception=ev.exception,
-                                **result.detail)
-            clean = watch.stall.clean if watch.stall is not None else None
-            decision = self._decide(ev, History(restarts_used=self.restarts,
-                                                ever_progressed=self.ever_progressed,
-                                                previous=previous,
-                                                progressed_since_previous=progressed,
-                                                work_done_by=clean[0] if clean else None))
-            self.journal.record("fault_classified", incident=incident, tier=decision.tier.value,
-                                decision="stop" if decision.tier is Tier.FATAL else "restart",
-                                rule=decision.rule, reason=decision.reason)
-            await self._teardown(watch, graceful=False)
-            self.journal.record("torn_down", incident=incident, gen=watch.number)
-            self.journal.record("generation_ended", gen=watch.number, outcome="failed",
+            end = self._judge(watch, await self._watch(watch))
+            if end.graceful is not None:
+                await self._teardown(watch, graceful=end.graceful)
+                if end.incident is not None:
+                    self.journal.record("torn_down", incident=end.incident, gen=watch.number)
+            self.journal.record("generation_ended", gen=watch.number, outcome=end.outcome,
                                 step=watch.max_step)
-            if decision.tier is Tier.FATAL:
-                self.reporter.notice(f"fatal: {decision.reason}", level="error")
-                return JobOutcome("failed", EXIT_JOB_FAILED, decision.reason,
-                                  root_cause(self.journal, ev, watch.number, result))
-            self.fleet.release_removed()
-            if await self._wait_fenced(incident):
-                return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
-            failures_in_row = 1 if progressed else failures_in_row + 1
-            delay = backoff_s(failures_in_row, base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s)
-            if delay:
-                self.reporter.notice(f"{decision.reason}; next attempt in {delay:g} s",
-                                     level="warning")
-                if await self._stop_requested_within(delay):
-                    return JobOutcome("stopped", EXIT_INTERRUPTED, "stopped by a signal")
-            # Planned only now, right before the launch: hosts may have been lost (or come back)
-            # while we waited.
-            try:
-                hosts = self._plan()
-            except NotEnoughHosts as e:
-                reason = self._too_few(decision.reason, e)
-                self.reporter.notice(f"fatal: {reason}", level="error")
-                return JobOutcome("failed", EXIT_JOB_FAILED, reason,
-                                  root_cause(self.journal, ev, watch.number, result))
-            self.fleet.journal_replan(incident, list(watch.hosts.values()), hosts)
-            self.restarts += 1
-            previous = ev
-            self.journal.record("restart", incident=incident, next_gen=self.generation + 1,
-                                backoff_s=delay, restarts=self.restarts)
-            self.reporter.notice(f"{decision.reason} (restart {self.restarts}/{cfg.max_restarts})",
-                                 level="warning")
+            if end.notice is not None:
+                self.reporter.notice(end.notice[0], level=end.notice[1])
+            if end.job is not None:
+                return end.job
+            next_hosts = await self._next_hosts(watch, end)
+            if isinstance(next_hosts, JobOutcome):
+                return next_hosts
+            hosts = next_hosts
 
-    def _decide(self, ev: Evidence, history: History) -> Decision:
-        cfg = self.config
-        decision = classify(ev, history, max_restarts=cfg.max_restarts, rules=cfg.policy.rules)
-        now = time.monotonic()
-        if ev.host is not None and decision.tier is not Tier.FATAL:
-            if ev.kind == "host-lost":
-                # Benched until its agent is back (the fleet keeps retrying it); a host that
-                # keeps failing is benched for the policy's expiry below, like any other.
-                self.journal.record("host_quarantined", host=ev.host, until="its agent is back",
-                                    failures=self.health.recent_failures(ev.host) + 1)
-            if self.health.record_failure(ev.host, now):
-                q = cfg.policy.quarantine
-                self.journal.record("host_quarantined", host=ev.host,
-                                    failures=self.health.recent_failures(ev.host),
-                                    window_s=q.window_s, until_t=time.time() + q.expiry_s)
-            if self.health.quarantined(ev.host, now) and decision.tier is Tier.RESTART_IN_PLACE:
-                q = cfg.policy.quarantine
-                decision = Decision(Tier.REPLACE_NODE,
-                                    f"{ev.describe()}; host {ev.host} is quarantined for "
-                                    f"{q.expiry_s:g} s after {self.health.recent_failures(ev.host)} "
-                                    f"failures within {q.window_s:g} s", "quarantine")
-        return decision
+    def _judge(self, watch: GenWatch, result: WatchResult) -> Ending:
+        """Journal what ended the watch and decide what comes after the generation's teardown."""
+        if result is OutcomeState.SUCCEEDED:
+            return Ending("succeeded", None, job=JobOutcome.succeeded("every rank exited 0"))
+        if result is OutcomeState.STOPPED:  # with the grace period, unless asked twice
+            return Ending("stopped", self.signals < 2, job=JobOutcome.stopped())
+        if isinstance(result, Reconfigure):
+            # Planned: the ranks get SIGTERM and the grace period (a script that saves on
+            # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
+            self.journal.record("reconfigure", gen=watch.number, why=result.why,
+                                detail=result.detail, step=watch.max_step)
+            self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
+            return Ending("reconfigured", True, why=result.detail)
+        incident = self.incidents.open()
+        if isinstance(result, ExitHang):
+            # A rank exited 0 and others did not exit in time: the incident (with their stacks)
+            # is recorded, the generation killed, and the job finished. Every rank that exited
+            # did so with 0 (a failure would have ended the watch first): succeeded.
+            reason = self.stalls.record_exit_hang(watch, result, incident)
+            return Ending("exit_hang", False, incident, JobOutcome.succeeded(reason),
+                          (f"{reason} (incident {incident} has their stacks)", "warning"))
+        assert isinstance(result, Failure)
+        decision = self.incidents.classify(watch, result, now=time.monotonic(), wall_t=time.time())
+        if decision.tier is Tier.FATAL:
+            return Ending("failed", False, incident,
+                          JobOutcome.failed(decision.reason, watch.root_cause(result)),
+                          (f"fatal: {decision.reason}", "error"))
+        return Ending("failed", False, incident, why=decision.reason, failure=result)
+
+    async def _next_hosts(self, watch: GenWatch, end: Ending) -> list[str] | JobOutcome:
+        """Between a torn-down generation and the next: lost hosts fenced, the backoff after a
+        fault waited out, then the plan. A JobOutcome when the job ends here instead."""
+        self.fleet.release_removed()
+        if await self._wait_fenced(end.incident or 0):  # a host lost during the teardown
+            return JobOutcome.stopped()
+        delay = self.incidents.backoff_s() if end.failure is not None else 0.0
+        if delay:
+            self.reporter.notice(f"{end.why}; next attempt in {delay:g} s", level="warning")
+            if await self.inbox.stop_requested_within(delay):
+                return JobOutcome.stopped()
+        # Planned only now, right before the launch: hosts may have been lost (or come back)
+        # while we waited.
+        try:
+            hosts = self._plan()
+        except NotEnoughHosts as e:
+            reason = e.explain(end.why)
+            if end.failure is None:
+                return JobOutcome.failed(reason)
+            self.reporter.notice(f"fatal: {reason}", level="error")
+            return JobOutcome.failed(reason, watch.root_cause(end.failure))
+        if end.failure is not None:
+            self.fleet.journal_replan(self.incidents.count, list(watch.hosts.values()), hosts)
+            self.incidents.restarted(end.failure, next_gen=self.generation + 1, backoff_s=delay)
+            self.reporter.notice(f"{end.why} (restart {self.incidents.restarts}/"
+                                 f"{self.config.max_restarts})", level="warning")
+        return hosts
 
     def _plan(self) -> list[str]:
-        now = time.monotonic()
-        return self.roster.plan(excluded=lambda host: self.health.quarantined(host, now))
+        return self.roster.plan(excluded=self._excluded())
 
-    def _too_few(self, why: str, e: NotEnoughHosts) -> str:
-        left = ", ".join(e.usable) or "none"
-        return (f"{why}, and no spare host is ready to take its place: {len(e.usable)} usable "
-                f"host(s) ({left}), fewer than --min-nodes {e.min_nodes}")
+    def _excluded(self) -> Callable[[str], bool]:
+        return self.health.excluded(time.monotonic())  # quarantined: not planned, no growing
 
     async def _wait_fenced(self, incident: int) -> bool:
         """Lost hosts' ranks must be dead before the next generation starts: wait out their
@@ -361,132 +261,56 @@ class Supervisor:
         if wait <= 0:
             return False
         self.journal.record("fence_wait", incident=incident, hosts=hosts, wait_s=round(wait, 3))
-        return await self._stop_requested_within(wait)
+        return await self.inbox.stop_requested_within(wait)
 
     def _launch(self, number: int, hosts: list[str]) -> GenWatch:
-        cfg = self.config
-        agents = [self.fleet.agent_of(h) or "" for h in hosts]
-        master = agents[0]
-        port = cfg.master_port or self.fleet.take_port(master) or free_port()
-        hang = dataclasses.replace(cfg.policy.hang, expect_progress=(
-            cfg.policy.hang.expect_progress or bool(cfg.progress_regex) or self.ever_progressed))
-        for node_rank, agent_id in enumerate(agents):
-            self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
-                             node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,
-                             master_addr=self.fleet.addrs.get(master, "127.0.0.1"),
-                             master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
-                             progress_regex=cfg.progress_regex, hang=dataclasses.asdict(hang),
-                             idle_timeout_s=cfg.idle_timeout_s,
-                             env=self._rank_env())
-        world = len(agents) * cfg.nproc_per_node
-        self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
-                            master_port=port, master_addr=self.fleet.addrs.get(master))
-        self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
-        self.watch = GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents,
-                              stall=self.stalls.watch(set(agents)))
-        return self.watch
+        hang = dataclasses.replace(self.policy.hang, expect_progress=(
+            self.policy.hang.expect_progress or bool(self.config.progress_regex)
+            or self.incidents.ever_progressed))
+        agents = self.fleet.launch(number, hosts, hang=dataclasses.asdict(hang),
+                                   restarts=self.incidents.restarts)
+        return GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents,
+                        stall=self.stalls.watch(set(agents)), journal=self.journal,
+                        reporter=self.reporter)
 
-    def _rank_env(self) -> dict[str, str]:
-        """ftrun's variables for this generation's ranks. The TORCHELASTIC_ ones replace
-        torchrun's own (always 0: it never restarts under ftrun) in the rank shim."""
-        return {"FTRUN_JOB_DIR": str(self.journal.job_dir),
-                "FTRUN_TORCHELASTIC_RESTART_COUNT": str(self.restarts),
-                "FTRUN_TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts)}
-
-    async def _watch(self, watch: GenWatch) -> str | Failure | Reconfigure | ExitHang:
-        stall = watch.stall
-        assert stall is not None
+    async def _watch(self, watch: GenWatch) -> WatchResult:
         while True:
-            if (stalled := self.stalls.poll(watch, stall)) is not None:
+            if (stalled := self.stalls.poll(watch)) is not None:
                 return stalled
-            wake = stall.wakeup()
-            try:
-                agent_id, msg = await asyncio.wait_for(
-                    self.server.inbox.get(),
-                    None if wake is None else max(0.0, wake - time.monotonic()))
-            except asyncio.TimeoutError:
+            if (got := await self.inbox.next(watch.stall.wakeup())) is None:
                 continue
-            kind = msg["kind"]
-            if kind == "stop_requested":
-                return "stopped"
-            if kind == "agent_lost" and agent_id in watch.agents:
+            agent_id, msg = got
+            if msg["kind"] == "stop_requested":
+                return OutcomeState.STOPPED
+            if msg["kind"] == "agent_lost" and agent_id in watch.agents:
                 msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
-                return ev_from.host_lost(msg, host, watch.max_step)
-            if self._side_channel(agent_id, msg, watch):
-                if (change := self._reconfiguration(watch)) is not None:
-                    return change
+                return evidence.host_lost(msg, host, watch.max_step)
+            if self.inbox.side_channel(agent_id, msg, watch):
+                if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
+                    return change  # a host was added or removed
                 continue
-            host = watch.hosts.get(agent_id, "?")
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
-            if record_output(self.journal, self.reporter, watch, host, msg):
-                if kind == "progress":
-                    stall.on_progress(time.monotonic())
-                    if (change := self._reconfiguration(watch)) is not None:
-                        return change
-                continue
-            if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
-                watch.max_step = max(watch.max_step or 0, msg["step"])
-            if self.stalls.news(watch, stall, agent_id, host, msg):
-                continue
-            if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
-                self.journal.record("rank_exited", gen=watch.number, host=host,
-                                    **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
-                                                               "t_exit", "step", "exception",
-                                                               "traceback", "traceback_source")})
-                return ev_from.crash(msg, host, watch.max_step)
-            if kind == "rank_hung":
-                return ev_from.hang(msg, host, watch.max_step)
-            if kind == "gen_exited":
-                if msg.get("exit_code") == 0:
-                    watch.done.add(agent_id)
-                    stall.on_agent_done(agent_id)
-                    if watch.done >= watch.agents:
-                        return "succeeded"
-                else:
-                    return ev_from.torchrun_exit(msg, host, watch.max_step, time.time())
-
-    def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
-        """A host of this generation was removed, or ready hosts can grow a shrunken job. Grow
-        only once this generation steps (its start-up is paid; no flapping while it starts)."""
-        if watch.stall is not None and watch.stall.finishing:
-            return None  # its work is done: it ends, whatever the hosts do
-        removed = self.roster.needs_replacing()
-        if removed:
-            return Reconfigure("remove", f"{', '.join(removed)} removed from the job")
-        if not watch.first_step_seen:
-            return None
-        now = time.monotonic()
-        joining = self.roster.can_grow(excluded=lambda host: self.health.quarantined(host, now))
-        if joining:
-            return Reconfigure("grow", f"{', '.join(joining)} ready: growing from "
-                                       f"{len(watch.agents)} host(s)")
-        return None
-
-    async def _exit_hang(self, watch: GenWatch, hang: ExitHang, incident: int) -> JobOutcome:
-        """A rank exited 0 and others did not exit in time: the incident (with their stacks) is
-        recorded, the generation killed, and the job finished. Every rank that exited did so
-        with 0 (a failure would have ended the watch first) and the work is done: succeeded."""
-        reason = self.stalls.record_exit_hang(watch, hang, incident)
-        await self._teardown(watch, graceful=False)
-        self.journal.record("torn_down", incident=incident, gen=watch.number)
-        self.journal.record("generation_ended", gen=watch.number, outcome="exit_hang",
-                            step=watch.max_step)
-        self.reporter.notice(f"{reason} (incident {incident} has their stacks)", level="warning")
-        return JobOutcome("succeeded", EXIT_OK, reason)
+            news = watch.on_message(agent_id, msg)
+            if news is None:
+                self.stalls.news(watch, agent_id, msg)
+            elif news is Seen.PROGRESS:
+                if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
+                    return change
+            elif news is not Seen.OUTPUT:
+                return news
 
     async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
+        """The one way a generation goes down: every live agent stops its ranks (SIGTERM and
+        the grace period first when graceful) and confirms; output still arriving is kept."""
         number = watch.number
         grace = self.config.term_timeout_s if graceful else 0.0
         pending = {a for a, link in self.server.links.items() if not link.lost}
         self.server.broadcast("stop", gen=number, grace_s=grace)
         deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
         while pending:
-            try:
-                agent_id, msg = await asyncio.wait_for(self.server.inbox.get(),
-                                                       max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            if (got := await self.inbox.next(deadline)) is None:
                 # Not confirmed: we cannot count on those hosts; they fence once we stop
                 # talking to them, and the next generation waits for that.
                 log.error("agents did not confirm the stop of generation %s: %s", number, pending)
@@ -494,6 +318,7 @@ class Supervisor:
                     self.server.drop(agent_id, "did not confirm the stop of its generation")
                     self.fleet.on_lost(agent_id)
                 break
+            agent_id, msg = got
             if msg["kind"] == "agent_lost":
                 pending.discard(agent_id)
                 self.fleet.on_lost(agent_id)
@@ -507,19 +332,7 @@ class Supervisor:
             elif msg["kind"] == "agent_error":
                 self.internal.on_agent_error(agent_id, msg)
             elif msg.get("gen") == number and agent_id in watch.agents:
-                record_output(self.journal, self.reporter, watch, watch.hosts[agent_id], msg)
+                watch.record_output(watch.hosts[agent_id], msg)
             else:
-                self._side_channel(agent_id, msg, None)
+                self.inbox.side_channel(agent_id, msg, None)
         self.journal.close_generation_logs(number)
-
-    async def _stop_requested_within(self, delay_s: float) -> bool:
-        deadline = time.monotonic() + delay_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                agent_id, msg = await asyncio.wait_for(self.server.inbox.get(), left)
-            except asyncio.TimeoutError:
-                return False
-            if msg["kind"] == "stop_requested":
-                return True
-            self._side_channel(agent_id, msg, None)
-        return False

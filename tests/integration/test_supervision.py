@@ -11,7 +11,8 @@ import asyncio
 
 from ftrun import protocol
 from ftrun.config import LaunchConfig
-from ftrun.controller import supervisor as supervisor_mod
+from ftrun.controller.generation import GenWatch
+from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.server import ControlServer
 from ftrun.controller.supervisor import Supervisor
 from ftrun.errors import EXIT_JOB_FAILED
@@ -43,8 +44,8 @@ def run_job(tmp_path, monkeypatch, test_id, *script_args: str):
                           progress_regex=r"^step (\d+)")
     journal = Journal(config.job_dir)
     notes = Notes()
-    supervisor = Supervisor(config, journal=journal, transport=LocalTransport(config.python),
-                            reporter=notes)
+    supervisor = Supervisor(config, policy=FaultPolicy(), journal=journal,
+                            transport=LocalTransport(config.python), reporter=notes)
     try:
         outcome = asyncio.run(asyncio.wait_for(supervisor.run(), 120))
     finally:
@@ -79,14 +80,14 @@ def test_a_controller_loop_that_raises_is_journaled_and_restarted(tmp_path, monk
 
 def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(tmp_path, monkeypatch,
                                                                         test_id, no_survivors):
-    original = supervisor_mod.record_output
+    original = GenWatch.record_output
 
-    def fails_on_progress(journal, reporter, watch, host, msg):
+    def fails_on_progress(watch, host, msg):
         if msg["kind"] == "progress":
             raise KeyError("injected into the supervise loop")
-        return original(journal, reporter, watch, host, msg)
+        return original(watch, host, msg)
 
-    monkeypatch.setattr(supervisor_mod, "record_output", fails_on_progress)
+    monkeypatch.setattr(GenWatch, "record_output", fails_on_progress)
     # Ranks that would step for ever: the job must end by itself, and take them with it.
     outcome, events, notes = run_job(tmp_path, monkeypatch, test_id, "--steps", "1000000",
                                      "--interval", "0.05")

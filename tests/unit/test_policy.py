@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftrun.controller.policy import Evidence, History, Tier, backoff_s, classify
+from ftrun.controller.evidence import Evidence
+from ftrun.controller.policy import History, Tier, backoff_s, classify
 
 KILLED = Evidence(kind="crash", host="h", rank=1, signal="SIGKILL", step=40)
 RAISED = Evidence(kind="crash", host="h", rank=0, exit_code=1, exception="ValueError: boom", step=7)

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftrun.controller.policy import Evidence, History, Tier, classify
+from ftrun.controller.evidence import Evidence
+from ftrun.controller.policy import History, Tier, classify
 from ftrun.controller.policy_file import load_policy
 from ftrun.errors import UsageError
 
