@@ -30,6 +30,8 @@ class Bootstrap:
     python: str = sys.executable
     # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
     env: dict[str, str] = field(default_factory=dict)
+    # What the warm interpreter imports ahead of the first rank; empty: its default list.
+    zygote_preload: str = ""
     # Started by the local transport: the controller is our parent, on this host.
     local: bool = False
 

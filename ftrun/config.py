@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from ftrun.errors import UsageError
 from ftrun.timeouts import ControlTimeouts
+from ftrun import envcontract
 
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 # What --forward-signal cannot pass on: INT and TERM stop the job, KILL and STOP cannot be
@@ -28,7 +29,7 @@ UNFORWARDABLE_SIGNALS = frozenset({"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP", "S
 def resolve_run_dir(explicit: str | os.PathLike[str] | None,
                     environ: Mapping[str, str] = os.environ) -> Path:
     """--run-dir beats FTRUN_RUN_DIR beats ~/.ftrun/runs (the same rule for every command)."""
-    chosen = explicit if explicit else environ.get("FTRUN_RUN_DIR") or DEFAULT_RUN_DIR
+    chosen = explicit if explicit else environ.get(envcontract.RUN_DIR) or DEFAULT_RUN_DIR
     return Path(chosen).expanduser().resolve()
 
 
@@ -72,6 +73,12 @@ class LaunchConfig:
     # The user's variables for every rank on every host (ftrun/userenv.py): values may be
     # secrets, so they stay out of repr() and config.json.
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # The launcher's environment every agent gets (envcontract.forwarded: NCCL_*, PYTHONPATH,
+    # ...), read once by the CLI: over ssh nothing is inherited. Kept out of config.json too.
+    forward_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Modules the warm interpreter imports ahead of the first rank ($FTRUN_ZYGOTE_PRELOAD);
+    # empty: the zygote's own default list.
+    zygote_preload: str = ""
     # After a rank exits 0, how long the others have to exit (controller/stall.py).
     exit_timeout_s: float = 60.0
     # Zero-config hang guard: every rank without CPU or output this long is a hang; 0: off.
@@ -166,4 +173,5 @@ class LaunchConfig:
         out["spares"] = list(self.spares)
         out["forward_signals"] = list(self.forward_signals)
         out["env"] = [name for name, _ in self.env]  # names only: values may be secrets
+        out["forward_env"] = [name for name, _ in self.forward_env]
         return out

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 from typing import Iterator
+from ftrun.envcontract import AGENT_SOCK, GENERATION
 
 STACKS_SIGNAL = signal.SIGUSR2
 _UNSET = object()
@@ -26,13 +27,13 @@ _target: object = _UNSET  # (socket, path, generation, rank) once resolved, or N
 
 
 def _resolve() -> object:
-    path = os.environ.get("FTRUN_AGENT_SOCK")
+    path = os.environ.get(AGENT_SOCK)
     if not path:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     register_stack_dumps()
-    return (sock, path, int(os.environ.get("FTRUN_GENERATION", "0")),
+    return (sock, path, int(os.environ.get(GENERATION, "0")),
             int(os.environ.get("RANK", "0")))
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Iterable
 
 import psutil
+from ftrun import envcontract
 
 
 def killpg_quietly(pgid: int, sig: int) -> None:
@@ -31,7 +32,7 @@ def tagged_processes(agent_id: str, *, exclude: Iterable[int] = ()) -> list[psut
         if proc.pid in skip:
             continue
         try:
-            if proc.environ().get("FTRUN_AGENT_ID") == agent_id:
+            if proc.environ().get(envcontract.AGENT_ID) == agent_id:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

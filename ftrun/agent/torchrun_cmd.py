@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ftrun.bootstrap import Bootstrap
+from ftrun import envcontract
 
 SHIM = str(Path(__file__).with_name("rank_shim.py"))
 
@@ -38,11 +39,11 @@ def torchrun_command(boot: Bootstrap, launch: Mapping[str, Any], *, directory: P
     env and the FTRUN_* contract come on top. Raises KeyError for a launch that lacks a field."""
     number = int(launch["gen"])
     env = {**base_env, **launch.get("env", {}),
-           "FTRUN_JOB_ID": boot.job_id, "FTRUN_GENERATION": str(number),
-           "FTRUN_HOST": boot.host, "FTRUN_AGENT_ID": boot.process_tag,
-           "FTRUN_AGENT_SOCK": agent_sock, "FTRUN_RANK_LOG_DIR": str(directory)}
+           envcontract.JOB_ID: boot.job_id, envcontract.GENERATION: str(number),
+           envcontract.HOST: boot.host, envcontract.AGENT_ID: boot.process_tag,
+           envcontract.AGENT_SOCK: agent_sock, envcontract.RANK_LOG_DIR: str(directory)}
     if zygote_sock is not None:
-        env["FTRUN_ZYGOTE_SOCK"] = zygote_sock
+        env[envcontract.ZYGOTE_SOCK] = zygote_sock
     argv = (boot.python, "-u", SHIM, "torchrun",
             "--nnodes", str(launch["nnodes"]), "--node-rank", str(launch["node_rank"]),
             "--nproc-per-node", str(launch["nproc_per_node"]),

@@ -20,6 +20,7 @@ from typing import Callable
 
 from ftrun.agent import proctitle
 from ftrun.bootstrap import Bootstrap
+from ftrun import envcontract
 
 log = logging.getLogger("ftrun.agent")
 
@@ -64,7 +65,9 @@ class WarmInterpreter:
                 # The padding argument is room for each fork's own command line (proctitle.py).
                 self.boot.python, "-m", "ftrun.agent.zygote", str(self.sock_path),
                 proctitle.title_room(), stdin=asyncio.subprocess.PIPE, start_new_session=True,
-                env={**os.environ, "FTRUN_AGENT_ID": self.boot.process_tag})
+                env={**os.environ, envcontract.AGENT_ID: self.boot.process_tag,
+                     **({envcontract.ZYGOTE_PRELOAD: self.boot.zygote_preload}
+                        if self.boot.zygote_preload else {})})
         except OSError as e:
             self.proc = None
             return WarmStartFailed(f"cannot start the warm interpreter ({self.boot.python}): "

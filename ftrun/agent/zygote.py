@@ -36,6 +36,7 @@ import traceback
 from typing import Any, Mapping
 
 from ftrun.agent import as_main, proctitle
+from ftrun import envcontract
 
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
@@ -210,7 +211,7 @@ def main() -> None:
     path = sys.argv[1]
     proctitle.set_title(f"ftrun-zygote {path}")
     zygote = Zygote(path)  # listen first: shims that connect while we import just wait
-    zygote.preload(os.environ.get("FTRUN_ZYGOTE_PRELOAD", DEFAULT_PRELOAD))
+    zygote.preload(os.environ.get(envcontract.ZYGOTE_PRELOAD, DEFAULT_PRELOAD))
     request = zygote.serve()
     # Only a forked child gets here. It becomes the requested process; when that code returns
     # or raises, this interpreter finalizes it as it would after `python -u script.py`.

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftrun.checkpoint.errors import CheckpointDirError
+from ftrun import envcontract
 
 DEFAULT_MEMORY_ROOT = Path("/dev/shm")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -85,14 +86,14 @@ def resolve_config(directory: str | os.PathLike[str] | None = None, *,
     env = os.environ if environ is None else environ
     if directory is not None:
         chosen = Path(directory)
-    elif env.get("FTRUN_JOB_DIR"):
-        chosen = Path(env["FTRUN_JOB_DIR"]) / "checkpoints"
+    elif env.get(envcontract.JOB_DIR):
+        chosen = Path(env[envcontract.JOB_DIR]) / "checkpoints"
     else:
         chosen = Path("checkpoints")
     if memory is False:
         job = None
     else:
-        job = job_id or env.get("FTRUN_JOB_ID") or None
+        job = job_id or env.get(envcontract.JOB_ID) or None
         if memory is True and job is None:
             raise CheckpointDirError("the memory tier needs a job id",
                                      hint="run under `ftrun launch` or pass job_id=...")
@@ -104,7 +105,7 @@ def resolve_config(directory: str | os.PathLike[str] | None = None, *,
 def _generation(env: Mapping[str, str]) -> int:
     """Which run of the job this is: ftrun's generation, else torchrun's restart count (plain
     `torchrun --max-restarts`), else 0. Memory snapshots are matched on (step, generation)."""
-    for name in ("FTRUN_GENERATION", "TORCHELASTIC_RESTART_COUNT"):
+    for name in (envcontract.GENERATION, "TORCHELASTIC_RESTART_COUNT"):
         try:
             return int(env[name])
         except (KeyError, ValueError):

@@ -11,6 +11,7 @@ from rich.markup import escape
 from ftrun.cli import chaos, hosts, inspect, launch, status
 from ftrun.cli.render import make_console
 from ftrun.errors import FtrunError
+from ftrun import envcontract
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="A fault-tolerant launcher that wraps torchrun.")
@@ -38,7 +39,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users
-        if os.environ.get("FTRUN_DEBUG") == "1":
+        if os.environ.get(envcontract.DEBUG) == "1":
             raise
         err_console.print(f"[bold red]error:[/] internal error: {e.__class__.__name__}: {e}")
         err_console.print("[dim]hint: run again with FTRUN_DEBUG=1 for the traceback, "
@@ -47,7 +48,7 @@ def main() -> None:
 
 
 def report_error(e: FtrunError) -> None:
-    if os.environ.get("FTRUN_DEBUG") == "1":
+    if os.environ.get(envcontract.DEBUG) == "1":
         import traceback
 
         traceback.print_exception(e)

@@ -18,6 +18,7 @@ from ftrun.controller.chaos import ACTIONS
 from ftrun.cli.control import ask
 from ftrun.errors import UsageError
 from ftrun.journal import find_job_dir
+from ftrun import envcontract
 
 console = make_console(stderr=True)
 
@@ -28,7 +29,7 @@ def chaos(
     rank: Optional[int] = typer.Option(None, "--rank", help="Target rank (kill-rank, hang-rank)."),
     host: Optional[str] = typer.Option(None, "--host", help="Target host (kill-agent, freeze-agent)."),
     at_step: Optional[int] = typer.Option(None, "--at-step", help="Wait until this step first."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
                                            help="Where job directories are [default: ~/.ftrun/runs]."),
 ) -> None:
     """Inject a fault: kill-rank, hang-rank (SIGSTOP), kill-agent, freeze-agent (SIGSTOP)."""

@@ -18,6 +18,7 @@ from ftrun.config import resolve_run_dir
 from ftrun.errors import UsageError
 from ftrun.hostlist import split_target
 from ftrun.journal import find_job_dir
+from ftrun import envcontract
 
 console = make_console(stderr=True)
 ACTIONS = ("add", "remove")
@@ -27,7 +28,7 @@ def hosts(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     action: str = typer.Argument(..., help="add or remove."),
     host: str = typer.Argument(..., help="The host, as for --hosts: host, user@host[:port]."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
                                            help="Where job directories are [default: ~/.ftrun/runs]."),
 ) -> None:
     """Add a host to a running job (it grows back or waits as a spare), or remove one."""

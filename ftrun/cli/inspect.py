@@ -13,6 +13,7 @@ from ftrun.cli.render import make_console, clock, print_job, secs
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import Incident, JobView, load_job
 from ftrun.journal import find_job_dir
+from ftrun import envcontract
 
 console = make_console()
 STACK_LINES = 12
@@ -21,7 +22,7 @@ STACK_LINES = 12
 def inspect(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
                                            help="Where job directories are [default: ~/.ftrun/runs]."),
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""

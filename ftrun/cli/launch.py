@@ -21,6 +21,8 @@ from ftrun.errors import UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
 from ftrun.userenv import user_env
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
+from ftrun import envcontract
+from ftrun.envcontract import forwarded
 
 console = make_console(stderr=True)
 
@@ -34,7 +36,7 @@ def launch(
     max_restarts: int = typer.Option(3, "--max-restarts", "--max_restarts",
                                      help="Job-wide restart budget."),
     job_name: Optional[str] = typer.Option(None, "--job-name", help="Name shown by status."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
                                            help="Where job directories go [default: ~/.ftrun/runs]."),
     module: bool = typer.Option(False, "-m", "--module", help="Run SCRIPT as a Python module."),
     no_python: bool = typer.Option(False, "--no-python", "--no_python",
@@ -59,11 +61,11 @@ def launch(
         None, "--env-file", metavar="FILE",
         help="NAME=VALUE lines (# comments) for the ranks on every host; --env wins. Repeatable."),
     exit_timeout: float = typer.Option(
-        60.0, "--exit-timeout", envvar="FTRUN_EXIT_TIMEOUT",
+        60.0, "--exit-timeout", envvar=envcontract.EXIT_TIMEOUT,
         help="Once a rank exits 0, seconds the others have to exit before their stacks are "
              "taken and they are killed."),
     idle_timeout: float = typer.Option(
-        1800.0, "--idle-timeout", envvar="FTRUN_IDLE_TIMEOUT",
+        1800.0, "--idle-timeout", envvar=envcontract.IDLE_TIMEOUT,
         help="Without a progress signal: seconds every rank may go without CPU or output "
              "before it counts as a hang (0: off)."),
     warm_start: bool = typer.Option(True, "--warm-start/--cold-start",
@@ -95,7 +97,7 @@ def launch(
     min_nodes: Optional[int] = typer.Option(
         None, "--min-nodes", help="Fewest hosts the job may shrink to [1]."),
     ssh_config: Optional[Path] = typer.Option(
-        None, "--ssh-config", envvar="FTRUN_SSH_CONFIG", help="ssh config file [~/.ssh/config]."),
+        None, "--ssh-config", envvar=envcontract.SSH_CONFIG, help="ssh config file [~/.ssh/config]."),
     remote_python: Optional[str] = typer.Option(
         None, "--remote-python", help="Python on the hosts (default: the same path as here)."),
     controller_addr: Optional[str] = typer.Option(
@@ -129,7 +131,8 @@ def launch(
                               progress_regex=progress_regex,
                               term_timeout_s=_first(term_timeout, grace_period, default=5.0),
                               forward_signals=_signal_names(forward_signal or ()),
-                              env=rank_env,
+                              env=rank_env, forward_env=tuple(forwarded(os.environ).items()),
+                              zygote_preload=os.environ.get(envcontract.ZYGOTE_PRELOAD, ""),
                               exit_timeout_s=exit_timeout, idle_timeout_s=idle_timeout,
                               warm_start=warm_start,
                               hosts=host_list.hosts, spares=host_list.spares,

@@ -12,6 +12,7 @@ from ftrun.cli.render import make_console, jobs_table, print_job
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import load_job
 from ftrun.journal import find_job_dir, list_job_dirs
+from ftrun import envcontract
 
 console = make_console()
 
@@ -19,7 +20,7 @@ console = make_console()
 def status(
     job: Optional[str] = typer.Argument(None, help="A job id (or a unique prefix); all jobs if left out."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar="FTRUN_RUN_DIR",
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
                                            help="Where job directories are [default: ~/.ftrun/runs]."),
 ) -> None:
     """List jobs, or show one job with its incidents."""

@@ -23,14 +23,10 @@ from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
+from ftrun import envcontract
 
 log = logging.getLogger("ftrun.controller")
 
-# Environment worth forwarding to remote agents (over ssh nothing is inherited), the way
-# DeepSpeed's launcher forwards NCCL_*, UCX_*, ...; FTRUN_* carries ftrun's own settings. Not
-# CUDA_* (CUDA_VISIBLE_DEVICES is per host) and not PYTHONHOME (per interpreter).
-FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "OMP_", "FTRUN_", "UCX_")
-FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER")
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
 TERMINATE_TIMEOUT_S = 5.0
@@ -41,7 +37,7 @@ FENCE_MARGIN_S = 0.5
 
 class Fleet:
     def __init__(self, config: LaunchConfig, *, transport: Transport, server: ControlServer,
-                 journal: Journal, reporter: Reporter, secret: str, environ: dict[str, str],
+                 journal: Journal, reporter: Reporter, secret: str,
                  tasks: TaskSupervisor | None = None) -> None:
         self.config = config
         self.tasks = tasks or TaskSupervisor()
@@ -50,9 +46,8 @@ class Fleet:
         self.journal = journal
         self.reporter = reporter
         self.secret = secret
-        self.env = {k: v for k, v in environ.items()
-                    if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES}
-        self.env.update(config.env)  # --env, --env-file: the user's say beats the defaults
+        # --env, --env-file: the user's say beats what the launcher's environment forwards
+        self.env = {**dict(config.forward_env), **dict(config.env)}
         self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
         self.handles: dict[str, AgentHandle] = {}
         self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
@@ -82,7 +77,8 @@ class Fleet:
                          job_id=cfg.job_id, agent_id=agent_id, host=host,
                          heartbeat_interval_s=cfg.heartbeat_interval_s,
                          fence_timeout_s=cfg.fence_timeout_s, warm_start=cfg.warm_start,
-                         python=cfg.agent_python, env=self.env)
+                         python=cfg.agent_python, env=self.env,
+                         zygote_preload=cfg.zygote_preload)
         try:
             self.handles[agent_id] = await self.transport.start_agent(
                 boot, log_path=self.journal.job_dir / "agents" / f"{_safe(host)}.log")
@@ -181,9 +177,9 @@ class Fleet:
         port = cfg.master_port or self.ports.pop(master, None) or free_port()
         # ftrun's variables for the ranks. The TORCHELASTIC_ ones replace torchrun's own
         # (always 0: it never restarts under ftrun) in the rank shim.
-        env = {"FTRUN_JOB_DIR": str(self.journal.job_dir),
-               "FTRUN_TORCHELASTIC_RESTART_COUNT": str(restarts),
-               "FTRUN_TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts)}
+        env = {envcontract.JOB_DIR: str(self.journal.job_dir),
+               envcontract.RESTART_COUNT: str(restarts),
+               envcontract.MAX_RESTARTS: str(cfg.max_restarts)}
         for node_rank, agent_id in enumerate(agents):
             self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
                              node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,

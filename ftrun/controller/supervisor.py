@@ -79,7 +79,7 @@ class Supervisor:
                                     on_event=journal.record,
                                     tasks=self.internal.tasks)
         self.fleet = Fleet(config, transport=transport, server=self.server, journal=journal,
-                           reporter=reporter, secret=self.secret, environ=dict(os.environ),
+                           reporter=reporter, secret=self.secret,
                            tasks=self.internal.tasks)
         self.roster = self.fleet.roster
         self.health = HostHealth(policy.quarantine)

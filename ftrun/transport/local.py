@@ -18,6 +18,7 @@ from pathlib import Path
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
+from ftrun import envcontract
 
 
 class LocalAgent:
@@ -74,7 +75,7 @@ class LocalTransport:
                 proc = await asyncio.create_subprocess_exec(
                     self.python, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
                     stderr=log, start_new_session=True,
-                    env={**os.environ, "FTRUN_AGENT_ID": boot.process_tag})
+                    env={**os.environ, envcontract.AGENT_ID: boot.process_tag})
             except OSError as e:  # the interpreter is missing or not executable
                 raise HostUnreachable(boot.host, f"could not start the agent with {self.python}: "
                                       f"{e.strerror or e}",

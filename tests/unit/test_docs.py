@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ftrun.controller.fleet import FORWARD_NAMES, FORWARD_PREFIXES
+from ftrun.envcontract import FORWARD_NAMES, FORWARD_PREFIXES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -16,6 +16,7 @@ from ftrun.config import LaunchConfig
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.roster import HostState
 from ftrun.controller.server import ControlServer
+from ftrun.envcontract import forwarded
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal, read_events
 
@@ -58,16 +59,17 @@ class Notes:
 
 
 def make_fleet(tmp_path: Path, transport, **overrides) -> Fleet:
+    environ = {"PYTHONPATH": "/x", "PYTHONHOME": "/y", "CUDA_VISIBLE_DEVICES": "0",
+               "NCCL_DEBUG": "INFO", "HOME": "/root"}
     options = dict(job_id="j-1", job_name="j", run_dir=tmp_path, script="t.py", ssh=True,
-                   hosts=("a", "b", "c"), spares=("s",), agent_start_timeout_s=0.2)
+                   hosts=("a", "b", "c"), spares=("s",), agent_start_timeout_s=0.2,
+                   forward_env=tuple(forwarded(environ).items()))
     options.update(overrides)
     config = LaunchConfig(**options)
     server = ControlServer("secret", expected_agents=set(), heartbeat_interval_s=0.25,
                            host_lost_timeout_s=1.0)
     return Fleet(config, transport=transport, server=server, journal=Journal(config.job_dir),
-                 reporter=Notes(), secret="secret",
-                 environ={"PYTHONPATH": "/x", "PYTHONHOME": "/y", "CUDA_VISIBLE_DEVICES": "0",
-                          "NCCL_DEBUG": "INFO", "HOME": "/root"})
+                 reporter=Notes(), secret="secret")
 
 
 def hello(fleet: Fleet, host: str) -> None:
