@@ -12,13 +12,14 @@ import re
 import secrets
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from ftrun import envcontract
 from ftrun.errors import UsageError
 from ftrun.timeouts import ControlTimeouts
-from ftrun import envcontract
 
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 # What --forward-signal cannot pass on: INT and TERM stop the job, KILL and STOP cannot be
@@ -26,8 +27,9 @@ DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 UNFORWARDABLE_SIGNALS = frozenset({"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP", "SIGCHLD"})
 
 
-def resolve_run_dir(explicit: str | os.PathLike[str] | None,
-                    environ: Mapping[str, str] = os.environ) -> Path:
+def resolve_run_dir(
+    explicit: str | os.PathLike[str] | None, environ: Mapping[str, str] = os.environ
+) -> Path:
     """--run-dir beats FTRUN_RUN_DIR beats ~/.ftrun/runs (the same rule for every command)."""
     chosen = explicit if explicit else environ.get(envcontract.RUN_DIR) or DEFAULT_RUN_DIR
     return Path(chosen).expanduser().resolve()
@@ -117,17 +119,24 @@ class LaunchConfig:
             if name not in signal.Signals.__members__:
                 problems.append(f"--forward-signal: no signal {name!r}")
             elif name in UNFORWARDABLE_SIGNALS:
-                problems.append(f"--forward-signal cannot take {name}: "
-                                + ("it stops the job (see --term-timeout)"
-                                   if name in ("SIGINT", "SIGTERM") else "it cannot be passed on"))
+                problems.append(
+                    f"--forward-signal cannot take {name}: "
+                    + (
+                        "it stops the job (see --term-timeout)"
+                        if name in ("SIGINT", "SIGTERM")
+                        else "it cannot be passed on"
+                    )
+                )
         problems.extend(self.timeouts.problems())
         if not self.exit_timeout_s > 0:
             problems.append(f"--exit-timeout must be more than 0 (got {self.exit_timeout_s:g})")
         if self.idle_timeout_s < 0:
             problems.append(f"--idle-timeout must be 0 (off) or more (got {self.idle_timeout_s:g})")
         if not 1 <= self.min_nodes <= len(self.hosts):
-            problems.append(f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
-                            f"got {self.min_nodes}")
+            problems.append(
+                f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
+                f"got {self.min_nodes}"
+            )
         if self.spares and not self.ssh:
             problems.append("--spares needs --hosts or --hostfile (spares are other machines)")
         if self.progress_regex is not None:
@@ -137,16 +146,20 @@ class LaunchConfig:
                 problems.append(f"--progress-regex is not a valid regular expression: {e}")
             else:
                 if compiled.groups < 1:
-                    problems.append("--progress-regex needs one group that captures the step number")
+                    problems.append(
+                        "--progress-regex needs one group that captures the step number"
+                    )
         if problems:
             raise UsageError("; ".join(problems), hint="see `ftrun launch --help`")
 
     @property
     def timeouts(self) -> ControlTimeouts:
-        return ControlTimeouts(heartbeat_interval_s=self.heartbeat_interval_s,
-                               host_lost_timeout_s=self.host_lost_timeout_s,
-                               fence_timeout_s=self.fence_timeout_s,
-                               local_stall_timeout_s=self.local_stall_timeout_s)
+        return ControlTimeouts(
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            host_lost_timeout_s=self.host_lost_timeout_s,
+            fence_timeout_s=self.fence_timeout_s,
+            local_stall_timeout_s=self.local_stall_timeout_s,
+        )
 
     @property
     def job_dir(self) -> Path:

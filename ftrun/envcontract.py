@@ -46,23 +46,47 @@ EXIT_TIMEOUT = "FTRUN_EXIT_TIMEOUT"
 IDLE_TIMEOUT = "FTRUN_IDLE_TIMEOUT"
 
 CONTRACT: tuple[EnvVar, ...] = (
-    EnvVar(AGENT_ID, "transport, agent", "agent sweeps (procs.py), tests",
-           "job_id/agent_id on every process an agent starts: sweeps kill by it, never by pid"),
-    EnvVar(AGENT_SOCK, "agent", "rank shim, ftrun.runtime",
-           "the agent's datagram socket: rank started/exited, steps, sections, code done"),
-    EnvVar(GENERATION, "agent", "rank shim, ftrun.runtime, ftrun.checkpoint",
-           "the generation number; a message from an older one is dropped"),
+    EnvVar(
+        AGENT_ID,
+        "transport, agent",
+        "agent sweeps (procs.py), tests",
+        "job_id/agent_id on every process an agent starts: sweeps kill by it, never by pid",
+    ),
+    EnvVar(
+        AGENT_SOCK,
+        "agent",
+        "rank shim, ftrun.runtime",
+        "the agent's datagram socket: rank started/exited, steps, sections, code done",
+    ),
+    EnvVar(
+        GENERATION,
+        "agent",
+        "rank shim, ftrun.runtime, ftrun.checkpoint",
+        "the generation number; a message from an older one is dropped",
+    ),
     EnvVar(HOST, "agent", "ranks (informational)", "the host name the controller knows"),
     EnvVar(JOB_ID, "agent", "ftrun.checkpoint", "names the memory tier's shared-memory files"),
     EnvVar(JOB_DIR, "controller", "ftrun.checkpoint", "the job directory: checkpoints/ under it"),
     EnvVar(RANK_LOG_DIR, "agent", "rank shim", "where each rank's output file goes"),
     EnvVar(ZYGOTE_SOCK, "agent", "rank shim", "the warm interpreter to fork ranks from"),
-    EnvVar(ZYGOTE_PRELOAD, "launcher (LaunchConfig.zygote_preload)", "zygote",
-           "modules the warm interpreter imports ahead of the first rank"),
-    EnvVar(RESTART_COUNT, "controller", "rank shim",
-           "ftrun's restart count; replaces torchrun's TORCHELASTIC_RESTART_COUNT (always 0)"),
-    EnvVar(MAX_RESTARTS, "controller", "rank shim",
-           "--max-restarts; replaces torchrun's TORCHELASTIC_MAX_RESTARTS"),
+    EnvVar(
+        ZYGOTE_PRELOAD,
+        "launcher (LaunchConfig.zygote_preload)",
+        "zygote",
+        "modules the warm interpreter imports ahead of the first rank",
+    ),
+    EnvVar(
+        RESTART_COUNT,
+        "controller",
+        "rank shim",
+        "ftrun's restart count; replaces torchrun's TORCHELASTIC_RESTART_COUNT (always 0)",
+    ),
+    EnvVar(
+        MAX_RESTARTS,
+        "controller",
+        "rank shim",
+        "--max-restarts; replaces torchrun's TORCHELASTIC_MAX_RESTARTS",
+    ),
     EnvVar(RUN_DIR, "user", "config", "where job directories live"),
     EnvVar(DEBUG, "user", "cli", "=1: print tracebacks"),
     EnvVar(SSH_CONFIG, "user", "cli (--ssh-config)", "the ssh config file"),
@@ -83,5 +107,6 @@ FORWARD_NAMES = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAUL
 
 def forwarded(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the launcher's environment that goes to every agent."""
-    return {k: v for k, v in environ.items()
-            if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES}
+    return {
+        k: v for k, v in environ.items() if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES
+    }

@@ -27,8 +27,14 @@ class FtrunError(Exception):
 
     exit_code: int = EXIT_JOB_FAILED
 
-    def __init__(self, message: str, *, hint: str = "", data: dict[str, Any] | None = None,
-                 exit_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str = "",
+        data: dict[str, Any] | None = None,
+        exit_code: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint

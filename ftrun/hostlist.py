@@ -18,8 +18,10 @@ from pathlib import Path
 from ftrun.errors import UsageError
 
 LOCALHOST = "localhost"
-_TARGET = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)"
-                     r"(?::(?P<port>\d+))?$")
+_TARGET = re.compile(
+    r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)"
+    r"(?::(?P<port>\d+))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,10 @@ def split_target(target: str) -> SshTarget:
     """`user@host:port` → its parts (IPv6 literals in brackets: `[fe80::1]:22`)."""
     match = _TARGET.match(target)
     if match is None:
-        raise UsageError(f"{target!r} is not a host (expected host, user@host or user@host:port)",
-                         hint="see `ftrun launch --help` for --hosts and --hostfile")
+        raise UsageError(
+            f"{target!r} is not a host (expected host, user@host or user@host:port)",
+            hint="see `ftrun launch --help` for --hosts and --hostfile",
+        )
     port = match["port"]
     return SshTarget(match["host"].strip("[]"), match["user"], int(port) if port else None)
 
@@ -61,8 +65,10 @@ def read_hostfile(path: Path) -> list[HostEntry]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
-        raise UsageError(f"cannot read the hostfile {str(path)!r}: {e.strerror or e}",
-                         hint="pass an existing file to --hostfile") from None
+        raise UsageError(
+            f"cannot read the hostfile {str(path)!r}: {e.strerror or e}",
+            hint="pass an existing file to --hostfile",
+        ) from None
     entries: list[HostEntry] = []
     problems: list[str] = []
     for number, line in enumerate(lines, start=1):
@@ -95,8 +101,9 @@ def check_roles(hosts: list[HostEntry], spares: list[HostEntry], min_nodes: int 
             problems.append(f"host {entry.target!r} is named twice")
         seen.add(entry.target)
     if min_nodes is not None and not 1 <= min_nodes <= len(hosts):
-        problems.append(f"--min-nodes must be in 1..{len(hosts)} (the number of hosts); "
-                        f"got {min_nodes}")
+        problems.append(
+            f"--min-nodes must be in 1..{len(hosts)} (the number of hosts); got {min_nodes}"
+        )
     _raise(problems)
 
 
@@ -106,19 +113,22 @@ def uniform_slots(entries: list[HostEntry]) -> int | None:
     if not counts:
         return None
     if len(counts) > 1 or any(e.slots is None for e in entries):
-        raise UsageError("hosts with different slots= are not supported: every host runs "
-                         f"--nproc-per-node ranks (got {sorted(counts)})",
-                         hint="give every host the same slots=, or drop slots= and pass "
-                              "--nproc-per-node")
+        raise UsageError(
+            "hosts with different slots= are not supported: every host runs "
+            f"--nproc-per-node ranks (got {sorted(counts)})",
+            hint="give every host the same slots=, or drop slots= and pass --nproc-per-node",
+        )
     return counts.pop()
 
 
-def _add(entries: list[HostEntry], problems: list[str], target: str, slots: int | None,
-         where: str) -> None:
+def _add(
+    entries: list[HostEntry], problems: list[str], target: str, slots: int | None, where: str
+) -> None:
     match = _TARGET.match(target)
     if match is None:
-        problems.append(f"{where}: {target!r} is not a host (expected host, user@host or "
-                        "user@host:port)")
+        problems.append(
+            f"{where}: {target!r} is not a host (expected host, user@host or user@host:port)"
+        )
     elif match["port"] and not 0 < int(match["port"]) < 65536:
         problems.append(f"{where}: port {match['port']} of {target!r} is not in 1..65535")
     else:
@@ -127,6 +137,8 @@ def _add(entries: list[HostEntry], problems: list[str], target: str, slots: int 
 
 def _raise(problems: list[str]) -> None:
     if problems:
-        raise UsageError("; ".join(problems),
-                         hint="hosts are `host`, `user@host` or `user@host:port`; a hostfile "
-                              "has one per line, optionally with slots=N")
+        raise UsageError(
+            "; ".join(problems),
+            hint="hosts are `host`, `user@host` or `user@host:port`; a hostfile "
+            "has one per line, optionally with slots=N",
+        )

@@ -22,8 +22,10 @@ from ftrun.journal import read_events
 STATES = ("running", "succeeded", "failed", "stopped")
 # Printed by ftrun.checkpoint on restore (ftrun/checkpoint/restore.py, `_done`); not imported
 # from there because that module imports torch. tests/unit/test_jobview.py checks both agree.
-RESTORE_LINE = re.compile(r"^ftrun-checkpoint: (?:restored step (\d+) from (memory|storage)"
-                          r"|no checkpoint found, starting from step (0))$")
+RESTORE_LINE = re.compile(
+    r"^ftrun-checkpoint: (?:restored step (\d+) from (memory|storage)"
+    r"|no checkpoint found, starting from step (0))$"
+)
 RESTORE_SCAN_BYTES = 1 << 20  # restore runs at start-up: its line is near the top of the log
 
 
@@ -53,16 +55,16 @@ class Incident:
     section: str | None = None
     stacks: dict[str, str] | None = None
     states: dict[str, str] | None = None
-    idle_s: float | None = None        # a hang found by the idle guard: how long all were idle
-    clean_rank: int | None = None      # exit_hang: the rank that exited 0 first
+    idle_s: float | None = None  # a hang found by the idle guard: how long all were idle
+    clean_rank: int | None = None  # exit_hang: the rank that exited 0 first
     stacks_missing_from: list[str] = field(default_factory=list)  # hosts that sent no stacks
     torn_down_t: float | None = None
     relaunched_t: float | None = None
     next_generation: int | None = None
     first_step_t: float | None = None
     step_resumed: int | None = None
-    restored_step: int | None = None   # what the relaunched ranks restored (from their logs)
-    restored_tier: str | None = None   # "memory", "storage" or "none"
+    restored_step: int | None = None  # what the relaunched ranks restored (from their logs)
+    restored_tier: str | None = None  # "memory", "storage" or "none"
 
     @property
     def detected_s(self) -> float | None:
@@ -88,24 +90,46 @@ class Incident:
         return max(0, self.step_at_fault - self.step_resumed + 1)
 
     def phases(self) -> list[tuple[str, float | None]]:
-        return [("fault", self.fault_t), ("detected", self.detected_t),
-                ("torn down", self.torn_down_t), ("relaunched", self.relaunched_t),
-                ("first step again", self.first_step_t)]
+        return [
+            ("fault", self.fault_t),
+            ("detected", self.detected_t),
+            ("torn down", self.torn_down_t),
+            ("relaunched", self.relaunched_t),
+            ("first step again", self.first_step_t),
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "generation": self.generation, "kind": self.kind, "tier": self.tier,
-            "decision": self.decision, "reason": self.reason, "host": self.host,
-            "rank": self.rank, "exit_code": self.exit_code, "signal": self.signal,
-            "detected_s": _round(self.detected_s), "recovered_s": _round(self.recovered_s),
-            "lost_steps": self.lost_steps, "step_at_fault": self.step_at_fault,
-            "step_resumed": self.step_resumed, "restored_step": self.restored_step,
-            "restored_tier": self.restored_tier, "exception": self.exception,
-            "traceback": self.traceback, "traceback_source": self.traceback_source,
-            "rule": self.rule, "injected": self.injected, "allowance_s": self.allowance_s,
-            "past_allowance_s": self.past_allowance_s, "section": self.section,
-            "stacks": self.stacks, "states": self.states, "idle_s": self.idle_s,
-            "clean_rank": self.clean_rank, "stacks_missing_from": self.stacks_missing_from,
+            "id": self.id,
+            "generation": self.generation,
+            "kind": self.kind,
+            "tier": self.tier,
+            "decision": self.decision,
+            "reason": self.reason,
+            "host": self.host,
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "detected_s": _round(self.detected_s),
+            "recovered_s": _round(self.recovered_s),
+            "lost_steps": self.lost_steps,
+            "step_at_fault": self.step_at_fault,
+            "step_resumed": self.step_resumed,
+            "restored_step": self.restored_step,
+            "restored_tier": self.restored_tier,
+            "exception": self.exception,
+            "traceback": self.traceback,
+            "traceback_source": self.traceback_source,
+            "rule": self.rule,
+            "injected": self.injected,
+            "allowance_s": self.allowance_s,
+            "past_allowance_s": self.past_allowance_s,
+            "section": self.section,
+            "stacks": self.stacks,
+            "states": self.states,
+            "idle_s": self.idle_s,
+            "clean_rank": self.clean_rank,
+            "stacks_missing_from": self.stacks_missing_from,
             "phases": {name: t for name, t in self.phases()},
         }
 
@@ -147,10 +171,18 @@ class JobView:
 
     def to_json(self, *, detail: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "job_id": self.job_id, "name": self.name, "state": self.state, "reason": self.reason,
-            "generation": self.generation, "restarts": self.restarts, "step": self.step,
-            "started_t": self.started_t, "ended_t": self.ended_t, "exit_code": self.exit_code,
-            "job_dir": str(self.job_dir), "hosts": self.hosts,
+            "job_id": self.job_id,
+            "name": self.name,
+            "state": self.state,
+            "reason": self.reason,
+            "generation": self.generation,
+            "restarts": self.restarts,
+            "step": self.step,
+            "started_t": self.started_t,
+            "ended_t": self.ended_t,
+            "exit_code": self.exit_code,
+            "job_dir": str(self.job_dir),
+            "hosts": self.hosts,
         }
         if detail:
             out["root_cause"] = self.root_cause
@@ -229,24 +261,40 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
                     g.first_step_t = t
                 g.last_step = step if g.last_step is None else max(g.last_step, step)
                 view.step = g.last_step
-            if (kind == "first_step" and pending_recovery is not None
-                    and pending_recovery.next_generation == ev.get("gen")):
+            if (
+                kind == "first_step"
+                and pending_recovery is not None
+                and pending_recovery.next_generation == ev.get("gen")
+            ):
                 pending_recovery.first_step_t = t
                 pending_recovery.step_resumed = step
                 pending_recovery = None
         elif kind == "fault_detected":
             inc = Incident(
-                id=ev["incident"], generation=ev.get("gen", 0), kind=ev.get("fault", "crash"),
-                host=ev.get("host"), rank=ev.get("rank"), fault_t=ev.get("fault_t"),
-                detected_t=ev.get("detected_t") or t, exit_code=ev.get("exit_code"),
-                signal=ev.get("signal"), step_at_fault=ev.get("step"),
-                exception=ev.get("exception"), traceback=ev.get("traceback"),
-                traceback_source=ev.get("traceback_source"), tail=ev.get("tail") or [],
-                injected=ev.get("injected"), allowance_s=ev.get("allowance_s"),
-                past_allowance_s=ev.get("past_allowance_s"), section=ev.get("section"),
-                stacks=ev.get("stacks"), states=ev.get("states"), idle_s=ev.get("idle_s"),
+                id=ev["incident"],
+                generation=ev.get("gen", 0),
+                kind=ev.get("fault", "crash"),
+                host=ev.get("host"),
+                rank=ev.get("rank"),
+                fault_t=ev.get("fault_t"),
+                detected_t=ev.get("detected_t") or t,
+                exit_code=ev.get("exit_code"),
+                signal=ev.get("signal"),
+                step_at_fault=ev.get("step"),
+                exception=ev.get("exception"),
+                traceback=ev.get("traceback"),
+                traceback_source=ev.get("traceback_source"),
+                tail=ev.get("tail") or [],
+                injected=ev.get("injected"),
+                allowance_s=ev.get("allowance_s"),
+                past_allowance_s=ev.get("past_allowance_s"),
+                section=ev.get("section"),
+                stacks=ev.get("stacks"),
+                states=ev.get("states"),
+                idle_s=ev.get("idle_s"),
                 clean_rank=ev.get("clean_rank"),
-                stacks_missing_from=ev.get("stacks_missing_from") or [])
+                stacks_missing_from=ev.get("stacks_missing_from") or [],
+            )
             incidents[inc.id] = inc
             g = gens.get(inc.generation)
             if g is not None and inc.step_at_fault is not None:
@@ -254,7 +302,11 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
         elif kind == "fault_classified":
             inc = incidents.get(ev.get("incident", -1))
             if inc is not None:
-                inc.tier, inc.decision, inc.reason = ev.get("tier"), ev.get("decision"), ev.get("reason")
+                inc.tier, inc.decision, inc.reason = (
+                    ev.get("tier"),
+                    ev.get("decision"),
+                    ev.get("reason"),
+                )
                 inc.rule = ev.get("rule")
         elif kind == "torn_down":
             inc = incidents.get(ev.get("incident", -1))

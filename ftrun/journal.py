@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any
 
 from ftrun.errors import UsageError
 
@@ -32,8 +33,10 @@ class Journal:
             job_dir.mkdir(parents=True, exist_ok=False)
             self._events = open(job_dir / EVENTS_FILE, "a", encoding="utf-8")
         except OSError as e:
-            raise UsageError(f"cannot create the job directory {job_dir}: {e.strerror or e}",
-                             hint="pass a writable --run-dir or set FTRUN_RUN_DIR") from None
+            raise UsageError(
+                f"cannot create the job directory {job_dir}: {e.strerror or e}",
+                hint="pass a writable --run-dir or set FTRUN_RUN_DIR",
+            ) from None
         self._logs: dict[tuple[int, str], IO[str]] = {}
 
     def write_config(self, config: dict[str, Any]) -> None:
@@ -104,7 +107,9 @@ def find_job_dir(run_dir: Path, job: str) -> Path:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise UsageError(f"no job {job!r} in {run_dir}",
-                         hint="`ftrun status` lists the jobs; pass --run-dir if it ran elsewhere")
+        raise UsageError(
+            f"no job {job!r} in {run_dir}",
+            hint="`ftrun status` lists the jobs; pass --run-dir if it ran elsewhere",
+        )
     names = ", ".join(sorted(p.name for p in matches)[:5])
     raise UsageError(f"{job!r} matches several jobs: {names}", hint="give more of the job id")

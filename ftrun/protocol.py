@@ -86,7 +86,9 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
 class Channel:
     """One authenticated direction-pair on a stream: numbers what it sends, refuses replays."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes
+    ) -> None:
         self.reader = reader
         self.writer = writer
         self._key = key
@@ -127,8 +129,9 @@ async def open_channel(host: str, port: int, secret: str, timeout_s: float) -> C
     return Channel(reader, writer, connection_key(secret, nonce))
 
 
-async def accept_channel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         secret: str) -> Channel:
+async def accept_channel(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str
+) -> Channel:
     """Server side of the handshake: send a fresh nonce."""
     nonce = new_nonce()
     writer.write(nonce)

@@ -18,7 +18,8 @@ import os
 import signal
 import socket
 import sys
-from typing import Iterator
+from collections.abc import Iterator
+
 from ftrun.envcontract import AGENT_SOCK, GENERATION
 
 STACKS_SIGNAL = signal.SIGUSR2
@@ -33,8 +34,7 @@ def _resolve() -> object:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     register_stack_dumps()
-    return (sock, path, int(os.environ.get(GENERATION, "0")),
-            int(os.environ.get("RANK", "0")))
+    return (sock, path, int(os.environ.get(GENERATION, "0")), int(os.environ.get("RANK", "0")))
 
 
 def register_stack_dumps() -> None:

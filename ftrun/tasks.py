@@ -24,8 +24,9 @@ import logging
 import time
 import traceback
 from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any
 
 log = logging.getLogger("ftrun.tasks")
 
@@ -44,8 +45,13 @@ class TaskFailure:
     fatal: bool = False  # its owner gives up (the agent fences, the controller ends the job)
 
     def fields(self) -> dict[str, Any]:
-        return {"task": self.task, "error": self.error, "traceback": self.traceback,
-                "restarting": self.restarting, "fatal": self.fatal}
+        return {
+            "task": self.task,
+            "error": self.error,
+            "traceback": self.traceback,
+            "restarting": self.restarting,
+            "fatal": self.fatal,
+        }
 
 
 def _ignore(failure: TaskFailure) -> None:
@@ -53,9 +59,13 @@ def _ignore(failure: TaskFailure) -> None:
 
 
 class TaskSupervisor:
-    def __init__(self, *, on_failure: Callable[[TaskFailure], None] = _ignore,
-                 on_fatal: Callable[[TaskFailure], None] = _ignore,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        on_failure: Callable[[TaskFailure], None] = _ignore,
+        on_fatal: Callable[[TaskFailure], None] = _ignore,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.on_failure = on_failure
         self.on_fatal = on_fatal
         self.clock = clock
@@ -63,8 +73,13 @@ class TaskSupervisor:
         self.closing = False
         self._recent: dict[str, deque[float]] = {}
 
-    def spawn(self, name: str, work: Coroutine[Any, Any, Any] | Callable[[], Awaitable[Any]], *,
-              restart: bool = False) -> asyncio.Task[Any]:
+    def spawn(
+        self,
+        name: str,
+        work: Coroutine[Any, Any, Any] | Callable[[], Awaitable[Any]],
+        *,
+        restart: bool = False,
+    ) -> asyncio.Task[Any]:
         """Start `work` (a coroutine, or for restart=True a function that makes one)."""
         assert not (restart and asyncio.iscoroutine(work)), "a restartable task needs a factory"
         coro = work if asyncio.iscoroutine(work) else work()  # type: ignore[operator]
@@ -73,14 +88,16 @@ class TaskSupervisor:
         task.add_done_callback(lambda t: self._done(name, work, restart, t))
         return task
 
-    def report(self, name: str, error: BaseException, *, restarting: bool = False,
-               fatal: bool = False) -> TaskFailure:
+    def report(
+        self, name: str, error: BaseException, *, restarting: bool = False, fatal: bool = False
+    ) -> TaskFailure:
         """Log and report an exception; called directly for one caught elsewhere (a callback,
         a per-message handler) that the caller handles itself."""
         text = "".join(traceback.format_exception(error))
         log.error("%s failed:\n%s", name, text)
-        failure = TaskFailure(name, f"{error.__class__.__name__}: {error}",
-                              text[-TRACEBACK_CHARS:], restarting, fatal)
+        failure = TaskFailure(
+            name, f"{error.__class__.__name__}: {error}", text[-TRACEBACK_CHARS:], restarting, fatal
+        )
         try:
             self.on_failure(failure)
         except Exception:  # the report must not take down what reports
@@ -105,8 +122,12 @@ class TaskSupervisor:
         if task.cancelled() or task.exception() is None:
             return
         restarting = restart and not self.closing and self._may_restart(name)
-        failure = self.report(name, task.exception(), restarting=restarting,  # type: ignore[arg-type]
-                              fatal=not restarting and not self.closing)
+        failure = self.report(
+            name,
+            task.exception(),
+            restarting=restarting,  # type: ignore[arg-type]
+            fatal=not restarting and not self.closing,
+        )
         if restarting:
             asyncio.get_running_loop().call_later(RESTART_DELAY_S, self._respawn, name, work)
         elif not self.closing:

@@ -22,10 +22,12 @@ FENCE_TIMEOUT_S = 3.0
 LOCAL_STALL_TIMEOUT_S = 60.0
 EPS = 1e-9  # 0.1 + 0.2 is not 0.3
 
-FLAGS = {"heartbeat_interval_s": "--heartbeat-interval",
-         "host_lost_timeout_s": "--host-lost-timeout",
-         "fence_timeout_s": "--fence-timeout",
-         "local_stall_timeout_s": "--local-stall-timeout"}
+FLAGS = {
+    "heartbeat_interval_s": "--heartbeat-interval",
+    "host_lost_timeout_s": "--host-lost-timeout",
+    "fence_timeout_s": "--fence-timeout",
+    "local_stall_timeout_s": "--local-stall-timeout",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +52,20 @@ class ControlTimeouts:
             out.append(f"--heartbeat-interval must be more than 0 (got {hb:g})")
         elif lost < 2 * hb - EPS:
             # One late heartbeat must not lose a host: at least two intervals of silence.
-            out.append(f"--host-lost-timeout ({lost:g} s) must be at least twice "
-                       f"--heartbeat-interval ({hb:g} s)")
+            out.append(
+                f"--host-lost-timeout ({lost:g} s) must be at least twice "
+                f"--heartbeat-interval ({hb:g} s)"
+            )
         if fence < lost + hb - EPS:
             # An agent must not fence (kill healthy ranks) on a silence the controller still
             # tolerates: the controller gives up first, then the agent.
-            out.append(f"--fence-timeout ({fence:g} s) must be at least --host-lost-timeout + "
-                       f"--heartbeat-interval ({lost + hb:g} s)")
+            out.append(
+                f"--fence-timeout ({fence:g} s) must be at least --host-lost-timeout + "
+                f"--heartbeat-interval ({lost + hb:g} s)"
+            )
         if stall and stall < lost - EPS:
-            out.append(f"--local-stall-timeout ({stall:g} s) must be 0 (never) or at least "
-                       f"--host-lost-timeout ({lost:g} s)")
+            out.append(
+                f"--local-stall-timeout ({stall:g} s) must be 0 (never) or at least "
+                f"--host-lost-timeout ({lost:g} s)"
+            )
         return out

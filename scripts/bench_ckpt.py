@@ -36,13 +36,13 @@ import time
 import uuid
 from pathlib import Path
 
+import benchlib
 import torch
 import torch.distributed.checkpoint as dcp
+from benchlib import Column, Table
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-import benchlib
 import ftrun.checkpoint as ckpt
-from benchlib import Column, Table
 
 REPO = Path(__file__).resolve().parent.parent
 WIDTH = 4096
@@ -117,8 +117,9 @@ class DcpSave(Method):
     name = "dcp.save"
 
     def state(self) -> dict:
-        m, o = get_state_dict(self.model, self.opt,
-                              options=StateDictOptions(flatten_optimizer_state_dict=True))
+        m, o = get_state_dict(
+            self.model, self.opt, options=StateDictOptions(flatten_optimizer_state_dict=True)
+        )
         return {"model": m, "optim": o}
 
     def save(self, step: int) -> None:
@@ -195,8 +196,16 @@ class Ftrun(Method):
         super().close()
 
 
-def timed_window(loop: Loop, method: Method | None, steps: int, every: int, first: int,
-                 stalls: list[float] | None, *, drain: bool) -> float:
+def timed_window(
+    loop: Loop,
+    method: Method | None,
+    steps: int,
+    every: int,
+    first: int,
+    stalls: list[float] | None,
+    *,
+    drain: bool,
+) -> float:
     """Run `steps` steps, checkpointing after step i when i % every == 0; returns seconds/step.
 
     A checkpoint's stall is its save() call plus the time the following step was held for it
@@ -232,9 +241,12 @@ def run(args: argparse.Namespace) -> None:
     loop = Loop(model, opt, args.batch)
     loop.step()  # allocate optimizer state
     state_gib = params * 12 / 2**30
-    print(f"model: {layers} x Linear({WIDTH}, {WIDTH}) = {params / 1e6:.0f} M parameters; "
-          f"state (params + AdamW) = {state_gib:.2f} GiB; batch {args.batch}; "
-          f"{torch.get_num_threads()} threads", flush=True)
+    print(
+        f"model: {layers} x Linear({WIDTH}, {WIDTH}) = {params / 1e6:.0f} M parameters; "
+        f"state (params + AdamW) = {state_gib:.2f} GiB; batch {args.batch}; "
+        f"{torch.get_num_threads()} threads",
+        flush=True,
+    )
     rows = []
     root = Path(args.dir)
     for cls in (TorchSave, DcpSave, DcpAsyncSave, Ftrun):
@@ -252,8 +264,11 @@ def run(args: argparse.Namespace) -> None:
             # their end continues, untimed, before the next baseline (as it would in training).
             for r in range(args.rounds):
                 base.append(timed_window(loop, None, args.steps_base, 1, 0, None, drain=False))
-                every1.append(timed_window(loop, method, args.steps_every1, 1, 1 + 100 * r,
-                                           stalls, drain=False))
+                every1.append(
+                    timed_window(
+                        loop, method, args.steps_every1, 1, 1 + 100 * r, stalls, drain=False
+                    )
+                )
                 method.drain()
             note = method.note()
             # Every-10 window: one checkpoint, and the window owns all of its background work.
@@ -264,15 +279,23 @@ def run(args: argparse.Namespace) -> None:
         finally:
             method.close()
         mean_base = statistics.mean(base)
-        row = {"method": cls.name, "stall_s": statistics.median(stalls), "stall_max_s": max(stalls),
-               "stall10_s": alone[0],
-               "thru1": mean_base / statistics.mean(every1), "thru10": mean_base / every10,
-               "base_s": mean_base, "note": note}
+        row = {
+            "method": cls.name,
+            "stall_s": statistics.median(stalls),
+            "stall_max_s": max(stalls),
+            "stall10_s": alone[0],
+            "thru1": mean_base / statistics.mean(every1),
+            "thru10": mean_base / every10,
+            "base_s": mean_base,
+            "note": note,
+        }
         rows.append(row)
-        print(f"  {cls.name}: stall median {row['stall_s']:.3f} s, max {row['stall_max_s']:.3f} s "
-              f"({len(stalls)} checkpoints), alone {row['stall10_s']:.3f} s; s/step: none {' '.join(f'{b:.2f}' for b in base)}, "
-              f"every step {' '.join(f'{e:.2f}' for e in every1)}, every 10 {every10:.2f}; {note}",
-              flush=True)
+        print(
+            f"  {cls.name}: stall median {row['stall_s']:.3f} s, max {row['stall_max_s']:.3f} s "
+            f"({len(stalls)} checkpoints), alone {row['stall10_s']:.3f} s; s/step: none {' '.join(f'{b:.2f}' for b in base)}, "
+            f"every step {' '.join(f'{e:.2f}' for e in every1)}, every 10 {every10:.2f}; {note}",
+            flush=True,
+        )
     crash = crash_trials(args) if args.crash_trials else None
     table(rows, state_gib, crash, args)
 
@@ -281,41 +304,67 @@ def crash_trials(args: argparse.Namespace) -> dict:
     """Runs tests/bin/ckpt_crash.py (its own temp directory and memory tier, removed at its end)."""
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
-    out = subprocess.run([sys.executable, str(REPO / "tests" / "bin" / "ckpt_crash.py"),
-                          "--trials", str(args.crash_trials), "--state-mib", str(args.crash_state_mib)],
-                         capture_output=True, text=True, timeout=3600, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "bin" / "ckpt_crash.py"),
+            "--trials",
+            str(args.crash_trials),
+            "--state-mib",
+            str(args.crash_state_mib),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
+    )
     lines = out.stdout.strip().splitlines()
     try:
         summary = json.loads(lines[-1])
         assert summary.get("summary")
     except (IndexError, ValueError, AssertionError):
-        summary = {"trials": args.crash_trials, "failures": "all (the trial runner failed: "
-                   f"exit {out.returncode}, {out.stderr.strip()[-300:]!r})", "tiers": {}}
+        summary = {
+            "trials": args.crash_trials,
+            "failures": "all (the trial runner failed: "
+            f"exit {out.returncode}, {out.stderr.strip()[-300:]!r})",
+            "tiers": {},
+        }
     summary["rc"] = out.returncode
     return summary
 
 
-TABLE = Table([Column(key="method", header="method", align="<"),
-               Column(key="stall_s", header="stall every step s", spec=".3f", ratio=".4f"),
-               Column(key="stall10_s", header="stall alone s", spec=".3f", ratio=".4f"),
-               Column(key="thru1", header="thru every step", spec=".3f"),
-               Column(key="thru10", header="thru every 10", spec=".3f"),
-               Column(key="note", header="notes", align="<")],
-              name="method", anchor="torch.save")
+TABLE = Table(
+    [
+        Column(key="method", header="method", align="<"),
+        Column(key="stall_s", header="stall every step s", spec=".3f", ratio=".4f"),
+        Column(key="stall10_s", header="stall alone s", spec=".3f", ratio=".4f"),
+        Column(key="thru1", header="thru every step", spec=".3f"),
+        Column(key="thru10", header="thru every 10", spec=".3f"),
+        Column(key="note", header="notes", align="<"),
+    ],
+    name="method",
+    anchor="torch.save",
+)
 
 
 def table(rows: list[dict], state_gib: float, crash: dict | None, args: argparse.Namespace) -> None:
     base = statistics.mean(r["base_s"] for r in rows)
     print()
-    print(f"state {state_gib:.2f} GiB, batch {args.batch}, no-checkpoint step {base:.2f} s "
-          f"(mean of the baselines)")
-    print("stall = seconds the training loop is held per checkpoint: median with a checkpoint "
-          "every step, and for one checkpoint alone (every 10); thru = steps/s relative to none")
+    print(
+        f"state {state_gib:.2f} GiB, batch {args.batch}, no-checkpoint step {base:.2f} s "
+        f"(mean of the baselines)"
+    )
+    print(
+        "stall = seconds the training loop is held per checkpoint: median with a checkpoint "
+        "every step, and for one checkpoint alone (every 10); thru = steps/s relative to none"
+    )
     print(TABLE.render([{"method": "none", "thru1": 1.0, "thru10": 1.0, "note": ""}, *rows]))
     if crash is not None:
-        print(f"crash trials: {crash['trials']} SIGKILLs at random moments during saves "
-              f"({args.crash_state_mib:g} MiB state): {crash['failures']} failed (torn, lost or "
-              f"older restores); restores by tier: {crash['tiers']}")
+        print(
+            f"crash trials: {crash['trials']} SIGKILLs at random moments during saves "
+            f"({args.crash_state_mib:g} MiB state): {crash['failures']} failed (torn, lost or "
+            f"older restores); restores by tier: {crash['tiers']}"
+        )
     by = {r["method"]: r for r in rows}
     ref, ours = by.get("torch.save"), by.get("ftrun")
     if ref and ours:

@@ -25,10 +25,10 @@ import resource
 import sys
 import time
 
-import psutil
-
 import benchlib
+import psutil
 from benchlib import Column, Table
+
 from ftrun import protocol
 from ftrun.controller.server import ControlServer
 
@@ -45,8 +45,12 @@ def serve(n: int, secret: str, port_q: mp.Queue, lost_q: mp.Queue, stop: mp.Even
     raise_fd_limit()
 
     async def main() -> None:
-        server = ControlServer(secret, expected_agents={f"sim#{i}" for i in range(n)},
-                               heartbeat_interval_s=HEARTBEAT_S, host_lost_timeout_s=LOST_TIMEOUT_S)
+        server = ControlServer(
+            secret,
+            expected_agents={f"sim#{i}" for i in range(n)},
+            heartbeat_interval_s=HEARTBEAT_S,
+            host_lost_timeout_s=LOST_TIMEOUT_S,
+        )
         port = await server.start("127.0.0.1", 0)
         port_q.put(port)
         while not stop.is_set():
@@ -61,8 +65,15 @@ def serve(n: int, secret: str, port_q: mp.Queue, lost_q: mp.Queue, stop: mp.Even
     asyncio.run(main())
 
 
-def drive(ids: list[int], port: int, secret: str, silence: int, warmup_s: float,
-          window_s: float, out_q: mp.Queue) -> None:
+def drive(
+    ids: list[int],
+    port: int,
+    secret: str,
+    silence: int,
+    warmup_s: float,
+    window_s: float,
+    out_q: mp.Queue,
+) -> None:
     raise_fd_limit()
     rng = random.Random(ids[0])
     silenced = {i: warmup_s + rng.random() * window_s for i in rng.sample(ids, silence)}
@@ -123,8 +134,12 @@ def run_size(n: int, drivers: int, silence: int, warmup_s: float, window_s: floa
     port = port_q.get(timeout=30)
     ids = list(range(n))
     chunks = [ids[k::drivers] for k in range(drivers)]
-    procs = [ctx.Process(target=drive, args=(c, port, secret, silence // drivers, warmup_s,
-                                             window_s, fault_q)) for c in chunks]
+    procs = [
+        ctx.Process(
+            target=drive, args=(c, port, secret, silence // drivers, warmup_s, window_s, fault_q)
+        )
+        for c in chunks
+    ]
     for p in procs:
         p.start()
     ctrl = psutil.Process(server.pid)
@@ -149,11 +164,17 @@ def run_size(n: int, drivers: int, silence: int, warmup_s: float, window_s: floa
     lost = dict(_drain(lost_q))
     latencies = [lost[a] - t for a, t in faults.items() if a in lost]
     false_alarms = sum(1 for a, t in lost.items() if a not in faults and t <= window_end)
-    return {"agents": n, "controller_cpu_pct": round(100 * cpu, 1), "silenced": len(faults),
-            "detected": len(latencies), "false_alarms": false_alarms,
-            "p50_s": benchlib.percentile(latencies, 50), "p99_s": benchlib.percentile(latencies, 99),
-            "max_s": max(latencies, default=None),
-            "simulator_max_heartbeat_delay_s": None if sim_lateness is None else round(sim_lateness, 3)}
+    return {
+        "agents": n,
+        "controller_cpu_pct": round(100 * cpu, 1),
+        "silenced": len(faults),
+        "detected": len(latencies),
+        "false_alarms": false_alarms,
+        "p50_s": benchlib.percentile(latencies, 50),
+        "p99_s": benchlib.percentile(latencies, 99),
+        "max_s": max(latencies, default=None),
+        "simulator_max_heartbeat_delay_s": None if sim_lateness is None else round(sim_lateness, 3),
+    }
 
 
 def _drain(q: mp.Queue) -> list:
@@ -165,13 +186,18 @@ def _drain(q: mp.Queue) -> list:
             return items
 
 
-TABLE = Table([Column(key="agents", header="agents"),
-               Column(key="controller_cpu_pct", header="ctrl CPU %"),
-               Column(key="silenced", header="silenced"), Column(key="detected", header="detected"),
-               Column(key="false_alarms", header="false"),
-               Column(key="p50_s", header="p50 s", spec=".3f"),
-               Column(key="p99_s", header="p99 s", spec=".3f"),
-               Column(key="max_s", header="max s", spec=".3f")])
+TABLE = Table(
+    [
+        Column(key="agents", header="agents"),
+        Column(key="controller_cpu_pct", header="ctrl CPU %"),
+        Column(key="silenced", header="silenced"),
+        Column(key="detected", header="detected"),
+        Column(key="false_alarms", header="false"),
+        Column(key="p50_s", header="p50 s", spec=".3f"),
+        Column(key="p99_s", header="p99 s", spec=".3f"),
+        Column(key="max_s", header="max s", spec=".3f"),
+    ]
+)
 
 
 def main() -> None:
@@ -194,8 +220,10 @@ def main() -> None:
         benchlib.write_json(args.json, rows)
     big = rows[-1]
     ok = big["p99_s"] is not None and big["p99_s"] <= 1.5 and big["detected"] == big["silenced"]
-    print(f"\n{big['agents']} agents: p99 detection {benchlib.cell(big['p99_s'], '.3f')} s "
-          f"({'meets' if ok else 'misses'} the 1.5 s target)")
+    print(
+        f"\n{big['agents']} agents: p99 detection {benchlib.cell(big['p99_s'], '.3f')} s "
+        f"({'meets' if ok else 'misses'} the 1.5 s target)"
+    )
     sys.exit(0)
 
 

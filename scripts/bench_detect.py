@@ -25,9 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 import benchlib
+import psutil
 from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +37,11 @@ FAULT = re.compile(r"FAULT t=([\d.]+)")
 # E1121 23:25:01.123000 123 .../api.py:874] failed (exitcode: -9) local_rank: 1 (pid: 9) of binary
 TORCHRUN_FAILED = re.compile(r"^E(\d{4}) (\d\d:\d\d:\d\d\.\d+) .*failed \(exitcode", re.M)
 TRAIN = ["--steps", "100000", "--step-time", "0.02", "--width", "64"]
-TARGETS = {"crash": "≤ 0.2 s", "hang": "≤ 2 s past the allowance (2 s floor)",
-           "host-lost": "≤ 1.5 s"}
+TARGETS = {
+    "crash": "≤ 0.2 s",
+    "hang": "≤ 2 s past the allowance (2 s floor)",
+    "host-lost": "≤ 1.5 s",
+}
 
 
 def torchrun_detected_t(text: str) -> float | None:
@@ -67,18 +69,38 @@ def ftrun_trial(kind: str, wait_s: float) -> float | None:
         # On one machine a frozen agent is alive, so by default it is only "slow" (never lost on
         # silence alone, docs/timeouts.md); a local stall timeout equal to the lost timeout makes
         # the frozen agent stand for a frozen host, detected by silence as over ssh.
-        base = [PY, "-m", "ftrun", "launch", "--run-dir", tmp, "--max-restarts", "0",
-                "--local-stall-timeout", "1.0", "--nproc-per-node", "2", SCRIPT, *TRAIN]
-        fail = {"crash": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigkill"],
-                "hang": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigstop"]}
+        base = [
+            PY,
+            "-m",
+            "ftrun",
+            "launch",
+            "--run-dir",
+            tmp,
+            "--max-restarts",
+            "0",
+            "--local-stall-timeout",
+            "1.0",
+            "--nproc-per-node",
+            "2",
+            SCRIPT,
+            *TRAIN,
+        ]
+        fail = {
+            "crash": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigkill"],
+            "hang": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigstop"],
+        }
         run = Run(base + fail.get(kind, []))
         try:
             if kind == "host-lost":
                 if not run.wait_for(r"STEP 20 ", 60):
                     return None
                 job = next(Path(tmp).iterdir()).name
-                subprocess.run([PY, "-m", "ftrun", "chaos", "--run-dir", tmp, job, "freeze-agent"],
-                               check=True, capture_output=True, timeout=30)
+                subprocess.run(
+                    [PY, "-m", "ftrun", "chaos", "--run-dir", tmp, job, "freeze-agent"],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
+                )
             run.proc.wait(timeout=60 + wait_s)
             inc = ftrun_incident(tmp)
             if inc is None:
@@ -95,10 +117,29 @@ def ftrun_trial(kind: str, wait_s: float) -> float | None:
 def torchrun_trial(kind: str, wait_s: float) -> float | None:
     if kind == "host-lost":
         return torchrun_host_lost(wait_s)
-    fail = ["--fail-at", "20", "--fail-rank", "1",
-            "--fail-how", "sigkill" if kind == "crash" else "sigstop"]
-    run = Run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "--max-restarts", "0", SCRIPT, *TRAIN, *fail])
+    fail = [
+        "--fail-at",
+        "20",
+        "--fail-rank",
+        "1",
+        "--fail-how",
+        "sigkill" if kind == "crash" else "sigstop",
+    ]
+    run = Run(
+        [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            SCRIPT,
+            *TRAIN,
+            *fail,
+        ]
+    )
     try:
         fault = run.wait_for(r"FAULT t=([\d.]+)", 60)
         if not fault:
@@ -113,16 +154,36 @@ def torchrun_trial(kind: str, wait_s: float) -> float | None:
 def torchrun_host_lost(wait_s: float) -> float | None:
     with tempfile.TemporaryDirectory(prefix="bench-detect-") as tmp:
         port = _free_port()
-        node = lambda: [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                        "--rdzv-id", "bench", "--max-restarts", "0", SCRIPT, *TRAIN,
-                        "--ckpt-dir", tmp]
-        first, second = Run(node()), Run(node())
+        node = [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "bench",
+            "--max-restarts",
+            "0",
+            SCRIPT,
+            *TRAIN,
+            "--ckpt-dir",
+            tmp,
+        ]
+        first, second = Run(list(node)), Run(list(node))
         try:
             if not first.wait_for(r"STEP 20 ", 90):
                 return None
             fault_t = time.time()
-            victims = [psutil.Process(second.proc.pid), *psutil.Process(second.proc.pid).children(True)]
+            victims = [
+                psutil.Process(second.proc.pid),
+                *psutil.Process(second.proc.pid).children(True),
+            ]
             for p in victims:
                 p.suspend()
             first.wait_for(TORCHRUN_FAILED, wait_s)
@@ -146,25 +207,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-TABLE = Table([Column(key="fault", header="fault", align="<"),
-               Column(key="launcher", header="launcher", align="<"),
-               Column(key="detected", header="detected"),
-               Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
-               Column(key="min_s", header="min s", spec=".3f"),
-               Column(key="max_s", header="max s", spec=".3f"),
-               Column(key="note", header="target", align="<")],
-              name="launcher", anchor="torchrun", group="fault")
+TABLE = Table(
+    [
+        Column(key="fault", header="fault", align="<"),
+        Column(key="launcher", header="launcher", align="<"),
+        Column(key="detected", header="detected"),
+        Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
+        Column(key="min_s", header="min s", spec=".3f"),
+        Column(key="max_s", header="max s", spec=".3f"),
+        Column(key="note", header="target", align="<"),
+    ],
+    name="launcher",
+    anchor="torchrun",
+    group="fault",
+)
 
 
 def row(kind: str, name: str, values: list[float | None], wait_s: float) -> dict:
     """A launcher's figures for one kind of fault; none unless every trial was detected."""
     s = benchlib.summarize(values)
     if s.failed:
-        return {"fault": kind, "launcher": name, "detected": f"{s.ok}/{s.trials}",
-                "note": f"not detected within {wait_s:g} s in {s.failed}/{s.trials}"}
-    return {"fault": kind, "launcher": name, "detected": f"{s.ok}/{s.trials}",
-            "median_s": s.median, "min_s": s.min, "max_s": s.max,
-            "note": TARGETS[kind] if name == "ftrun" else ""}
+        return {
+            "fault": kind,
+            "launcher": name,
+            "detected": f"{s.ok}/{s.trials}",
+            "note": f"not detected within {wait_s:g} s in {s.failed}/{s.trials}",
+        }
+    return {
+        "fault": kind,
+        "launcher": name,
+        "detected": f"{s.ok}/{s.trials}",
+        "median_s": s.median,
+        "min_s": s.min,
+        "max_s": s.max,
+        "note": TARGETS[kind] if name == "ftrun" else "",
+    }
 
 
 def main() -> None:
@@ -181,10 +258,15 @@ def main() -> None:
                 value = fn(kind, args.wait_s)
                 results.setdefault((kind, name), []).append(value)
                 shown = "not detected" if value is None else f"{value:.3f} s"
-                print(f"trial {trial + 1} {kind:<9} {name:<8} fault → detected: {shown}", flush=True)
+                print(
+                    f"trial {trial + 1} {kind:<9} {name:<8} fault → detected: {shown}", flush=True
+                )
     print()
-    print(TABLE.render([row(kind, name, values, args.wait_s)
-                        for (kind, name), values in results.items()]))
+    print(
+        TABLE.render(
+            [row(kind, name, values, args.wait_s) for (kind, name), values in results.items()]
+        )
+    )
     if args.json:
         benchlib.write_json(args.json, {f"{k}/{n}": v for (k, n), v in results.items()})
 

@@ -63,9 +63,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 import benchlib
+import psutil
 from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,18 +106,30 @@ def last_step(lines: list[str]) -> int | None:
 
 def error_summary(lines: list[str], rc: int | None) -> str:
     """The gist of a launcher's failure: its last meaningful lines, box drawing stripped."""
-    clean = [l.strip().strip(BOX).strip() for l in lines]
-    clean = [l for l in clean if l and l != "Error" and not l.startswith(("Try '", "Usage:"))
-             and not set(l) <= set(BOX)]
-    return " / ".join(clean[-2:]) + (f" (exit {rc})" if rc is not None else "") if clean \
+    clean = [line.strip().strip(BOX).strip() for line in lines]
+    clean = [
+        c
+        for c in clean
+        if c and c != "Error" and not c.startswith(("Try '", "Usage:")) and not set(c) <= set(BOX)
+    ]
+    return (
+        " / ".join(clean[-2:]) + (f" (exit {rc})" if rc is not None else "")
+        if clean
         else f"exited {rc} with no output"
+    )
 
 
 class Bench:
     def __init__(self, bed: Testbed, tmp: Path, args: argparse.Namespace) -> None:
         self.bed, self.tmp, self.args = bed, tmp, args
-        self.train = ["--steps", "100000", "--step-time", str(args.step_time),
-                      "--ckpt-every", str(args.ckpt_every)]
+        self.train = [
+            "--steps",
+            "100000",
+            "--step-time",
+            str(args.step_time),
+            "--ckpt-every",
+            str(args.ckpt_every),
+        ]
         self.victim_down = False
 
     # -- hosts ---------------------------------------------------------------------------------
@@ -188,23 +199,50 @@ class Bench:
         ckpt = work / "ckpt"
         ckpt.mkdir(parents=True)
         endpoint = f"{self.bed.host('node1').address}:{a.port + i}"
-        remote = (f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} exec "
-                  + shlex.join([PY, "-m", "torch.distributed.run", "--nnodes", "2:3",
-                                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                                "--rdzv-endpoint", endpoint, "--rdzv-id", uuid.uuid4().hex,
-                                "--max-restarts", "3",
-                                "--log-dir", str(work / "torchelastic"),  # not /tmp for good
-                                SCRIPT, *self.train,
-                                "--ckpt-dir", str(ckpt)]))
-        result: dict[str, Any] = {"mode": "torchrun", "trial": i, "recovered": False,
-                                  "recovery_s": None, "command": remote}
+        remote = (
+            f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} exec "
+            + shlex.join(
+                [
+                    PY,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    "2:3",
+                    "--nproc-per-node",
+                    "1",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    endpoint,
+                    "--rdzv-id",
+                    uuid.uuid4().hex,
+                    "--max-restarts",
+                    "3",
+                    "--log-dir",
+                    str(work / "torchelastic"),  # not /tmp for good
+                    SCRIPT,
+                    *self.train,
+                    "--ckpt-dir",
+                    str(ckpt),
+                ]
+            )
+        )
+        result: dict[str, Any] = {
+            "mode": "torchrun",
+            "trial": i,
+            "recovered": False,
+            "recovery_s": None,
+            "command": remote,
+        }
         runs = {h: Run(self.bed.ssh_argv(h, remote), cwd=ROOT) for h in HOSTS}
         try:
             at = runs["node1"].wait_for(re.compile(rf"^STEP {a.fault_step} t="), a.start_timeout_s)
             if at is None:
-                result["error"] = (f"torchrun: no step {a.fault_step} on node1 within "
-                                   f"{a.start_timeout_s:g} s: "
-                                   + error_summary(runs["node1"].lines, runs["node1"].proc.poll()))
+                result["error"] = (
+                    f"torchrun: no step {a.fault_step} on node1 within "
+                    f"{a.start_timeout_s:g} s: "
+                    + error_summary(runs["node1"].lines, runs["node1"].proc.poll())
+                )
                 return result
             since = {h: len(r.lines) for h, r in runs.items()}
             fault_t, killed_t = self.kill_victim()
@@ -217,18 +255,25 @@ class Bench:
                 time.sleep(0.05)
             if found:
                 t, step, resumed = found
-                result.update(recovered=True, recovery_s=t - fault_t, first_step=step,
-                              resumed_from=resumed)
-            result["after_fault"] = {h: [l for l in runs[h].lines[since[h]:] if not STEP.search(l)]
-                                     [-a.keep_lines:] for h in ("node1", "node2")}
+                result.update(
+                    recovered=True, recovery_s=t - fault_t, first_step=step, resumed_from=resumed
+                )
+            result["after_fault"] = {
+                h: [line for line in runs[h].lines[since[h] :] if not STEP.search(line)][
+                    -a.keep_lines :
+                ]
+                for h in ("node1", "node2")
+            }
             result["last_step"] = {h: last_step(runs[h].lines) for h in ("node1", "node2")}
-            result["still_running"] = {h: [describe(p) for p in self.host_procs(self.bed.host(h))]
-                                       for h in ("node1", "node2")}
+            result["still_running"] = {
+                h: [describe(p) for p in self.host_procs(self.bed.host(h))]
+                for h in ("node1", "node2")
+            }
             return result
         finally:
             for r in runs.values():
                 r.close()
-            result["tail"] = {h: r.lines[-a.keep_lines:] for h, r in runs.items()}
+            result["tail"] = {h: r.lines[-a.keep_lines :] for h, r in runs.items()}
             self.clean_hosts()
             self.restore_victim()
 
@@ -241,20 +286,46 @@ class Bench:
         ckpt.mkdir(parents=True)
         run_dir.mkdir()
         policy = ["--spares", "node4"] if mode == "ftrun-spare" else ["--min-nodes", "2"]
-        cmd = [PY, "-m", "ftrun", "launch", "--hosts", ",".join(HOSTS), *policy,
-               "--ssh-config", str(self.bed.ssh_config), "--nproc-per-node", "1",
-               "--run-dir", str(run_dir), "--job-name", "bench-failover", SCRIPT, *self.train,
-               "--ckpt-dir", str(ckpt)]
-        result: dict[str, Any] = {"mode": mode, "trial": i, "recovered": False,
-                                  "recovery_s": None, "command": shlex.join(cmd)}
+        cmd = [
+            PY,
+            "-m",
+            "ftrun",
+            "launch",
+            "--hosts",
+            ",".join(HOSTS),
+            *policy,
+            "--ssh-config",
+            str(self.bed.ssh_config),
+            "--nproc-per-node",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--job-name",
+            "bench-failover",
+            SCRIPT,
+            *self.train,
+            "--ckpt-dir",
+            str(ckpt),
+        ]
+        result: dict[str, Any] = {
+            "mode": mode,
+            "trial": i,
+            "recovered": False,
+            "recovery_s": None,
+            "command": shlex.join(cmd),
+        }
         run = Run(cmd, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
         try:
-            at = run.wait_for(re.compile(rf"^\[rank\d+\]:\s*STEP {a.fault_step} t="),
-                              a.start_timeout_s)
+            at = run.wait_for(
+                re.compile(rf"^\[rank\d+\]:\s*STEP {a.fault_step} t="), a.start_timeout_s
+            )
             if at is None:
                 rc = run.proc.poll()
-                why = ("launch failed: " if rc is not None
-                       else f"no step {a.fault_step} within {a.start_timeout_s:g} s: ")
+                why = (
+                    "launch failed: "
+                    if rc is not None
+                    else f"no step {a.fault_step} within {a.start_timeout_s:g} s: "
+                )
                 result["error"] = "ftrun: " + why + error_summary(run.lines, rc)
                 result["launch_failed"] = rc is not None
                 return result
@@ -268,25 +339,29 @@ class Bench:
                 time.sleep(0.05)
             if found:
                 t, step, resumed = found
-                result.update(recovered=True, recovery_s=t - fault_t, first_step=step,
-                              resumed_from=resumed)
+                result.update(
+                    recovered=True, recovery_s=t - fault_t, first_step=step, resumed_from=resumed
+                )
                 time.sleep(1.0)  # let the journal catch up with the first step
             elif run.proc.poll() is not None:
                 result["error"] = "ftrun: exited after the fault: " + error_summary(
-                    run.lines, run.proc.returncode)
-            result["after_fault"] = [l for l in run.lines[since:]
-                                     if not STEP.search(l)][-a.keep_lines:]
+                    run.lines, run.proc.returncode
+                )
+            result["after_fault"] = [line for line in run.lines[since:] if not STEP.search(line)][
+                -a.keep_lines :
+            ]
             rc = run.interrupt(a.stop_timeout_s)
             result["stop_rc"] = rc
             if rc is None:
-                result["stop_error"] = (f"controller still running {a.stop_timeout_s:g} s "
-                                        "after SIGINT")
+                result["stop_error"] = (
+                    f"controller still running {a.stop_timeout_s:g} s after SIGINT"
+                )
             result["left_on_hosts"] = self.leftovers(a.teardown_wait_s)
             result["journal"] = journal_check(run_dir, fault_t)
             return result
         finally:
             run.close()
-            result["tail"] = run.lines[-a.keep_lines:]
+            result["tail"] = run.lines[-a.keep_lines :]
             self.clean_hosts()
             self.restore_victim()
 
@@ -311,38 +386,56 @@ def journal_check(run_dir: Path, fault_t: float) -> dict[str, Any]:
             events.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    detected = next((e for e in events if e.get("kind") == "fault_detected"
-                     and e.get("t", 0) >= fault_t), None)
+    detected = next(
+        (e for e in events if e.get("kind") == "fault_detected" and e.get("t", 0) >= fault_t), None
+    )
     if detected:
         out["detected_s"] = (detected.get("detected_t") or detected["t"]) - fault_t
         out["fault"] = detected.get("fault")
         out["host"] = detected.get("host")
         gen = detected.get("gen", 0)
-        first = next((e for e in events if e.get("kind") == "first_step"
-                      and e.get("gen", -1) > gen), None)
+        first = next(
+            (e for e in events if e.get("kind") == "first_step" and e.get("gen", -1) > gen), None
+        )
         if first:
             out["first_step_s"] = first["t"] - fault_t
             out["generation"] = first.get("gen")
-        launched = next((e for e in events if e.get("kind") == "generation_launched"
-                         and e.get("gen", -1) > gen), None)
+        launched = next(
+            (
+                e
+                for e in events
+                if e.get("kind") == "generation_launched" and e.get("gen", -1) > gen
+            ),
+            None,
+        )
         if launched:
             out["new_hosts"] = launched.get("hosts")
             out["world_size"] = launched.get("world_size")
-    insp = subprocess.run([PY, "-m", "ftrun", "inspect", jobs[0].name, "--json", "--run-dir",
-                           str(run_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    insp = subprocess.run(
+        [PY, "-m", "ftrun", "inspect", jobs[0].name, "--json", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if insp.returncode != 0:
-        out["inspect_error"] = error_summary(insp.stderr.splitlines() or insp.stdout.splitlines(),
-                                             insp.returncode)
+        out["inspect_error"] = error_summary(
+            insp.stderr.splitlines() or insp.stdout.splitlines(), insp.returncode
+        )
         return out
     try:
         view = json.loads(insp.stdout)
     except json.JSONDecodeError:
         out["inspect_error"] = f"not JSON: {insp.stdout[:200]!r}"
         return out
-    out["incidents"] = [{k: inc.get(k) for k in ("kind", "decision", "host", "detected_s",
-                                                  "recovered_s", "lost_steps")}
-                        for inc in view.get("incidents", [])]
+    out["incidents"] = [
+        {
+            k: inc.get(k)
+            for k in ("kind", "decision", "host", "detected_s", "recovered_s", "lost_steps")
+        }
+        for inc in view.get("incidents", [])
+    ]
     return out
 
 
@@ -350,23 +443,35 @@ def summarize(results: list[dict[str, Any]], mode: str, wait_s: float) -> dict[s
     mine = [r for r in results if r["mode"] == mode]
     rec = benchlib.summarize(r["recovery_s"] if r["recovered"] else None for r in mine)
     journals = [r.get("journal", {}) for r in mine]
-    return {"mode": mode, "trials": rec.trials, "recovered": rec.ok,
-            "median_s": rec.median, "min_s": rec.min, "max_s": rec.max,
-            "journal_first_step_median_s": benchlib.median(j.get("first_step_s") for j in journals),
-            "detected_median_s": benchlib.median(j.get("detected_s") for j in journals),
-            "trials_with_leftovers": sum(bool(r.get("left_on_hosts")) for r in mine),
-            "errors": sorted({r["error"] for r in mine if r.get("error")}), "wait_s": wait_s}
+    return {
+        "mode": mode,
+        "trials": rec.trials,
+        "recovered": rec.ok,
+        "median_s": rec.median,
+        "min_s": rec.min,
+        "max_s": rec.max,
+        "journal_first_step_median_s": benchlib.median(j.get("first_step_s") for j in journals),
+        "detected_median_s": benchlib.median(j.get("detected_s") for j in journals),
+        "trials_with_leftovers": sum(bool(r.get("left_on_hosts")) for r in mine),
+        "errors": sorted({r["error"] for r in mine if r.get("error")}),
+        "wait_s": wait_s,
+    }
 
 
-TABLE = Table([Column(key="mode", header="mode", align="<"),
-               Column(key="trials", header="trials"),
-               Column(key="recovered_of", header="recovered"),
-               Column(key="median_s", header="median s", spec=".2f", ratio=".3f"),
-               Column(key="spread", header="min–max s"),
-               Column(key="detected_median_s", header="detected s", spec=".2f"),
-               Column(key="journal_first_step_median_s", header="journal s", spec=".2f"),
-               Column(key="verdict", header=f"target ≤ {TARGET_S:g} s", align="<")],
-              name="mode", anchor="torchrun")
+TABLE = Table(
+    [
+        Column(key="mode", header="mode", align="<"),
+        Column(key="trials", header="trials"),
+        Column(key="recovered_of", header="recovered"),
+        Column(key="median_s", header="median s", spec=".2f", ratio=".3f"),
+        Column(key="spread", header="min–max s"),
+        Column(key="detected_median_s", header="detected s", spec=".2f"),
+        Column(key="journal_first_step_median_s", header="journal s", spec=".2f"),
+        Column(key="verdict", header=f"target ≤ {TARGET_S:g} s", align="<"),
+    ],
+    name="mode",
+    anchor="torchrun",
+)
 
 
 def print_table(summary: list[dict[str, Any]], wait_s: float) -> None:
@@ -378,14 +483,22 @@ def print_table(summary: list[dict[str, Any]], wait_s: float) -> None:
         elif s["median_s"] is None and s["trials"]:
             verdict = f"not recovered within {wait_s:g} s" if not s["errors"] else s["errors"][0]
         spread = None if s["min_s"] is None else f"{s['min_s']:.2f}–{s['max_s']:.2f}"
-        rows.append({**s, "recovered_of": f"{s['recovered']}/{s['trials']}", "spread": spread,
-                     "verdict": verdict})
+        rows.append(
+            {
+                **s,
+                "recovered_of": f"{s['recovered']}/{s['trials']}",
+                "spread": spread,
+                "verdict": verdict,
+            }
+        )
     print()
     print(TABLE.render(rows))
     for s in summary:
         if s["trials_with_leftovers"]:
-            print(f"{s['mode']}: processes left on hosts after SIGINT in "
-                  f"{s['trials_with_leftovers']}/{s['trials']} trials (see --json)")
+            print(
+                f"{s['mode']}: processes left on hosts after SIGINT in "
+                f"{s['trials_with_leftovers']}/{s['trials']} trials (see --json)"
+            )
 
 
 def show(r: dict[str, Any], n: int, wait_s: float) -> str:
@@ -396,20 +509,26 @@ def show(r: dict[str, Any], n: int, wait_s: float) -> str:
         last, said = r.get("last_step", {}), r.get("after_fault")
         if isinstance(said, dict):  # torchrun: what the survivors did
             running = r.get("still_running", {})
-            return head + (f"not recovered within {wait_s:g} s  (last step: node1 "
-                           f"{last.get('node1')}, node2 {last.get('node2')}; other lines after the "
-                           f"fault: {sum(map(len, said.values()))}; processes still on "
-                           f"node1/node2: "
-                           f"{sum(map(len, running.values()))})")
+            return head + (
+                f"not recovered within {wait_s:g} s  (last step: node1 "
+                f"{last.get('node1')}, node2 {last.get('node2')}; other lines after the "
+                f"fault: {sum(map(len, said.values()))}; processes still on "
+                f"node1/node2: "
+                f"{sum(map(len, running.values()))})"
+            )
         return head + f"not recovered within {wait_s:g} s"
 
     extra = ""
     if "journal" in r:
         j = r["journal"]
-        extra = (f"  (journal: detected {fmt(j.get('detected_s'))}, first step "
-                 f"{fmt(j.get('first_step_s'))}, hosts {j.get('new_hosts')})")
-    return head + f"{r['recovery_s']:.3f} s, step {r['first_step']} resumed from " \
-                  f"{r['resumed_from']}" + extra
+        extra = (
+            f"  (journal: detected {fmt(j.get('detected_s'))}, first step "
+            f"{fmt(j.get('first_step_s'))}, hosts {j.get('new_hosts')})"
+        )
+    return (
+        head + f"{r['recovery_s']:.3f} s, step {r['first_step']} resumed from "
+        f"{r['resumed_from']}" + extra
+    )
 
 
 def fmt(x: float | None) -> str:
@@ -419,31 +538,52 @@ def fmt(x: float | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--only", default=",".join(MODES),
-                   help=f"comma-separated modes among {', '.join(MODES)}")
-    p.add_argument("--wait-s", type=float, default=60.0,
-                   help="after the fault, how long to wait for a step before 'not recovered'")
+    p.add_argument(
+        "--only", default=",".join(MODES), help=f"comma-separated modes among {', '.join(MODES)}"
+    )
+    p.add_argument(
+        "--wait-s",
+        type=float,
+        default=60.0,
+        help="after the fault, how long to wait for a step before 'not recovered'",
+    )
     p.add_argument("--fault-step", type=int, default=20, help="kill node3 once a rank prints it")
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--ckpt-every", type=int, default=5)
-    p.add_argument("--start-timeout-s", type=float, default=180.0,
-                   help="how long the job may take to reach --fault-step")
-    p.add_argument("--stop-timeout-s", type=float, default=60.0,
-                   help="how long the ftrun controller may take to exit after SIGINT")
-    p.add_argument("--teardown-wait-s", type=float, default=10.0,
-                   help="after the controller exits, how long hosts may take to be empty")
+    p.add_argument(
+        "--start-timeout-s",
+        type=float,
+        default=180.0,
+        help="how long the job may take to reach --fault-step",
+    )
+    p.add_argument(
+        "--stop-timeout-s",
+        type=float,
+        default=60.0,
+        help="how long the ftrun controller may take to exit after SIGINT",
+    )
+    p.add_argument(
+        "--teardown-wait-s",
+        type=float,
+        default=10.0,
+        help="after the controller exits, how long hosts may take to be empty",
+    )
     p.add_argument("--port", type=int, default=29611, help="torchrun's c10d port (+ trial)")
     p.add_argument("--prefix", default="ftbf", help="testbed name prefix")
     p.add_argument("--subnet", default="10.213.49.0/24", help="testbed /24")
-    p.add_argument("--keep-lines", type=int, default=40,
-                   help="output lines kept per host in --json")
+    p.add_argument(
+        "--keep-lines", type=int, default=40, help="output lines kept per host in --json"
+    )
     p.add_argument("--json", default=None, help="also write every trial to this file")
     args = p.parse_args()
     modes = args.only.split(",")
     bad = [m for m in modes if m not in MODES]
     if bad or args.trials < 1:
-        p.error(f"unknown mode(s) {bad}; choose among {', '.join(MODES)}" if bad
-                else "--trials must be ≥ 1")
+        p.error(
+            f"unknown mode(s) {bad}; choose among {', '.join(MODES)}"
+            if bad
+            else "--trials must be ≥ 1"
+        )
     reason = unavailable_reason()
     if reason:
         print(f"bench_failover: {reason}", file=sys.stderr)
@@ -455,15 +595,21 @@ def main() -> int:
     try:
         with Testbed(4, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
             bench = Bench(bed, tmp, args)
-            print(f"testbed {args.prefix} {args.subnet}: "
-                  + ", ".join(f"{h.name} {h.address}" for h in bed.hosts), flush=True)
+            print(
+                f"testbed {args.prefix} {args.subnet}: "
+                + ", ".join(f"{h.name} {h.address}" for h in bed.hosts),
+                flush=True,
+            )
             skip: set[str] = set()
             for i in range(args.trials):
                 for mode in modes:  # alternate, so drift on a shared machine hits every mode alike
                     if mode in skip:
                         continue
-                    r = (bench.torchrun_trial(i) if mode == "torchrun"
-                         else bench.ftrun_trial(mode, i))
+                    r = (
+                        bench.torchrun_trial(i)
+                        if mode == "torchrun"
+                        else bench.ftrun_trial(mode, i)
+                    )
                     results.append(r)
                     print(show(r, args.trials, args.wait_s), flush=True)
                     if r.get("launch_failed"):

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchlib  # noqa: E402
 from benchlib import Column, Table  # noqa: E402
+
 from ftrun.controller.lateness import Histogram  # noqa: E402
 from ftrun.journal import read_events  # noqa: E402
 
@@ -55,10 +56,31 @@ class Job:
         self.out = open(run_dir.parent / f"{name}.out", "w")
         # Steps long enough that the job outlives the benchmark; it is stopped with SIGINT.
         self.proc = subprocess.Popen(
-            [PY, "-m", "ftrun", "launch", "--run-dir", str(run_dir), "--job-name", name,
-             "--nproc-per-node", "2", "--max-restarts", "5", SCRIPT, "--steps", "10000000",
-             "--step-time", str(steps_s), "--width", "128"],
-            stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                PY,
+                "-m",
+                "ftrun",
+                "launch",
+                "--run-dir",
+                str(run_dir),
+                "--job-name",
+                name,
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "5",
+                SCRIPT,
+                "--steps",
+                "10000000",
+                "--step-time",
+                str(steps_s),
+                "--width",
+                "128",
+            ],
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     @property
     def job_dir(self) -> Path | None:
@@ -122,32 +144,71 @@ def stop_group(proc: subprocess.Popen, sig: int, timeout_s: float = 30) -> None:
 
 def start_stress(duration_s: float, scratch: Path) -> subprocess.Popen | None:
     if not shutil.which("stress-ng"):
-        sys.exit("stress-ng is not installed (Debian: apt-get install stress-ng), or pass --no-stress")
+        sys.exit(
+            "stress-ng is not installed (Debian: apt-get install stress-ng), or pass --no-stress"
+        )
     cores = os.cpu_count() or 1
-    cmd = ["stress-ng", "--cpu", str(4 * cores), "--vm", "1", "--vm-bytes", "30%",
-           "--hdd", "1", "--hdd-bytes", "512m", "--temp-path", str(scratch),
-           "--timeout", f"{int(duration_s)}s", "--quiet"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    cmd = [
+        "stress-ng",
+        "--cpu",
+        str(4 * cores),
+        "--vm",
+        "1",
+        "--vm-bytes",
+        "30%",
+        "--hdd",
+        "1",
+        "--hdd-bytes",
+        "512m",
+        "--temp-path",
+        str(scratch),
+        "--timeout",
+        f"{int(duration_s)}s",
+        "--quiet",
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def inject(job: Job, action: str, log: list[str]) -> dict:
     """One fault on job A once its generation steps; the journal's incident for it."""
-    row = {"fault": action, "kind": KIND_OF[action], "detected_s": None, "injected_under_load": None}
-    if not wait_until(lambda: first_step_of_gen(job) or job.proc.poll() is not None, WAIT_S) \
-            or job.proc.poll() is not None:
+    row = {
+        "fault": action,
+        "kind": KIND_OF[action],
+        "detected_s": None,
+        "injected_under_load": None,
+    }
+    if (
+        not wait_until(lambda: first_step_of_gen(job) or job.proc.poll() is not None, WAIT_S)
+        or job.proc.poll() is not None
+    ):
         log.append(f"{action}: job A never stepped again; not injected")
         return row
     before = len([e for e in job.events() if e["kind"] == "fault_detected"])
     args = ["--rank", "1"] if action != "kill-agent" else []
-    result = subprocess.run([PY, "-m", "ftrun", "chaos", "--run-dir", str(job.run_dir),
-                             job.job_dir.name, action, *args],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            PY,
+            "-m",
+            "ftrun",
+            "chaos",
+            "--run-dir",
+            str(job.run_dir),
+            job.job_dir.name,
+            action,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if result.returncode != 0:
         log.append(f"{action}: chaos refused: {result.stderr.strip().splitlines()[0]}")
         return row
-    detected = wait_until(lambda: [e for e in job.events() if e["kind"] == "fault_detected"]
-                          [before:], WAIT_S)
+    detected = wait_until(
+        lambda: [e for e in job.events() if e["kind"] == "fault_detected"][before:], WAIT_S
+    )
     if not detected:
         log.append(f"{action}: not detected within {WAIT_S:g} s")
         return row
@@ -167,39 +228,59 @@ def false_alarms(job: Job) -> dict:
     fenced = 0
     if job.job_dir:
         for log in (job.job_dir / "agents").glob("*.log"):
-            fenced += sum("fencing:" in line and "launcher is gone" not in line
-                          for line in log.read_text(errors="replace").splitlines())
+            fenced += sum(
+                "fencing:" in line and "launcher is gone" not in line
+                for line in log.read_text(errors="replace").splitlines()
+            )
     not_fencing = 0
     if job.job_dir:
         for log in (job.job_dir / "agents").glob("*.log"):
             not_fencing += log.read_text(errors="replace").count("not fencing")
-    return {"host_lost": sum(e["fault"] == "host-lost" for e in faults),
-            "hang": sum(e["fault"] == "hang" for e in faults),
-            "crash": sum(e["fault"] == "crash" for e in faults),
-            "fenced": fenced,
-            "agent_slow": sum(e["kind"] == "agent_slow" for e in evs),
-            "controller_stalled": sum(e["kind"] == "controller_stalled" for e in evs),
-            "not_fencing_warnings": not_fencing,
-            "steps": max([e.get("step") or 0 for e in evs if e["kind"] in ("progress", "first_step")],
-                         default=0)}
+    return {
+        "host_lost": sum(e["fault"] == "host-lost" for e in faults),
+        "hang": sum(e["fault"] == "hang" for e in faults),
+        "crash": sum(e["fault"] == "crash" for e in faults),
+        "fenced": fenced,
+        "agent_slow": sum(e["kind"] == "agent_slow" for e in evs),
+        "controller_stalled": sum(e["kind"] == "controller_stalled" for e in evs),
+        "not_fencing_warnings": not_fencing,
+        "steps": max(
+            [e.get("step") or 0 for e in evs if e["kind"] in ("progress", "first_step")], default=0
+        ),
+    }
 
 
 def latency(jobs: list[Job], key: str) -> dict:
     stats = [e[key] for job in jobs for e in job.events() if e["kind"] == "heartbeat_stats"]
     merged = Histogram.merged([s.get("hist", {}) for s in stats])
-    return {"n": merged.n, "p50_ms": merged.percentile_ms(0.5),
-            "p99_ms": merged.percentile_ms(0.99),
-            "max_ms": max([s.get("max_ms") or 0 for s in stats], default=None)}
+    return {
+        "n": merged.n,
+        "p50_ms": merged.percentile_ms(0.5),
+        "p99_ms": merged.percentile_ms(0.99),
+        "max_ms": max([s.get("max_ms") or 0 for s in stats], default=None),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=600,
-                   help="seconds both jobs train under stress before any fault [600]")
-    p.add_argument("--fault-window", type=float, default=120,
-                   help="stress-ng runs at most this much longer, for the faults [120]")
-    p.add_argument("--stress", action=argparse.BooleanOptionalAction, default=True,
-                   help="stress-ng: --cpu 4x cores, --vm 1 (40%% of memory), --hdd 1 [on]")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=600,
+        help="seconds both jobs train under stress before any fault [600]",
+    )
+    p.add_argument(
+        "--fault-window",
+        type=float,
+        default=120,
+        help="stress-ng runs at most this much longer, for the faults [120]",
+    )
+    p.add_argument(
+        "--stress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stress-ng: --cpu 4x cores, --vm 1 (40%% of memory), --hdd 1 [on]",
+    )
     p.add_argument("--step-time", type=float, default=0.05, help="extra seconds per step [0.05]")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args()
@@ -216,8 +297,13 @@ def main() -> None:
         if not wait_until(lambda: all(first_step_of_gen(j) for j in jobs), WAIT_S):
             notes.append("a job did not reach its first step")
         quiet_from = faults_at = time.monotonic() - t0
-        wait_until(lambda: time.monotonic() - t0 >= args.duration
-                   or any(j.proc.poll() is not None for j in jobs), args.duration + 10)
+        wait_until(
+            lambda: (
+                time.monotonic() - t0 >= args.duration
+                or any(j.proc.poll() is not None for j in jobs)
+            ),
+            args.duration + 10,
+        )
         faults_at = time.monotonic() - t0
         quiet = {j.name: false_alarms(j) for j in jobs}  # before anything is injected
         load = os.getloadavg()[0]
@@ -237,57 +323,89 @@ def main() -> None:
     # Job A's own injected faults are real; job B must have seen nothing at all, and A nothing
     # uninjected (false_alarms counts only fault_detected events with no injection behind them).
     result = {
-        "duration_s": round(elapsed, 1), "quiet_window_s": round(faults_at - quiet_from, 1),
+        "duration_s": round(elapsed, 1),
+        "quiet_window_s": round(faults_at - quiet_from, 1),
         "quiet_from_s": round(quiet_from, 1),
-        "stress": stress is not None, "loadavg_1m": round(load, 1), "cores": os.cpu_count(),
-        "quiet": quiet, "whole_run": total, "job_b_alive_through_a_faults": b_alive,
+        "stress": stress is not None,
+        "loadavg_1m": round(load, 1),
+        "cores": os.cpu_count(),
+        "quiet": quiet,
+        "whole_run": total,
+        "job_b_alive_through_a_faults": b_alive,
         "exit_codes": codes,
         "heartbeat_late": latency(jobs, "heartbeat_late"),
         "controller_loop_lag": latency(jobs, "loop_lag"),
-        "faults": rows, "notes": notes, "dir": str(tmp)}
+        "faults": rows,
+        "notes": notes,
+        "dir": str(tmp),
+    }
     if args.json:
         print(benchlib.to_json(result))
     else:
         print_table(result)
 
 
-ALARMS = Table([Column(key="job", header="job", align="<"),
-                Column(key="host_lost", header="host lost"), Column(key="hang", header="hang"),
-                Column(key="crash", header="crash"), Column(key="fenced", header="fenced"),
-                Column(key="agent_slow", header="| slow"),
-                Column(key="controller_stalled", header="stalled"),
-                Column(key="not_fencing_warnings", header="not fenced"),
-                Column(key="steps", header="steps")])
-DETECTED = Table([Column(key="fault", header="fault", align="<"),
-                  Column(key="kind", header="kind", align="<"),
-                  Column(key="detected_s", header="detected s", spec=".3f"),
-                  Column(key="target_s", header="target s", spec="g"),
-                  Column(key="under_load", header="under load", align="<"),
-                  Column(key="verdict", header="", align="<")])
+ALARMS = Table(
+    [
+        Column(key="job", header="job", align="<"),
+        Column(key="host_lost", header="host lost"),
+        Column(key="hang", header="hang"),
+        Column(key="crash", header="crash"),
+        Column(key="fenced", header="fenced"),
+        Column(key="agent_slow", header="| slow"),
+        Column(key="controller_stalled", header="stalled"),
+        Column(key="not_fencing_warnings", header="not fenced"),
+        Column(key="steps", header="steps"),
+    ]
+)
+DETECTED = Table(
+    [
+        Column(key="fault", header="fault", align="<"),
+        Column(key="kind", header="kind", align="<"),
+        Column(key="detected_s", header="detected s", spec=".3f"),
+        Column(key="target_s", header="target s", spec="g"),
+        Column(key="under_load", header="under load", align="<"),
+        Column(key="verdict", header="", align="<"),
+    ]
+)
 
 
 def print_table(r: dict) -> None:
-    print(f"\nfalse alarms under load: {r['duration_s']} s, stress-ng {'on' if r['stress'] else 'off'}"
-          f", load average {r['loadavg_1m']} on {r['cores']} cores; both jobs training from "
-          f"{r['quiet_from_s']} s, quiet window {r['quiet_window_s']} s, then the faults")
+    print(
+        f"\nfalse alarms under load: {r['duration_s']} s, stress-ng {'on' if r['stress'] else 'off'}"
+        f", load average {r['loadavg_1m']} on {r['cores']} cores; both jobs training from "
+        f"{r['quiet_from_s']} s, quiet window {r['quiet_window_s']} s, then the faults"
+    )
     print(ALARMS.render([{"job": name, **c} for name, c in r["whole_run"].items()]))
     print("  (false alarms: left of '|', target 0; right: late but rightly not an alarm)")
-    for key, what in (("heartbeat_late", "heartbeat lateness"),
-                      ("controller_loop_lag", "controller loop lag")):
+    for key, what in (
+        ("heartbeat_late", "heartbeat lateness"),
+        ("controller_loop_lag", "controller loop lag"),
+    ):
         h = r[key]
-        print(f"{what}: p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms, max {h['max_ms']} ms "
-              f"({h['n']} samples)")
+        print(
+            f"{what}: p50 {h['p50_ms']} ms, p99 {h['p99_ms']} ms, max {h['max_ms']} ms "
+            f"({h['n']} samples)"
+        )
     rows = []
     for row in r["faults"]:
         d, target = row["detected_s"], TARGET_S[row["kind"]]
         verdict = "" if d is None else ("ok" if d <= target else "OVER")
         if row["kind"] == "hang":
             verdict += " past allowance"
-        rows.append({**row, "target_s": target, "under_load": row["injected_under_load"],
-                     "verdict": verdict.strip()})
+        rows.append(
+            {
+                **row,
+                "target_s": target,
+                "under_load": row["injected_under_load"],
+                "verdict": verdict.strip(),
+            }
+        )
     print(DETECTED.render(rows))
-    print(f"job B alive through job A's faults: {r['job_b_alive_through_a_faults']}; "
-          f"exit codes {r['exit_codes']}")
+    print(
+        f"job B alive through job A's faults: {r['job_b_alive_through_a_faults']}; "
+        f"exit codes {r['exit_codes']}"
+    )
     for note in r["notes"]:
         print(f"note: {note}")
     print(f"journals: {r['dir']}")

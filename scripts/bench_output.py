@@ -28,13 +28,12 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 import benchlib
+import psutil
 from benchlib import Run
 
 ROOT = Path(__file__).resolve().parent.parent
-RANK = textwrap.dedent('''
+RANK = textwrap.dedent("""
     import sys, time
     rate, seconds, hang = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     out = sys.stdout.buffer
@@ -57,7 +56,7 @@ RANK = textwrap.dedent('''
     out.write(b"END t=%.6f\\n" % time.time())
     out.flush()
     time.sleep(hang)
-''')
+""")
 
 
 class AgentSampler(threading.Thread):
@@ -86,8 +85,10 @@ class AgentSampler(threading.Thread):
     def _find(self) -> psutil.Process | None:
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                if proc.info["cmdline"][-1:] == ["ftrun.agent"] and \
-                        proc.environ().get("FTRUN_RUN_DIR") == self.run_dir:
+                if (
+                    proc.info["cmdline"][-1:] == ["ftrun.agent"]
+                    and proc.environ().get("FTRUN_RUN_DIR") == self.run_dir
+                ):
                     return proc
             except (psutil.Error, TypeError):
                 continue
@@ -138,9 +139,26 @@ def main() -> int:
         sampler, watcher = AgentSampler(run_dir), LogWatcher(run_dir)
         sampler.start()
         watcher.start()
-        run = Run([sys.executable, "-m", "ftrun", "launch", "--progress-regex", r"^step (\d+)",
-                   "--hang-floor", "2", "--max-restarts", "0", str(script), str(args.rate),
-                   str(args.seconds), str(args.hang_s)], env=env, log=Path(tmp) / "launch.out")
+        run = Run(
+            [
+                sys.executable,
+                "-m",
+                "ftrun",
+                "launch",
+                "--progress-regex",
+                r"^step (\d+)",
+                "--hang-floor",
+                "2",
+                "--max-restarts",
+                "0",
+                str(script),
+                str(args.rate),
+                str(args.seconds),
+                str(args.hang_s),
+            ],
+            env=env,
+            log=Path(tmp) / "launch.out",
+        )
         try:  # None: still running at the deadline; close() kills its whole tree
             exit_code = run.wait(args.seconds + args.hang_s + 60)
         finally:

@@ -33,19 +33,53 @@ STEP = re.compile(r"STEP (\d+) t=([\d.]+)")
 def launcher_cmd(name: str, nproc: int, run_dir: str) -> list[str]:
     py = sys.executable
     if name == "torchrun":
-        return [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                "--max-restarts", "3"]
+        return [
+            py,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            "3",
+        ]
     start = "--cold-start" if name == "ftrun-cold" else "--warm-start"
-    return [py, "-m", "ftrun", "launch", start, "--run-dir", run_dir, "--nproc-per-node",
-            str(nproc), "--max-restarts", "3"]
+    return [
+        py,
+        "-m",
+        "ftrun",
+        "launch",
+        start,
+        "--run-dir",
+        run_dir,
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "3",
+    ]
 
 
 def trial(name: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
         cmd = launcher_cmd(name, args.nproc, os.path.join(tmp, "runs")) + [
-            str(SCRIPT), "--steps", str(args.steps), "--ckpt-dir", tmp, "--ckpt-every", "10",
-            "--fail-at", str(args.fail_at), "--fail-rank", "1", "--fail-once",
-            os.path.join(tmp, "failed"), "--step-time", str(args.step_time), "--width", "256"]
+            str(SCRIPT),
+            "--steps",
+            str(args.steps),
+            "--ckpt-dir",
+            tmp,
+            "--ckpt-every",
+            "10",
+            "--fail-at",
+            str(args.fail_at),
+            "--fail-rank",
+            "1",
+            "--fail-once",
+            os.path.join(tmp, "failed"),
+            "--step-time",
+            str(args.step_time),
+            "--width",
+            "256",
+        ]
         run = Run(cmd)
         try:
             rc = run.wait(args.timeout_s)  # None: still running, killed below
@@ -56,7 +90,7 @@ def trial(name: str, args: argparse.Namespace) -> dict:
     recovered = None
     if fault:
         fault_t = float(fault.group(1))
-        after = text[fault.end():]
+        after = text[fault.end() :]
         resumed = after.find("resumed from step")
         if resumed >= 0:
             steps = [float(m.group(2)) for m in STEP.finditer(after[resumed:])]
@@ -67,18 +101,25 @@ def trial(name: str, args: argparse.Namespace) -> dict:
 
 
 def summarize(results: list[dict], name: str) -> dict:
-    s = benchlib.summarize(None if r["failed"] else r["recovered_s"]
-                           for r in results if r["launcher"] == name)
+    s = benchlib.summarize(
+        None if r["failed"] else r["recovered_s"] for r in results if r["launcher"] == name
+    )
     return {"launcher": name, **s.as_dict()}
 
 
-TABLE = Table([Column(key="launcher", header="launcher", align="<"),
-               Column(key="trials", header="trials"), Column(key="failed", header="failed"),
-               Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
-               Column(key="min_s", header="min s", spec=".3f"),
-               Column(key="max_s", header="max s", spec=".3f"),
-               Column(key="stdev_s", header="stdev", spec=".3f")],
-              name="launcher", anchor="torchrun")
+TABLE = Table(
+    [
+        Column(key="launcher", header="launcher", align="<"),
+        Column(key="trials", header="trials"),
+        Column(key="failed", header="failed"),
+        Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
+        Column(key="min_s", header="min s", spec=".3f"),
+        Column(key="max_s", header="max s", spec=".3f"),
+        Column(key="stdev_s", header="stdev", spec=".3f"),
+    ],
+    name="launcher",
+    anchor="torchrun",
+)
 
 
 def main() -> None:
@@ -88,8 +129,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--fail-at", type=int, default=25)
     p.add_argument("--step-time", type=float, default=0.02)
-    p.add_argument("--slow-s", type=float, default=30.0,
-                   help="a restart slower than this counts as failed")
+    p.add_argument(
+        "--slow-s", type=float, default=30.0, help="a restart slower than this counts as failed"
+    )
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--launchers", default="torchrun,ftrun,ftrun-cold")
     p.add_argument("--json", default=None, help="also write every trial to this file")
@@ -102,8 +144,11 @@ def main() -> None:
             r = trial(name, args)
             results.append(r)
             shown = "FAILED" if r["failed"] else f"{r['recovered_s']:.3f} s"
-            print(f"trial {i + 1}/{args.trials} {name:<10} fault → first step again: {shown}"
-                  f"  (rc={r['rc']}, wall {r['wall_s']:.1f} s)", flush=True)
+            print(
+                f"trial {i + 1}/{args.trials} {name:<10} fault → first step again: {shown}"
+                f"  (rc={r['rc']}, wall {r['wall_s']:.1f} s)",
+                flush=True,
+            )
     summary = [summarize(results, n) for n in names]
     print()
     print(TABLE.render(summary))
@@ -113,8 +158,10 @@ def main() -> None:
     r = benchlib.ratio(by.get("ftrun", {}).get("median_s"), by.get("torchrun", {}).get("median_s"))
     if r is not None:
         print(f"\nratio ftrun/torchrun (median fault → first step again): {r:.3f}  (target ≤ 0.5)")
-    print("failed restarts: " + ", ".join(f"{s['launcher']} {s['failed']}/{s['trials']}"
-                                          for s in summary))
+    print(
+        "failed restarts: "
+        + ", ".join(f"{s['launcher']} {s['failed']}/{s['trials']}" for s in summary)
+    )
 
 
 if __name__ == "__main__":

@@ -86,9 +86,15 @@ class Summary:
 
     def as_dict(self, unit: str = "_s") -> dict[str, Any]:
         """For JSON and table rows: trials, ok, failed, median_s, min_s, max_s, stdev_s."""
-        return {"trials": self.trials, "ok": self.ok, "failed": self.failed,
-                f"median{unit}": self.median, f"min{unit}": self.min, f"max{unit}": self.max,
-                f"stdev{unit}": self.stdev}
+        return {
+            "trials": self.trials,
+            "ok": self.ok,
+            "failed": self.failed,
+            f"median{unit}": self.median,
+            f"min{unit}": self.min,
+            f"max{unit}": self.max,
+            f"stdev{unit}": self.stdev,
+        }
 
 
 def summarize(values: Iterable[float | None]) -> Summary:
@@ -96,9 +102,14 @@ def summarize(values: Iterable[float | None]) -> Summary:
     The standard deviation is 0.0 for a single figure."""
     every = list(values)
     got = [v for v in every if v is not None]
-    return Summary(trials=len(every), ok=len(got), median=median(got),
-                   min=min(got) if got else None, max=max(got) if got else None,
-                   stdev=statistics.stdev(got) if len(got) > 1 else (0.0 if got else None))
+    return Summary(
+        trials=len(every),
+        ok=len(got),
+        median=median(got),
+        min=min(got) if got else None,
+        max=max(got) if got else None,
+        stdev=statistics.stdev(got) if len(got) > 1 else (0.0 if got else None),
+    )
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -128,8 +139,14 @@ class Table:
     `header` and `line` print rows as they come, at the columns' given widths.
     """
 
-    def __init__(self, columns: Sequence[Column], *, name: str | None = None,
-                 anchor: str | None = None, group: str | None = None) -> None:
+    def __init__(
+        self,
+        columns: Sequence[Column],
+        *,
+        name: str | None = None,
+        anchor: str | None = None,
+        group: str | None = None,
+    ) -> None:
         if anchor is not None and name is None:
             raise ValueError("a table with an anchor needs the `name` key that finds it")
         self.columns = list(columns)
@@ -138,8 +155,10 @@ class Table:
     def render(self, rows: Sequence[Mapping[str, Any]]) -> str:
         cells = [self._cells(row, self._anchor_row(row, rows)) for row in rows]
         heads = self._headers()
-        widths = [max([len(h), minimum, *(len(c[i]) for c in cells)])
-                  for i, (h, (minimum, _)) in enumerate(zip(heads, self._layout(), strict=True))]
+        widths = [
+            max([len(h), minimum, *(len(c[i]) for c in cells)])
+            for i, (h, (minimum, _)) in enumerate(zip(heads, self._layout(), strict=True))
+        ]
         lines = [self._join(heads, widths), *(self._join(c, widths) for c in cells)]
         if self.anchor is not None and any(c.ratio is not None for c in self.columns):
             same = f", same {self.group}" if self.group else ""
@@ -172,12 +191,20 @@ class Table:
     def _fixed_widths(self) -> list[int]:
         return [max(len(h), w) for h, (w, _) in zip(self._headers(), self._layout(), strict=True)]
 
-    def _anchor_row(self, row: Mapping[str, Any],
-                    rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    def _anchor_row(
+        self, row: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+    ) -> Mapping[str, Any] | None:
         if self.anchor is None or self.name is None:
             return None
-        return next((r for r in rows if r.get(self.name) == self.anchor
-                     and (self.group is None or r.get(self.group) == row.get(self.group))), None)
+        return next(
+            (
+                r
+                for r in rows
+                if r.get(self.name) == self.anchor
+                and (self.group is None or r.get(self.group) == row.get(self.group))
+            ),
+            None,
+        )
 
     def _cells(self, row: Mapping[str, Any], anchor_row: Mapping[str, Any] | None) -> list[str]:
         out: list[str] = []
@@ -235,8 +262,14 @@ class Run:
     it back and `lines` stays empty.
     """
 
-    def __init__(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 cwd: str | Path | None = None, log: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log: str | Path | None = None,
+    ) -> None:
         self.tag = uuid.uuid4().hex
         self.log = None if log is None else Path(log)
         self.lines: list[str] = []
@@ -244,9 +277,16 @@ class Run:
         self.ended: float | None = None
         with open(self.log, "wb") if self.log else _no_file() as sink:
             self.proc = subprocess.Popen(
-                list(cmd), stdout=subprocess.PIPE if sink is None else sink,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace",
-                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {}), TAG: self.tag})
+                list(cmd),
+                stdout=subprocess.PIPE if sink is None else sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                cwd=cwd,
+                env={**os.environ, **(env or {}), TAG: self.tag},
+            )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

@@ -18,24 +18,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchlib import Column, Table  # noqa: E402
-from tests.conformance.runner import CORPUS, MODES, compare, run_one  # noqa: E402
+from benchlib import Column, Table
+
+from tests.conformance.runner import CORPUS, MODES, compare, run_one
 
 # Printed a row at a time, as each script's trials end (a full run takes a while).
-TABLE = Table([Column(key="script", header="script", width=24, align="<"),
-               Column(key="trials", header="trials"),
-               Column(key="hangs", header="hangs", width=10),
-               Column(key="mismatches", header="mismatches"),
-               Column(key="anchor_failed", header="torchrun failed"),
-               *(Column(key=f"s_{m}", header=f"s/run {m}", spec=".1f") for m in MODES)])
+TABLE = Table(
+    [
+        Column(key="script", header="script", width=24, align="<"),
+        Column(key="trials", header="trials"),
+        Column(key="hangs", header="hangs", width=10),
+        Column(key="mismatches", header="mismatches"),
+        Column(key="anchor_failed", header="torchrun failed"),
+        *(Column(key=f"s_{m}", header=f"s/run {m}", spec=".1f") for m in MODES),
+    ]
+)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scripts", nargs="*", help="corpus script names (default: all)")
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--kill", action=argparse.BooleanOptionalAction, default=True,
-                        help="SIGKILL a rank mid-run (default) or run undisturbed")
+    parser.add_argument(
+        "--kill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="SIGKILL a rank mid-run (default) or run undisturbed",
+    )
     parser.add_argument("--timeout", type=float, default=120, help="seconds before a run is a hang")
     args = parser.parse_args()
     scripts = [s for s in CORPUS if not args.scripts or s.name in args.scripts]
@@ -63,13 +72,25 @@ def main() -> int:
                 examples.append(p[:400])
         bad = sum(hangs.values()) + sum(mismatches.values())
         total_bad += bad
-        print(TABLE.line({"script": script.name, "trials": args.trials, "hangs": _pair(hangs),
-                          "mismatches": _pair(mismatches), "anchor_failed": anchor_failed,
-                          **{f"s_{m}": seconds[m] / args.trials for m in MODES}}), flush=True)
+        print(
+            TABLE.line(
+                {
+                    "script": script.name,
+                    "trials": args.trials,
+                    "hangs": _pair(hangs),
+                    "mismatches": _pair(mismatches),
+                    "anchor_failed": anchor_failed,
+                    **{f"s_{m}": seconds[m] / args.trials for m in MODES},
+                }
+            ),
+            flush=True,
+        )
         for example in examples[:3]:
             print(f"    {example}")
-    print(f"\nftrun hangs + mismatches over all scripts: {total_bad}"
-          f" ({'killed' if args.kill else 'undisturbed'} runs, {args.trials} trials each)")
+    print(
+        f"\nftrun hangs + mismatches over all scripts: {total_bad}"
+        f" ({'killed' if args.kill else 'undisturbed'} runs, {args.trials} trials each)"
+    )
     return 1 if total_bad else 0
 
 

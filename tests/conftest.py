@@ -12,8 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,10 @@ def tagged(test_id: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("FTRUN_TEST_ID") == test_id and proc.status() != psutil.STATUS_ZOMBIE:
+            if (
+                proc.environ().get("FTRUN_TEST_ID") == test_id
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(proc)
         except (psutil.Error, OSError):
             continue
@@ -66,18 +69,40 @@ class Ftrun:
 
     def __init__(self, run_dir: Path, test_id: str) -> None:
         self.run_dir = run_dir
-        self.env = {**os.environ, "FTRUN_TEST_ID": test_id, "FTRUN_RUN_DIR": str(run_dir),
-                    "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+        self.env = {
+            **os.environ,
+            "FTRUN_TEST_ID": test_id,
+            "FTRUN_RUN_DIR": str(run_dir),
+            "PYTHONUNBUFFERED": "1",
+            "COLUMNS": "200",
+        }
 
-    def run(self, *args: str, timeout: float = 90, cwd: str | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ftrun", *args], capture_output=True,
-                              text=True, timeout=timeout, env={**self.env, **(env or {})}, cwd=cwd)
+    def run(
+        self,
+        *args: str,
+        timeout: float = 90,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ftrun", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**self.env, **(env or {})},
+            cwd=cwd,
+        )
 
     def start(self, *args: str, cwd: str | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "ftrun", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=self.env, cwd=cwd,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "ftrun", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
     def status_json(self, job: str | None = None) -> Any:
         result = self.run("status", *([job] if job else []), "--json", timeout=30)
@@ -145,8 +170,11 @@ class Output:
             self.lines.append(line)
 
     def wait_for(self, text: str, timeout_s: float = 60) -> None:
-        wait_for(lambda: any(text in line for line in self.lines), timeout_s,
-                 f"{text!r} in the output (so far: {''.join(self.lines)[-2000:]})")
+        wait_for(
+            lambda: any(text in line for line in self.lines),
+            timeout_s,
+            f"{text!r} in the output (so far: {''.join(self.lines)[-2000:]})",
+        )
 
     def text(self) -> str:
         self._thread.join(timeout=10)
@@ -160,7 +188,13 @@ async def spawn_agent(boot: dict[str, Any], log_path: Path, test_id: str) -> Any
 
     with open(log_path, "wb") as log:
         agent = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
-            stderr=log, env={**os.environ, "FTRUN_TEST_ID": test_id})
+            sys.executable,
+            "-m",
+            "ftrun.agent",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "FTRUN_TEST_ID": test_id},
+        )
     agent.stdin.write(json.dumps(boot).encode() + b"\n")
     return agent

@@ -45,8 +45,9 @@ def unavailable_reason() -> str | None:
     """Why the testbed cannot run here, or None. Only root without network namespaces is refused."""
     if os.geteuid() != 0:
         return "the ssh testbed needs root (network namespaces)"
-    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True,
-                           timeout=10)
+    probe = subprocess.run(
+        ["unshare", "--net", "--mount", "true"], capture_output=True, text=True, timeout=10
+    )
     if probe.returncode != 0:
         return f"network namespaces are not possible here: {probe.stderr.strip()}"
     return None
@@ -57,9 +58,16 @@ class Testbed:
 
     __test__ = False  # not a test class, whatever its name
 
-    def __init__(self, n: int, *, state_dir: Path | None = None, subnet: str = DEFAULT_SUBNET,
-                 prefix: str = DEFAULT_PREFIX, up_timeout: float = 300.0,
-                 command_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        n: int,
+        *,
+        state_dir: Path | None = None,
+        subnet: str = DEFAULT_SUBNET,
+        prefix: str = DEFAULT_PREFIX,
+        up_timeout: float = 300.0,
+        command_timeout: float = 30.0,
+    ) -> None:
         self.n = n
         self.state_dir = Path(state_dir) if state_dir is not None else Path("/tmp/ftrun-testbed")
         self.subnet = subnet
@@ -67,8 +75,12 @@ class Testbed:
         self.up_timeout = up_timeout  # the first `up` on a fresh machine installs openssh-server
         self.command_timeout = command_timeout
         self.hosts: list[Host] = []
-        self.env = {**os.environ, "FTRUN_TESTBED_DIR": str(self.state_dir),
-                    "FTRUN_TESTBED_SUBNET": subnet, "FTRUN_TESTBED_PREFIX": prefix}
+        self.env = {
+            **os.environ,
+            "FTRUN_TESTBED_DIR": str(self.state_dir),
+            "FTRUN_TESTBED_SUBNET": subnet,
+            "FTRUN_TESTBED_PREFIX": prefix,
+        }
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -88,22 +100,31 @@ class Testbed:
         addresses = out.split()
         if len(addresses) != self.n:
             raise TestbedError(f"`testbed.sh up {self.n}` printed {addresses!r}")
-        self.hosts = [Host(f"node{i}", a, f"{self.prefix}-node{i}")
-                      for i, a in enumerate(addresses, start=1)]
+        self.hosts = [
+            Host(f"node{i}", a, f"{self.prefix}-node{i}") for i, a in enumerate(addresses, start=1)
+        ]
         return self.hosts
 
     def down(self) -> None:
         self.hosts = []
         self.script("down")
 
-    def script(self, *args: str, timeout: float | None = None,
-               check: bool = True) -> subprocess.CompletedProcess[str]:
+    def script(
+        self, *args: str, timeout: float | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Runs `scripts/testbed.sh ARGS` for this testbed; raises TestbedError on failure."""
-        result = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                                env=self.env, timeout=timeout or self.command_timeout)
+        result = subprocess.run(
+            ["bash", str(SCRIPT), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout or self.command_timeout,
+        )
         if check and result.returncode != 0:
-            raise TestbedError(f"testbed.sh {' '.join(args)} exited {result.returncode}: "
-                               f"{result.stderr.strip()[-2000:]}")
+            raise TestbedError(
+                f"testbed.sh {' '.join(args)} exited {result.returncode}: "
+                f"{result.stderr.strip()[-2000:]}"
+            )
         return result
 
     # -- where things are --------------------------------------------------------------------
@@ -136,18 +157,37 @@ class Testbed:
         """argv for `ssh` to the host with the testbed's config; `options` like "-o", "K=V"."""
         return ["ssh", "-F", str(self.ssh_config), *options, self.host(host).name, command]
 
-    def ssh(self, host: Host | str | int, command: str, *options: str, timeout: float = 15.0,
-            check: bool = False, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.ssh_argv(host, command, *options), capture_output=True,
-                              text=True, timeout=timeout, check=check, input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+    def ssh(
+        self,
+        host: Host | str | int,
+        command: str,
+        *options: str,
+        timeout: float = 15.0,
+        check: bool = False,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.ssh_argv(host, command, *options),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
 
     def pids(self, host: Host | str | int) -> list[int]:
         """Live processes in the host's network namespace (zombies have left it)."""
-        result = subprocess.run(["ip", "netns", "pids", self.host(host).namespace],
-                                capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["ip", "netns", "pids", self.host(host).namespace],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if result.returncode != 0:
-            raise TestbedError(f"ip netns pids {self.host(host).namespace}: {result.stderr.strip()}")
+            raise TestbedError(
+                f"ip netns pids {self.host(host).namespace}: {result.stderr.strip()}"
+            )
         return [int(p) for p in result.stdout.split()]
 
     # -- faults ------------------------------------------------------------------------------
@@ -169,7 +209,9 @@ class Testbed:
         self.script("heal", self.host(host).name)
 
 
-def ssh_testbed_fixture(n: int = 3, *, scope: str = "session", **options: Any) -> Callable[..., Any]:
+def ssh_testbed_fixture(
+    n: int = 3, *, scope: str = "session", **options: Any
+) -> Callable[..., Any]:
     """A pytest fixture giving a Testbed of `n` hosts, torn down at the end of `scope`.
 
     `options` go to Testbed (subnet, prefix, state_dir); without state_dir the state lives in a
@@ -187,4 +229,3 @@ def ssh_testbed_fixture(n: int = 3, *, scope: str = "session", **options: Any) -
             yield bed
 
     return testbed
-

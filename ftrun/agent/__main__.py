@@ -12,8 +12,9 @@ from ftrun.bootstrap import Bootstrap
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s agent %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s agent %(levelname)s %(message)s"
+    )
     line = sys.stdin.buffer.readline()
     try:
         boot = Bootstrap.from_json(line.decode())

@@ -62,8 +62,9 @@ class Agent:
         self.work = workdir.create()
         self.tasks = TaskSupervisor(on_failure=self._report_failure, on_fatal=self._on_fatal)
         self.link = ControlLink(boot, fence=partial(self._finish, EXIT_FENCED))
-        self.ranks = RankSocket(str(self.work / "agent.sock"), on_event=self._on_rank_event,
-                                report=self.tasks.report)
+        self.ranks = RankSocket(
+            str(self.work / "agent.sock"), on_event=self._on_rank_event, report=self.tasks.report
+        )
         self.warm = WarmInterpreter(boot, self.work / "zygote.sock", report=self._warm_failed)
         self.gen: GenerationRun | None = None
         self.exit_code: int | None = None
@@ -84,17 +85,23 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
             for name, loop_fn in (
-                    ("receive loop", self._receive_loop),
-                    ("heartbeat loop", self._heartbeat_loop),
-                    ("tail loop", lambda: watch.tail_loop(lambda: self.gen, self.tasks)),
-                    ("idle loop", lambda: watch.idle_loop(lambda: self.gen, self.link))):
+                ("receive loop", self._receive_loop),
+                ("heartbeat loop", self._heartbeat_loop),
+                ("tail loop", lambda: watch.tail_loop(lambda: self.gen, self.tasks)),
+                ("idle loop", lambda: watch.idle_loop(lambda: self.gen, self.link)),
+            ):
                 self.tasks.spawn(name, loop_fn, restart=True)
-            self.stdin_watch = watch_stdin(loop, partial(self._finish, EXIT_FENCED,
-                                                         "stdin closed: the launcher is gone"))
+            self.stdin_watch = watch_stdin(
+                loop, partial(self._finish, EXIT_FENCED, "stdin closed: the launcher is gone")
+            )
             await self.done.wait()
         except (OSError, asyncio.TimeoutError) as e:
-            log.error("cannot reach the controller at %s:%s: %s", self.boot.controller_host,
-                      self.boot.controller_port, e)
+            log.error(
+                "cannot reach the controller at %s:%s: %s",
+                self.boot.controller_host,
+                self.boot.controller_port,
+                e,
+            )
             self.exit_code = EXIT_FENCED
         finally:
             self.tasks.cancel_all()
@@ -114,8 +121,9 @@ class Agent:
         if self.exit_code is None:
             self.exit_code = code
             if code:
-                log.warning("fencing: %s; killing every process of this job on %s",
-                            reason, self.boot.host)
+                log.warning(
+                    "fencing: %s; killing every process of this job on %s", reason, self.boot.host
+                )
         self.done.set()
 
     async def _start_warm(self) -> None:
@@ -129,8 +137,12 @@ class Agent:
     # ---- failures of our own tasks, and of the warm interpreter -------------------------------
 
     def _report_failure(self, failure: TaskFailure) -> None:
-        self.link.send("agent_error", gen=self.gen.number if self.gen else None,
-                       host=self.boot.host, **failure.fields())
+        self.link.send(
+            "agent_error",
+            gen=self.gen.number if self.gen else None,
+            host=self.boot.host,
+            **failure.fields(),
+        )
 
     def _on_fatal(self, failure: TaskFailure) -> None:
         self._finish(EXIT_AGENT_ERROR, f"{failure.task} failed ({failure.error})")
@@ -204,10 +216,14 @@ class Agent:
         (the controller would otherwise wait for ranks that never come)."""
         try:
             await self._launch(msg)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure to launch is reported, not raised
             failure = self.tasks.report("launch", e)
-            self.link.send("gen_exited", gen=msg.get("gen"), exit_code=127,
-                           tail=[f"the agent could not launch the generation: {failure.error}"])
+            self.link.send(
+                "gen_exited",
+                gen=msg.get("gen"),
+                exit_code=127,
+                tail=[f"the agent could not launch the generation: {failure.error}"],
+            )
 
     async def _launch(self, msg: dict[str, Any]) -> None:
         await self._kill_generation()
@@ -220,17 +236,27 @@ class Agent:
             log.warning("the warm interpreter is gone; starting a new one")
             await self._start_warm()
         cmd = torchrun_command(
-            self.boot, msg, directory=directory, agent_sock=self.ranks.path,
+            self.boot,
+            msg,
+            directory=directory,
+            agent_sock=self.ranks.path,
             zygote_sock=str(self.warm.sock_path) if self.boot.warm_start else None,
-            base_env=os.environ)
+            base_env=os.environ,
+        )
         try:
             run.proc = await asyncio.create_subprocess_exec(
-                *cmd.argv, cwd=cmd.cwd, env=cmd.env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                *cmd.argv,
+                cwd=cmd.cwd,
+                env=cmd.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError as e:
-            self.link.send("gen_exited", gen=run.number, exit_code=127,
-                           tail=[f"cannot start torchrun: {e}"])
+            self.link.send(
+                "gen_exited", gen=run.number, exit_code=127, tail=[f"cannot start torchrun: {e}"]
+            )
             return
         run.pgids.add(run.proc.pid)
         self.tasks.spawn(f"torchrun output of generation {run.number}", self._follow_torchrun(run))
@@ -246,8 +272,9 @@ class Agent:
         code = await run.proc.wait()
         run.drain_logs()
         if self.gen is run:
-            self.link.send("gen_exited", gen=run.number, exit_code=code,
-                           tail=report_lines(run.torchrun_tail))
+            self.link.send(
+                "gen_exited", gen=run.number, exit_code=code, tail=report_lines(run.torchrun_tail)
+            )
 
     async def _stop(self, number: int | None, grace_s: float) -> None:
         run = self.gen
@@ -255,8 +282,10 @@ class Agent:
             for pgid in run.pgids:
                 procs.killpg_quietly(pgid, signal.SIGTERM)
             try:
-                waits = [asyncio.create_task(run.proc.wait()),
-                         asyncio.create_task(self.force_stop.wait())]
+                waits = [
+                    asyncio.create_task(run.proc.wait()),
+                    asyncio.create_task(self.force_stop.wait()),
+                ]
                 await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
@@ -274,7 +303,8 @@ class Agent:
             return []
         exclude = [self.warm.pid] if self.warm.pid is not None else []
         survivors = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: procs.kill_all(run.pgids, self.boot.process_tag, exclude=exclude))
+            None, lambda: procs.kill_all(run.pgids, self.boot.process_tag, exclude=exclude)
+        )
         if run.proc is not None:
             try:
                 await asyncio.wait_for(run.proc.wait(), TORCHRUN_EXIT_TIMEOUT_S)

@@ -32,8 +32,10 @@ from typing import Any
 from ftrun.agent import proctitle
 
 # Frames of ours that sit above the user's code; tracebacks start below them, as under python.
-_OUR_FILES = {os.path.abspath(__file__), os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                       "zygote.py")}
+_OUR_FILES = {
+    os.path.abspath(__file__),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py"),
+}
 # Signals CPython itself sets at start-up; every other one starts at its inherited disposition.
 _PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
 
@@ -95,8 +97,10 @@ def _run_script(target: str, argv: list[str]) -> None:
     path = os.path.abspath(target)  # CPython 3.9+: __main__.__file__ is absolute, links kept
     sys.argv = list(argv)
     if not os.path.exists(path):
-        print(f"{sys.orig_argv[0]}: can't open file {path!r}: [Errno 2] No such file or directory",
-              file=sys.stderr)
+        print(
+            f"{sys.orig_argv[0]}: can't open file {path!r}: [Errno 2] No such file or directory",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     if os.path.isdir(path) or not _is_source(path):
         # A directory or zip with __main__.py: python puts it on sys.path and runs __main__.
@@ -107,8 +111,7 @@ def _run_script(target: str, argv: list[str]) -> None:
     with io.open_code(path) as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     namespace = main.__dict__
-    namespace.update(__file__=path, __cached__=None,
-                     __loader__=_source_loader(path))
+    namespace.update(__file__=path, __cached__=None, __loader__=_source_loader(path))
     try:
         exec(code, namespace)
     finally:
@@ -128,8 +131,9 @@ def _fresh_main() -> types.ModuleType:
     """A new `__main__` in sys.modules, shaped like the one CPython makes at start-up. The
     zygote's own module stays alive through the frames that run us."""
     main = types.ModuleType("__main__")
-    main.__dict__.update(__builtins__=builtins, __annotations__={}, __package__=None,
-                         __spec__=None, __loader__=None)
+    main.__dict__.update(
+        __builtins__=builtins, __annotations__={}, __package__=None, __spec__=None, __loader__=None
+    )
     sys.modules["__main__"] = main
     return main
 
@@ -175,13 +179,25 @@ def _open_stdio() -> None:
     """sys.stdin/stdout/stderr on fds 0-2 as `python -u` makes them: unbuffered binary layer,
     write-through text layer, the zygote's encoding and error handlers (same locale)."""
     old = (sys.stdin, sys.stdout, sys.stderr)
-    stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), encoding=old[0].encoding,
-                             errors=old[0].errors, line_buffering=False)
+    stdin = io.TextIOWrapper(
+        open(0, "rb", closefd=False),
+        encoding=old[0].encoding,
+        errors=old[0].errors,
+        line_buffering=False,
+    )
     streams = [stdin]
     for fd, previous in ((1, old[1]), (2, old[2])):
-        raw = io.open(fd, "wb", buffering=0, closefd=False)
-        streams.append(io.TextIOWrapper(raw, encoding=previous.encoding, errors=previous.errors,
-                                        newline="\n", line_buffering=False, write_through=True))
+        raw = open(fd, "wb", buffering=0, closefd=False)
+        streams.append(
+            io.TextIOWrapper(
+                raw,
+                encoding=previous.encoding,
+                errors=previous.errors,
+                newline="\n",
+                line_buffering=False,
+                write_through=True,
+            )
+        )
     sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
 
@@ -201,4 +217,4 @@ class _StripOurFrames:
 
 
 def _ours(filename: str) -> bool:
-    return (filename in _OUR_FILES or filename == "<frozen runpy>" or filename.endswith("runpy.py"))
+    return filename in _OUR_FILES or filename == "<frozen runpy>" or filename.endswith("runpy.py")

@@ -40,7 +40,9 @@ def read(path: Path) -> dict[str, Any] | None:
     else:
         return None
     lines = text.strip().splitlines()
-    return {"exception": lines[0][:MAX_MESSAGE_CHARS] if lines else None,
-            "message": text[:MAX_MESSAGE_CHARS],
-            "traceback": stack.rstrip()[-MAX_TRACEBACK_CHARS:] if isinstance(stack, str) else None,
-            "timestamp": when}
+    return {
+        "exception": lines[0][:MAX_MESSAGE_CHARS] if lines else None,
+        "message": text[:MAX_MESSAGE_CHARS],
+        "traceback": stack.rstrip()[-MAX_TRACEBACK_CHARS:] if isinstance(stack, str) else None,
+        "timestamp": when,
+    }

@@ -20,13 +20,20 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ftrun.agent import error_file, idle, inject, stacks
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
-from ftrun.agent.lines import (REPORT_LINE_CHARS, REPORT_TEXT_CHARS, STACKS_CHARS, batches, clip,
-                               report_lines)
+from ftrun.agent.lines import (
+    REPORT_LINE_CHARS,
+    REPORT_TEXT_CHARS,
+    STACKS_CHARS,
+    batches,
+    clip,
+    report_lines,
+)
 from ftrun.agent.link import ControlLink
 from ftrun.agent.tail import GenerationLogs, RankNews, exception_line, extract_traceback
 from ftrun.tasks import TaskSupervisor
@@ -45,8 +52,15 @@ class GenerationRun:
     """Built from the controller's `launch` message (KeyError or ValueError when it lacks a
     field); `link` carries what it says, `tasks` runs what it starts (chaos faults)."""
 
-    def __init__(self, launch: Mapping[str, Any], directory: Path, *, host: str,
-                 link: ControlLink, tasks: TaskSupervisor) -> None:
+    def __init__(
+        self,
+        launch: Mapping[str, Any],
+        directory: Path,
+        *,
+        host: str,
+        link: ControlLink,
+        tasks: TaskSupervisor,
+    ) -> None:
         self.number = int(launch["gen"])
         self.directory = directory
         self.host = host
@@ -94,9 +108,13 @@ class GenerationRun:
             self.progress.on_exit(rank)
         elif kind == "section":
             timeout = event.get("timeout")
-            self.progress.on_section(rank, str(event.get("name")),
-                                     None if timeout is None else float(timeout),
-                                     bool(event.get("begin")), time.monotonic())
+            self.progress.on_section(
+                rank,
+                str(event.get("name")),
+                None if timeout is None else float(timeout),
+                bool(event.get("begin")),
+                time.monotonic(),
+            )
         elif kind == "started":
             self.pgids.add(int(event["pid"]))
             if event.get("shim"):
@@ -112,9 +130,17 @@ class GenerationRun:
             if (news := self.logs.flush_partial(rank)) is not None:
                 self._on_news(rank, news)
             code, sig = event.get("code"), event.get("sig")
-            self.link.send("rank_exited", gen=self.number, rank=rank, pid=event.get("pid"),
-                           exit_code=code, signal=_signal_name(sig), t_exit=event.get("t"),
-                           step=self.job_step(), **self._exit_evidence(rank, code, sig))
+            self.link.send(
+                "rank_exited",
+                gen=self.number,
+                rank=rank,
+                pid=event.get("pid"),
+                exit_code=code,
+                signal=_signal_name(sig),
+                t_exit=event.get("t"),
+                step=self.job_step(),
+                **self._exit_evidence(rank, code, sig),
+            )
 
     def _exit_evidence(self, rank: int, code: int | None, sig: int | None) -> dict[str, Any]:
         """A rank's last lines and its traceback: the one torch's `@record` wrote to the rank's
@@ -123,19 +149,24 @@ class GenerationRun:
         traceback = extract_traceback(tail)
         exception = exception_line(traceback)
         source = "log" if traceback else None
-        path = (error_file.find(self.directory / "torchrun", rank - self.first_rank)
-                if code != 0 or sig else None)
+        path = (
+            error_file.find(self.directory / "torchrun", rank - self.first_rank)
+            if code != 0 or sig
+            else None
+        )
         recorded = error_file.read(path) if path is not None else None
         if recorded is not None:
             # Named by where it came from: the file itself is in our work dir, gone with us.
             traceback = recorded["traceback"] or traceback
             exception = recorded["exception"] or exception
             source = "error file"
-        return {"tail": report_lines(tail[-EVIDENCE_TAIL_LINES:]),
-                "traceback": clip(traceback, REPORT_TEXT_CHARS),
-                "exception": clip(exception, REPORT_LINE_CHARS),
-                "traceback_source": source,
-                "usage_error": code == 2 and any("usage:" in line for line in tail)}
+        return {
+            "tail": report_lines(tail[-EVIDENCE_TAIL_LINES:]),
+            "traceback": clip(traceback, REPORT_TEXT_CHARS),
+            "exception": clip(exception, REPORT_LINE_CHARS),
+            "traceback_source": source,
+            "usage_error": code == 2 and any("usage:" in line for line in tail),
+        }
 
     def _on_step(self, rank: int, step: int) -> None:
         if rank in self.exited_ranks:
@@ -147,16 +178,18 @@ class GenerationRun:
             self.steps[rank] = step
             self.steps_dirty = True
         if first:
-            self.link.send("progress", gen=self.number, rank=rank, step=step, first=True,
-                           t=time.time())
+            self.link.send(
+                "progress", gen=self.number, rank=rank, step=step, first=True, t=time.time()
+            )
         if self.pending_injections:
             self._maybe_inject()
 
     def send_progress(self) -> None:
         """The job's step so far (sent at most every so often, by the agent's tail loop)."""
         self.steps_dirty = False
-        self.link.send("progress", gen=self.number, rank=None, step=self.job_step(), first=False,
-                       t=time.time())
+        self.link.send(
+            "progress", gen=self.number, rank=None, step=self.job_step(), first=False, t=time.time()
+        )
 
     # ---- hangs, idleness and stacks -----------------------------------------------------------
 
@@ -178,40 +211,57 @@ class GenerationRun:
     async def report_hang(self, overdue: list[Overdue], *, detected_t: float) -> None:
         """Capture the stacks of the overdue ranks, then report the hang. The controller tears
         the generation down only after this, so the stacks are taken from the live processes."""
-        report = await stacks.hang_report(overdue, self.live_ranks(), self.logs,
-                                          flush=self.flush_logs)
+        report = await stacks.hang_report(
+            overdue, self.live_ranks(), self.logs, flush=self.flush_logs
+        )
         report["tail"] = report_lines(report["tail"])
-        report["stacks"] = {r: clip(t, STACKS_CHARS // max(1, len(report["stacks"])))
-                            for r, t in report["stacks"].items()}
-        self.link.send("rank_hung", gen=self.number, step=self.job_step(),
-                       detected_t=detected_t, **report)
+        report["stacks"] = {
+            r: clip(t, STACKS_CHARS // max(1, len(report["stacks"])))
+            for r, t in report["stacks"].items()
+        }
+        self.link.send(
+            "rank_hung", gen=self.number, step=self.job_step(), detected_t=detected_t, **report
+        )
 
     async def sample_idle(self, guard: idle.IdleGuard) -> dict[str, Any] | None:
         """Sample CPU and output of the live ranks (idle.py); the `idle` message's fields when
         the controller should hear of a change (every rank idle for a while, or that ended)."""
         live = self.live_ranks()
-        cpu = (await asyncio.get_running_loop().run_in_executor(None, idle.sample_cpu, live)
-               if live else {})
+        cpu = (
+            await asyncio.get_running_loop().run_in_executor(None, idle.sample_cpu, live)
+            if live
+            else {}
+        )
         # Ranks that step have the step-based detector; a section is a pause on purpose.
-        exempt = set(self.steps) | {r for r, p in self.progress.ranks.items()
-                                    if p.section is not None}
-        tell, ranks = guard.update(time.monotonic(), cpu,
-                                   idle.output_bytes(self.directory, set(cpu)),
-                                   exempt=exempt, finishing=self.finishing)
+        exempt = set(self.steps) | {
+            r for r, p in self.progress.ranks.items() if p.section is not None
+        }
+        tell, ranks = guard.update(
+            time.monotonic(),
+            cpu,
+            idle.output_bytes(self.directory, set(cpu)),
+            exempt=exempt,
+            finishing=self.finishing,
+        )
         if not tell:
             return None
-        return {"gen": self.number,
-                "ranks": None if ranks is None else {str(r): round(s, 3) for r, s in ranks.items()}}
+        return {
+            "gen": self.number,
+            "ranks": None if ranks is None else {str(r): round(s, 3) for r, s in ranks.items()},
+        }
 
     async def send_stacks(self) -> None:
         """The stacks, states and last lines of every live rank here (the controller asked)."""
         live = self.live_ranks()
         states = {str(r): stacks.process_state(pid) for r, pid in live.items()}
         dumps = await stacks.capture(self.logs, live, flush=self.flush_logs)
-        self.link.send("stacks", gen=self.number,
-                       stacks={str(r): t[:stacks.REPLY_MAX_CHARS] for r, t in dumps.items()},
-                       states=states,
-                       tails={str(r): self.logs.tail(r)[-EVIDENCE_TAIL_LINES:] for r in live})
+        self.link.send(
+            "stacks",
+            gen=self.number,
+            stacks={str(r): t[: stacks.REPLY_MAX_CHARS] for r, t in dumps.items()},
+            states=states,
+            tails={str(r): self.logs.tail(r)[-EVIDENCE_TAIL_LINES:] for r in live},
+        )
 
     # ---- signals and chaos ------------------------------------------------------------------
 
@@ -238,8 +288,9 @@ class GenerationRun:
 
     async def _inject(self, inj: dict[str, Any]) -> None:
         action, rank = inj["action"], inj.get("rank")
-        self.link.send("injected", gen=self.number, action=action, rank=rank, host=self.host,
-                       t=time.time())
+        self.link.send(
+            "injected", gen=self.number, action=action, rank=rank, host=self.host, t=time.time()
+        )
         await self.link.flush()  # the report must leave before a self-inflicted fault
         log.warning("chaos: %s%s", action, f" rank {rank}" if rank is not None else "")
         inject.perform(action, self.rank_pids.get(rank) if rank is not None else None)
@@ -280,8 +331,11 @@ class GenerationRun:
             return
         if held := self.held_back.pop(rank, 0):
             where = f" they are in {self.logs.logs[rank].where}" if rank in self.logs.logs else ""
-            lines = [f"[ftrun: {held} lines not forwarded while the controller was behind;"
-                     f"{where or ' see the torchrun output on the host'}]", *lines]
+            lines = [
+                f"[ftrun: {held} lines not forwarded while the controller was behind;"
+                f"{where or ' see the torchrun output on the host'}]",
+                *lines,
+            ]
         for batch in batches(lines):
             self.link.send("log", gen=self.number, rank=rank, lines=batch)
 

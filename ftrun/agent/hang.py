@@ -67,8 +67,9 @@ class ProgressTracker:
             p.step = step
             p.since = now
 
-    def on_section(self, rank: int, name: str, timeout_s: float | None, begin: bool,
-                   now: float) -> None:
+    def on_section(
+        self, rank: int, name: str, timeout_s: float | None, begin: bool, now: float
+    ) -> None:
         p = self.ranks.setdefault(rank, RankProgress(since=now))
         p.since = now  # entering or leaving a section is progress too
         p.section, p.section_timeout_s = (name, timeout_s) if begin else (None, None)

@@ -52,16 +52,20 @@ class IdleTracker:
         self.cpu_fraction = cpu_fraction
         self.ranks: dict[int, _RankIdle] = {}
 
-    def observe(self, rank: int, now: float, *, cpu_s: float, out_bytes: int,
-                exempt: bool = False) -> None:
+    def observe(
+        self, rank: int, now: float, *, cpu_s: float, out_bytes: int, exempt: bool = False
+    ) -> None:
         """One sample of a live rank. `exempt`: it reports steps or is in a declared section."""
         r = self.ranks.get(rank)
         if r is None:
             self.ranks[rank] = _RankIdle(now, cpu_s, out_bytes, since=now)
             return
         dt = now - r.t
-        busy = (exempt or out_bytes != r.out_bytes
-                or (dt > 0 and cpu_s - r.cpu_s > self.cpu_fraction * dt))
+        busy = (
+            exempt
+            or out_bytes != r.out_bytes
+            or (dt > 0 and cpu_s - r.cpu_s > self.cpu_fraction * dt)
+        )
         if busy:
             r.since = now
         r.t, r.cpu_s, r.out_bytes = now, cpu_s, out_bytes
@@ -87,17 +91,28 @@ class IdleGuard:
         self.tracker = IdleTracker()
         self.reported = False  # what the controller was last told: idle (True) or busy
 
-    def update(self, now: float, cpu: dict[int, float], out: dict[int, int], *,
-               exempt: set[int], finishing: bool) -> tuple[bool, dict[int, float] | None]:
+    def update(
+        self,
+        now: float,
+        cpu: dict[int, float],
+        out: dict[int, int],
+        *,
+        exempt: set[int],
+        finishing: bool,
+    ) -> tuple[bool, dict[int, float] | None]:
         """Take one sample of the live ranks (`cpu` has exactly them). Returns (tell the
         controller?, seconds each rank has been idle, or None for busy)."""
         for rank in self.tracker.ranks.keys() - cpu.keys():
             self.tracker.forget(rank)
         for rank, cpu_s in cpu.items():
-            self.tracker.observe(rank, now, cpu_s=cpu_s, out_bytes=out.get(rank, 0),
-                                 exempt=rank in exempt)
-        ranks = None if finishing else self.tracker.host_idle(
-            now, set(cpu), min_s=report_after_s(self.timeout_s))
+            self.tracker.observe(
+                rank, now, cpu_s=cpu_s, out_bytes=out.get(rank, 0), exempt=rank in exempt
+            )
+        ranks = (
+            None
+            if finishing
+            else self.tracker.host_idle(now, set(cpu), min_s=report_after_s(self.timeout_s))
+        )
         if (ranks is not None) == self.reported:
             return False, ranks
         self.reported = ranks is not None

@@ -11,12 +11,17 @@ import os
 import signal
 from typing import Any
 
-ACTION_SIGNALS = {"kill-rank": signal.SIGKILL, "hang-rank": signal.SIGSTOP,
-                  "kill-agent": signal.SIGKILL, "freeze-agent": signal.SIGSTOP}
+ACTION_SIGNALS = {
+    "kill-rank": signal.SIGKILL,
+    "hang-rank": signal.SIGSTOP,
+    "kill-agent": signal.SIGKILL,
+    "freeze-agent": signal.SIGSTOP,
+}
 
 
-def take_due(pending: list[dict[str, Any]], steps: dict[int, int],
-             rank_pids: dict[int, int]) -> list[dict[str, Any]]:
+def take_due(
+    pending: list[dict[str, Any]], steps: dict[int, int], rank_pids: dict[int, int]
+) -> list[dict[str, Any]]:
     """Remove and return the requests whose step has come (the job's step when no rank is named)
     and whose target rank has started."""
     due = []

@@ -18,8 +18,9 @@ MAX_FRAME_BYTES, so everything here is bounded by construction:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 MAX_LINE_BYTES = 16 * 1024
 BAR_INTERVAL_S = 1.0
@@ -44,7 +45,7 @@ class Lines:
         self.forward.append(line)
         self.progress.append(line)
 
-    def extend(self, other: "Lines") -> None:
+    def extend(self, other: Lines) -> None:
         self.forward.extend(other.forward)
         self.progress.extend(other.progress)
 
@@ -53,8 +54,13 @@ class LineSplitter:
     """Turns a byte stream into bounded lines. `where` names what keeps the whole text (the
     rank's log file), for the marker on a cut line."""
 
-    def __init__(self, where: str | None = None, *, max_line_bytes: int = MAX_LINE_BYTES,
-                 bar_interval_s: float = BAR_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        where: str | None = None,
+        *,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        bar_interval_s: float = BAR_INTERVAL_S,
+    ) -> None:
         self.where = where
         self.max_line_bytes = max_line_bytes
         self.bar_interval_s = bar_interval_s
@@ -76,8 +82,11 @@ class LineSplitter:
             # state) before a hang counts, so the hang is timed from it. Seeing it again once
             # it ends is harmless: progress only moves forward.
             out.progress.append(_decode(self._buf))
-        if (self._bar is not None and self._bar != self._bar_sent
-                and now - self._bar_sent_t >= self.bar_interval_s):
+        if (
+            self._bar is not None
+            and self._bar != self._bar_sent
+            and now - self._bar_sent_t >= self.bar_interval_s
+        ):
             self._bar_sent, self._bar_sent_t = self._bar, now
             out.forward.append(self._bar)  # the regex saw it when its `\r` came
         return out
@@ -167,6 +176,7 @@ def report_lines(lines: list[str]) -> list[str]:
 
 def shrunk(fields: dict[str, Any]) -> dict[str, Any]:
     """Every string cut to a line's worth, every list to its last lines: fits any frame."""
+
     def cut(value: Any) -> Any:
         if isinstance(value, str):
             return clip(value, 512)
@@ -175,4 +185,5 @@ def shrunk(fields: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             return {k: cut(v) for k, v in list(value.items())[:64]}
         return value
+
     return {k: cut(v) for k, v in fields.items()}

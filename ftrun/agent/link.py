@@ -19,7 +19,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ftrun.agent.lines import shrunk
 from ftrun.agent.stallguard import StallGuard
@@ -52,13 +53,22 @@ class ControlLink:
         """Connect, authenticate and say hello; raises OSError or TimeoutError when the
         controller cannot be reached within fence_timeout_s. `port` is a free port of this
         host, in case the controller makes us the rendezvous host (node rank 0)."""
-        self.chan = await open_channel(self.boot.controller_host, self.boot.controller_port,
-                                       self.boot.secret, timeout_s=self.boot.fence_timeout_s)
+        self.chan = await open_channel(
+            self.boot.controller_host,
+            self.boot.controller_port,
+            self.boot.secret,
+            timeout_s=self.boot.fence_timeout_s,
+        )
         # Our end of the control connection is an address the other hosts can reach too:
         # the controller makes it the rendezvous address when we are node rank 0.
-        self.chan.send("hello", agent_id=self.boot.agent_id, host=self.boot.host,
-                       pid=os.getpid(), addr=self.chan.writer.get_extra_info("sockname")[0],
-                       port=port)
+        self.chan.send(
+            "hello",
+            agent_id=self.boot.agent_id,
+            host=self.boot.host,
+            pid=os.getpid(),
+            addr=self.chan.writer.get_extra_info("sockname")[0],
+            port=port,
+        )
         self.last_heard = time.monotonic()
         early, self._early = self._early, []
         for kind, fields in early:
@@ -94,8 +104,11 @@ class ControlLink:
                     self._fence(f"no word from the controller for {silent:.1f} s")
                     return
                 if not warned:
-                    log.warning("no word from the controller for %.1f s; not fencing: it runs "
-                                "on this host, and its exit would close our stdin", silent)
+                    log.warning(
+                        "no word from the controller for %.1f s; not fencing: it runs "
+                        "on this host, and its exit would close our stdin",
+                        silent,
+                    )
                 warned = True
             elif silent <= self.boot.fence_timeout_s:
                 warned = False
@@ -129,8 +142,9 @@ class ControlLink:
         try:
             await asyncio.wait_for(self.chan.drain(), timeout_s)
         except asyncio.TimeoutError:
-            log.warning("the controller has not taken %d bytes in %.1f s", self.unsent_bytes(),
-                        timeout_s)
+            log.warning(
+                "the controller has not taken %d bytes in %.1f s", self.unsent_bytes(), timeout_s
+            )
             return False
         return True
 

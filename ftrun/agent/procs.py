@@ -11,9 +11,10 @@ import os
 import signal
 import sys
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
+
 from ftrun import envcontract
 
 
@@ -39,8 +40,9 @@ def tagged_processes(agent_id: str, *, exclude: Iterable[int] = ()) -> list[psut
     return found
 
 
-def kill_all(pgids: Iterable[int], agent_id: str, *, exclude: Iterable[int] = (),
-             timeout_s: float = 5.0) -> list[int]:
+def kill_all(
+    pgids: Iterable[int], agent_id: str, *, exclude: Iterable[int] = (), timeout_s: float = 5.0
+) -> list[int]:
     """SIGKILL the groups and every tagged straggler; wait until they are gone.
     Returns the pids still alive at the deadline (empty when all is well)."""
     for pgid in set(pgids):

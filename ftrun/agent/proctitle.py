@@ -35,7 +35,7 @@ def set_title(title: str) -> bool:
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()
         # Fields after the command name, which may hold spaces and parentheses.
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         arg_start, arg_end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5)
     except (OSError, ValueError, IndexError):
         return False

@@ -24,8 +24,14 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-                     signal.SIGQUIT)
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGQUIT,
+)
 ZYGOTE_MAX_MESSAGE = 1 << 20
 # How long a shim waits for the warm interpreter's answer (a pid, or "start it cold"). The first
 # answers come once it has imported torch (seconds, more on a loaded host), later ones within
@@ -78,12 +84,23 @@ def warm_request(mode: str, argv: list[str]) -> dict | None:
     """How the warm interpreter should run this command, or None if it cannot (a non-Python
     entrypoint, or python with options other than -u)."""
     if mode == "torchrun":
-        return {"mode": "torchrun", "argv": ["torchrun", *argv],
-                "cmdline": [sys.executable, "-u", "-m", "torch.distributed.run", *argv]}
-    if len(argv) >= 3 and argv[1] == "-u" and os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+        return {
+            "mode": "torchrun",
+            "argv": ["torchrun", *argv],
+            "cmdline": [sys.executable, "-u", "-m", "torch.distributed.run", *argv],
+        }
+    if (
+        len(argv) >= 3
+        and argv[1] == "-u"
+        and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+    ):
         if argv[2] == "-m" and len(argv) >= 4:
-            return {"mode": "module", "target": argv[3], "argv": [argv[3], *argv[4:]],
-                    "cmdline": list(argv)}
+            return {
+                "mode": "module",
+                "target": argv[3],
+                "argv": [argv[3], *argv[4:]],
+                "cmdline": list(argv),
+            }
         if not argv[2].startswith("-"):
             return {"mode": "script", "target": argv[2], "argv": argv[2:], "cmdline": list(argv)}
     return None
@@ -94,9 +111,13 @@ def exec_identity() -> dict:
     signals we ignore (exec keeps SIG_IGN). Read before we install our forwarding handlers."""
     mask = os.umask(0)
     os.umask(mask)
-    ignored = [int(s) for s in signal.valid_signals()
-               if isinstance(s, signal.Signals) and s not in (signal.SIGPIPE, signal.SIGXFSZ)
-               and _ignored(s)]
+    ignored = [
+        int(s)
+        for s in signal.valid_signals()
+        if isinstance(s, signal.Signals)
+        and s not in (signal.SIGPIPE, signal.SIGXFSZ)
+        and _ignored(s)
+    ]
     return {"umask": mask, "ignored_signals": ignored}
 
 
@@ -125,8 +146,11 @@ def run_warm(zygote_path: str, request: dict, fds: list[int]) -> dict | None:
         # Closing our end tells the zygote we gave up: it forks nothing for this request (or
         # kills at once what it forked just now: EOF on the connection).
         sock.close()
-        print(f"ftrun: starting cold: the warm interpreter did not answer within "
-              f"{ZYGOTE_REPLY_TIMEOUT_S:g} s", file=sys.stderr)
+        print(
+            f"ftrun: starting cold: the warm interpreter did not answer within "
+            f"{ZYGOTE_REPLY_TIMEOUT_S:g} s",
+            file=sys.stderr,
+        )
         return None
     if not reply:
         return None
@@ -155,8 +179,12 @@ def run_warm(zygote_path: str, request: dict, fds: list[int]) -> dict | None:
 
 def run_cold(argv: list[str], *, stdout: int | None) -> dict:
     # The child shares our process group, which torchrun signals as a whole.
-    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                            preexec_fn=die_with_parent)
+    proc = subprocess.Popen(
+        argv,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout else None,
+        preexec_fn=die_with_parent,
+    )
     on_started(proc.pid)
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, lambda s, _f: _kill_quietly(proc.pid, s))
@@ -218,15 +246,25 @@ def main(argv: list[str]) -> None:
     log_dir = os.environ.get("FTRUN_RANK_LOG_DIR")
     log_fd = None
     if log_dir:
-        log_fd = os.open(os.path.join(log_dir, f"rank{_rank()}.log"),
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log_fd = os.open(
+            os.path.join(log_dir, f"rank{_rank()}.log"),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o644,
+        )
     request = warm_request("rank", argv) if zygote else None
     out = log_fd if log_fd is not None else 1
     status = run_warm(zygote, request, [0, out, out]) if request else None
     if status is None:
         status = run_cold(argv, stdout=log_fd)
-    tell_agent({"e": "exited", "r": _rank(), "pid": status["pid"], "code": status["exit_code"],
-                "sig": status["signal"]})
+    tell_agent(
+        {
+            "e": "exited",
+            "r": _rank(),
+            "pid": status["pid"],
+            "code": status["exit_code"],
+            "sig": status["signal"],
+        }
+    )
     exit_like(status)
 
 

@@ -23,7 +23,8 @@ import asyncio
 import json
 import logging
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("ftrun.agent")
 
@@ -38,8 +39,13 @@ class RankSocket:
     type: KeyError, TypeError, ValueError) is dropped and logged; any other exception from
     on_event is a bug, passed to `report(what, error)`, and the next datagram is read."""
 
-    def __init__(self, path: str, *, on_event: Callable[[dict[str, Any]], None],
-                 report: Callable[[str, BaseException], object]) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        on_event: Callable[[dict[str, Any]], None],
+        report: Callable[[str, BaseException], object],
+    ) -> None:
         self.path = path
         self._on_event = on_event
         self._report = report
@@ -68,7 +74,7 @@ class RankSocket:
                 self._on_event(decode(data))
             except (ValueError, TypeError, KeyError) as e:
                 log.warning("dropped a malformed datagram from a rank: %s", e)
-            except Exception as e:  # a bug handling it: said, and the next one is read
+            except Exception as e:  # noqa: BLE001 - a bug handling it: said, the next one is read
                 self._report("rank event handler", e)
 
 

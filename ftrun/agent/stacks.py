@@ -15,7 +15,8 @@ import shutil
 import signal
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -59,8 +60,9 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-async def capture(logs: GenerationLogs, pids: dict[int, int],
-                  flush: Callable[[], None]) -> dict[int, str]:
+async def capture(
+    logs: GenerationLogs, pids: dict[int, int], flush: Callable[[], None]
+) -> dict[int, str]:
     """Stacks per rank, as text; a rank with none gets a line saying why. `flush` reads new
     log lines (and forwards them): the dumps arrive through the ranks' logs."""
     flush()
@@ -92,16 +94,23 @@ async def capture(logs: GenerationLogs, pids: dict[int, int],
             if spy:
                 dumps[rank] = (dumps[rank] + "\n\n" if rank in dumps else "") + spy
     for rank, pid in pids.items():
-        why = ("could not run its stack-dump handler" if rank in handling else
-               "has no stack-dump handler (it runs without ftrun's warm start and never "
-               "imported ftrun)")
-        dumps.setdefault(rank, f"no stacks: the process is {process_state(pid)} and {why} "
-                               "(install py-spy to read its stacks)")
+        why = (
+            "could not run its stack-dump handler"
+            if rank in handling
+            else "has no stack-dump handler (it runs without ftrun's warm start and never "
+            "imported ftrun)"
+        )
+        dumps.setdefault(
+            rank,
+            f"no stacks: the process is {process_state(pid)} and {why} "
+            "(install py-spy to read its stacks)",
+        )
     return dumps
 
 
-async def hang_report(overdue: list[Overdue], live: dict[int, int], logs: GenerationLogs, *,
-                      flush: Callable[[], None]) -> dict[str, Any]:
+async def hang_report(
+    overdue: list[Overdue], live: dict[int, int], logs: GenerationLogs, *, flush: Callable[[], None]
+) -> dict[str, Any]:
     """The culprit among the overdue ranks, and the stacks and states of every live rank."""
     states = {r: process_state(pid) for r, pid in live.items()}
     # A stopped process is the culprit for sure; else the rank that stopped progressing first.
@@ -109,12 +118,17 @@ async def hang_report(overdue: list[Overdue], live: dict[int, int], logs: Genera
     # Every live rank's stacks: the ones waiting in a collective show where the job stands.
     dumps = await capture(logs, live, flush=flush)
     mono_to_wall = time.time() - time.monotonic()
-    return {"rank": culprit.rank, "rank_step": culprit.step,
-            "last_progress_t": culprit.last_progress_t + mono_to_wall,
-            "allowance_s": culprit.allowance_s, "section": culprit.section,
-            "stacks": {str(r): t for r, t in dumps.items()},
-            "states": {str(r): st for r, st in states.items()},
-            "overdue": [o.rank for o in overdue], "tail": logs.tail(culprit.rank)[-20:]}
+    return {
+        "rank": culprit.rank,
+        "rank_step": culprit.step,
+        "last_progress_t": culprit.last_progress_t + mono_to_wall,
+        "allowance_s": culprit.allowance_s,
+        "section": culprit.section,
+        "stacks": {str(r): t for r, t in dumps.items()},
+        "states": {str(r): st for r, st in states.items()},
+        "overdue": [o.rank for o in overdue],
+        "tail": logs.tail(culprit.rank)[-20:],
+    }
 
 
 def _line_count(logs: GenerationLogs, rank: int) -> int:
@@ -135,8 +149,14 @@ async def _py_spy(path: str, pid: int, *, stopped: bool) -> str | None:
     mode = ["--nonblocking"] if stopped else []
     try:
         proc = await asyncio.create_subprocess_exec(
-            path, "dump", *mode, "--pid", str(pid), stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
+            path,
+            "dump",
+            *mode,
+            "--pid",
+            str(pid),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError):
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ftrun.agent.lines import MAX_LINE_BYTES, LineSplitter, Lines
+from ftrun.agent.lines import MAX_LINE_BYTES, Lines, LineSplitter
 
 TAIL_LINES = 200
 READ_CHUNK = 512 * 1024
@@ -32,8 +32,9 @@ SKIP_SCAN_BYTES = 2 * 1024 * 1024
 
 
 class RankLog:
-    def __init__(self, path: Path, *, host: str | None = None,
-                 progress: re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self, path: Path, *, host: str | None = None, progress: re.Pattern[str] | None = None
+    ) -> None:
         self.path = path
         self.progress = progress
         self.progress_bytes = _bytes_pattern(progress)
@@ -73,8 +74,10 @@ class RankLog:
         self.skipped_bytes += skipped
         self.offset = offset
         self.splitter.resync()
-        return (f"[ftrun: skipped {skipped} bytes of this rank's output to keep up "
-                f"({self.skipped_bytes} in all); every byte is in {self.where}]")
+        return (
+            f"[ftrun: skipped {skipped} bytes of this rank's output to keep up "
+            f"({self.skipped_bytes} in all); every byte is in {self.where}]"
+        )
 
     def _last_progress(self, f: BinaryIO, end: int) -> str | None:
         """The last line before `end` (within SKIP_SCAN_BYTES) that the progress regex finds."""
@@ -90,7 +93,7 @@ class RankLog:
             return None
         line_start = block.rfind(b"\n", 0, last.start()) + 1
         line_end = block.find(b"\n", last.end())
-        line = block[line_start:line_end if line_end >= 0 else len(block)][:MAX_LINE_BYTES]
+        line = block[line_start : line_end if line_end >= 0 else len(block)][:MAX_LINE_BYTES]
         text = line.decode("utf-8", "replace").replace("\r", "\n").splitlines() or [""]
         matching = [t for t in text if self.progress.search(t)]  # exactly as a line would be
         return matching[-1] if matching else None
@@ -110,8 +113,9 @@ class RankNews:
 class GenerationLogs:
     """All rank logs of one generation in one directory (files named rank<R>.log)."""
 
-    def __init__(self, directory: Path, progress_regex: str | None, *,
-                 host: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, progress_regex: str | None, *, host: str | None = None
+    ) -> None:
         self.directory = directory
         self.host = host
         self.logs: dict[int, RankLog] = {}
@@ -128,8 +132,9 @@ class GenerationLogs:
             if name.startswith("rank") and name.endswith(".log") and name[4:-4].isdigit():
                 rank = int(name[4:-4])
                 if rank not in self.logs:
-                    self.logs[rank] = RankLog(self.directory / name, host=self.host,
-                                              progress=self.progress)
+                    self.logs[rank] = RankLog(
+                        self.directory / name, host=self.host, progress=self.progress
+                    )
         out = {}
         for rank, log in self.logs.items():
             if only is not None and rank != only:
@@ -199,7 +204,7 @@ def extract_traceback(lines: list[str]) -> str | None:
     if start is None:
         return None
     block = [lines[start]]
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         block.append(line)
         if line and not line.startswith((" ", "\t")) and not line.startswith("Traceback"):
             break  # the exception line ends the traceback

@@ -14,12 +14,13 @@ passes everything in, so what the agent would run can be read without running it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from ftrun.bootstrap import Bootstrap
 from ftrun import envcontract
+from ftrun.bootstrap import Bootstrap
 
 SHIM = str(Path(__file__).with_name("rank_shim.py"))
 
@@ -31,28 +32,59 @@ class TorchrunCommand:
     cwd: str | None
 
 
-def torchrun_command(boot: Bootstrap, launch: Mapping[str, Any], *, directory: Path,
-                     agent_sock: str, zygote_sock: str | None,
-                     base_env: Mapping[str, str]) -> TorchrunCommand:
+def torchrun_command(
+    boot: Bootstrap,
+    launch: Mapping[str, Any],
+    *,
+    directory: Path,
+    agent_sock: str,
+    zygote_sock: str | None,
+    base_env: Mapping[str, str],
+) -> TorchrunCommand:
     """The command for the controller's `launch` message. `directory` is the generation's work
     dir, `base_env` the agent's own environment (the forwarded one, os.environ); the launch's
     env and the FTRUN_* contract come on top. Raises KeyError for a launch that lacks a field."""
     number = int(launch["gen"])
-    env = {**base_env, **launch.get("env", {}),
-           envcontract.JOB_ID: boot.job_id, envcontract.GENERATION: str(number),
-           envcontract.HOST: boot.host, envcontract.AGENT_ID: boot.process_tag,
-           envcontract.AGENT_SOCK: agent_sock, envcontract.RANK_LOG_DIR: str(directory)}
+    env = {
+        **base_env,
+        **launch.get("env", {}),
+        envcontract.JOB_ID: boot.job_id,
+        envcontract.GENERATION: str(number),
+        envcontract.HOST: boot.host,
+        envcontract.AGENT_ID: boot.process_tag,
+        envcontract.AGENT_SOCK: agent_sock,
+        envcontract.RANK_LOG_DIR: str(directory),
+    }
     if zygote_sock is not None:
         env[envcontract.ZYGOTE_SOCK] = zygote_sock
-    argv = (boot.python, "-u", SHIM, "torchrun",
-            "--nnodes", str(launch["nnodes"]), "--node-rank", str(launch["node_rank"]),
-            "--nproc-per-node", str(launch["nproc_per_node"]),
-            "--master-addr", launch["master_addr"], "--master-port", str(launch["master_port"]),
-            "--max-restarts", "0", "--monitor-interval", "0.1",
-            # TORCHELASTIC_RUN_ID, as torchrun defines it: one id for the whole job.
-            "--rdzv-id", boot.job_id,
-            # torchrun's own files (error files, a mkdtemp per run) go with the agent's
-            # work dir, not into /tmp for good.
-            "--log-dir", str(directory / "torchrun"),
-            SHIM, "rank", *launch["entrypoint"])
+    argv = (
+        boot.python,
+        "-u",
+        SHIM,
+        "torchrun",
+        "--nnodes",
+        str(launch["nnodes"]),
+        "--node-rank",
+        str(launch["node_rank"]),
+        "--nproc-per-node",
+        str(launch["nproc_per_node"]),
+        "--master-addr",
+        launch["master_addr"],
+        "--master-port",
+        str(launch["master_port"]),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.1",
+        # TORCHELASTIC_RUN_ID, as torchrun defines it: one id for the whole job.
+        "--rdzv-id",
+        boot.job_id,
+        # torchrun's own files (error files, a mkdtemp per run) go with the agent's
+        # work dir, not into /tmp for good.
+        "--log-dir",
+        str(directory / "torchrun"),
+        SHIM,
+        "rank",
+        *launch["entrypoint"],
+    )
     return TorchrunCommand(argv=argv, env=env, cwd=launch.get("cwd"))

@@ -15,12 +15,12 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from ftrun import envcontract
 from ftrun.agent import proctitle
 from ftrun.bootstrap import Bootstrap
-from ftrun import envcontract
 
 log = logging.getLogger("ftrun.agent")
 
@@ -39,8 +39,9 @@ class WarmInterpreter:
     """One zygote process at a time, listening on `sock_path`. `report` hears of a zygote that
     died while the agent still needed it."""
 
-    def __init__(self, boot: Bootstrap, sock_path: Path, *,
-                 report: Callable[[WarmStartFailed], None]) -> None:
+    def __init__(
+        self, boot: Bootstrap, sock_path: Path, *, report: Callable[[WarmStartFailed], None]
+    ) -> None:
         self.boot = boot
         self.sock_path = sock_path
         self.proc: asyncio.subprocess.Process | None = None
@@ -63,25 +64,41 @@ class WarmInterpreter:
         try:
             self.proc = proc = await asyncio.create_subprocess_exec(
                 # The padding argument is room for each fork's own command line (proctitle.py).
-                self.boot.python, "-m", "ftrun.agent.zygote", str(self.sock_path),
-                proctitle.title_room(), stdin=asyncio.subprocess.PIPE, start_new_session=True,
-                env={**os.environ, envcontract.AGENT_ID: self.boot.process_tag,
-                     **({envcontract.ZYGOTE_PRELOAD: self.boot.zygote_preload}
-                        if self.boot.zygote_preload else {})})
+                self.boot.python,
+                "-m",
+                "ftrun.agent.zygote",
+                str(self.sock_path),
+                proctitle.title_room(),
+                stdin=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                env={
+                    **os.environ,
+                    envcontract.AGENT_ID: self.boot.process_tag,
+                    **(
+                        {envcontract.ZYGOTE_PRELOAD: self.boot.zygote_preload}
+                        if self.boot.zygote_preload
+                        else {}
+                    ),
+                },
+            )
         except OSError as e:
             self.proc = None
-            return WarmStartFailed(f"cannot start the warm interpreter ({self.boot.python}): "
-                                   f"{e}; ranks here start cold")
+            return WarmStartFailed(
+                f"cannot start the warm interpreter ({self.boot.python}): "
+                f"{e}; ranks here start cold"
+            )
         deadline = time.monotonic() + ZYGOTE_START_TIMEOUT_S
         while not self.sock_path.exists():
             if proc.returncode is not None:
                 return WarmStartFailed(
                     f"the warm interpreter exited with code {proc.returncode} before it "
-                    f"listened (its output is in the agent's log); ranks here start cold")
+                    f"listened (its output is in the agent's log); ranks here start cold"
+                )
             if time.monotonic() >= deadline:
                 return WarmStartFailed(
                     f"the warm interpreter did not listen within {ZYGOTE_START_TIMEOUT_S:g} s; "
-                    f"ranks here start cold until it does")
+                    f"ranks here start cold until it does"
+                )
             await asyncio.sleep(ZYGOTE_POLL_INTERVAL_S)
         return None
 
@@ -92,9 +109,12 @@ class WarmInterpreter:
             return
         code = await proc.wait()
         if not self._closing and proc is self.proc:
-            self._report(WarmStartFailed(
-                f"the warm interpreter exited with code {code} (its output is in the agent's "
-                f"log); ranks here start cold until the next generation starts a new one"))
+            self._report(
+                WarmStartFailed(
+                    f"the warm interpreter exited with code {code} (its output is in the agent's "
+                    f"log); ranks here start cold until the next generation starts a new one"
+                )
+            )
 
     async def close(self) -> None:
         """Kill it and reap it (idempotent). Its forks die with it (PR_SET_PDEATHSIG)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ftrun.agent.genrun import GenerationRun
 from ftrun.agent.link import ControlLink
@@ -59,6 +59,6 @@ async def idle_loop(current: Callable[[], GenerationRun | None], link: ControlLi
             news = await run.sample_idle(guard)
             if news is not None and current() is run:
                 link.send("idle", **news)
-        except Exception:  # noqa: BLE001 - a guard that dies quietly guards nothing
+        except Exception:
             log.exception("idle guard: sampling failed")
         await asyncio.sleep(guard.interval_s)

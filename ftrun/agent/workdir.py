@@ -28,7 +28,7 @@ def sweep_stale(parent: Path) -> list[Path]:
     """Remove agent directories whose agent process no longer exists."""
     removed = []
     for path in parent.glob(f"{PREFIX}*"):
-        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

@@ -33,10 +33,11 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from ftrun.agent import as_main, proctitle
 from ftrun import envcontract
+from ftrun.agent import as_main, proctitle
 
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
@@ -84,7 +85,7 @@ class Zygote:
                         self._reap(pid)
                     elif what == "conn":
                         self._on_conn(pid)
-                except Exception:  # noqa: BLE001 - one bad request must not take the zygote down
+                except Exception:
                     if os.getpid() != self.pid:
                         raise  # a child that failed to become its process: it must not serve
                     traceback.print_exc()
@@ -129,8 +130,12 @@ class Zygote:
         conn, pidfd = self.children.pop(pid)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        _send(conn, {"signal": -code, "exit_code": None} if code < 0 else
-              {"signal": None, "exit_code": code})
+        _send(
+            conn,
+            {"signal": -code, "exit_code": None}
+            if code < 0
+            else {"signal": None, "exit_code": code},
+        )
         self._forget(pidfd)
         self._forget(conn)
         os.close(pidfd)

@@ -27,13 +27,30 @@ if TYPE_CHECKING:
     from ftrun.checkpoint.restore import Restored
     from ftrun.checkpoint.state import PerRank, TrainState
 
-__all__ = ["Manager", "TrainState", "PerRank", "Restored", "Stats", "CheckpointConfig",
-           "memory_tier_dir", "CheckpointError", "CheckpointDirError", "StateError"]
+__all__ = [
+    "Manager",
+    "TrainState",
+    "PerRank",
+    "Restored",
+    "Stats",
+    "CheckpointConfig",
+    "memory_tier_dir",
+    "CheckpointError",
+    "CheckpointDirError",
+    "StateError",
+]
 
 _HOME = {
-    "Manager": "manager", "Stats": "manager", "TrainState": "state", "PerRank": "state",
-    "Restored": "restore", "CheckpointConfig": "config", "memory_tier_dir": "config",
-    "CheckpointError": "errors", "CheckpointDirError": "errors", "StateError": "errors",
+    "Manager": "manager",
+    "Stats": "manager",
+    "TrainState": "state",
+    "PerRank": "state",
+    "Restored": "restore",
+    "CheckpointConfig": "config",
+    "memory_tier_dir": "config",
+    "CheckpointError": "errors",
+    "CheckpointDirError": "errors",
+    "StateError": "errors",
 }
 
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftrun.checkpoint.errors import CheckpointDirError
 from ftrun import envcontract
+from ftrun.checkpoint.errors import CheckpointDirError
 
 DEFAULT_MEMORY_ROOT = Path("/dev/shm")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -27,8 +27,10 @@ VERIFY_MODES = ("full", "size")
 def memory_tier_dir(job_id: str, root: Path | str = DEFAULT_MEMORY_ROOT) -> Path:
     """The host-memory tier of a job: `/dev/shm/ftrun-<job_id>`. The agent deletes it at job end."""
     if not _JOB_ID.match(job_id):
-        raise CheckpointDirError(f"invalid job id for the memory tier: {job_id!r}",
-                                 hint="use letters, digits, '.', '_' or '-' (no '/')")
+        raise CheckpointDirError(
+            f"invalid job id for the memory tier: {job_id!r}",
+            hint="use letters, digits, '.', '_' or '-' (no '/')",
+        )
     return Path(root) / f"ftrun-{job_id}"
 
 
@@ -38,18 +40,18 @@ class CheckpointConfig:
 
     directory: Path
     keep: int = 3
-    job_id: str | None = None          # memory tier on iff set
+    job_id: str | None = None  # memory tier on iff set
     memory_root: Path = DEFAULT_MEMORY_ROOT
-    memory_slots: int = 2               # snapshot buffers: the memory bound is slots x state size
+    memory_slots: int = 2  # snapshot buffers: the memory bound is slots x state size
     generation: int = 0
-    persist_every: int = 1              # persist saves whose step is a multiple of this
-    persist_bandwidth: float = 200.0    # MB/s the worker may write (0: unlimited); see docs
-    persist_priority: str = "low"       # worker: nice 10 ("low"), SCHED_IDLE ("idle"), "normal"
-    verify: str = "full"                # restore checks sizes and CRC32s ("full") or sizes only
-    small_tensor_bytes: int = 1 << 16   # tensors up to this size are copied inside save()
-    snapshot_timeout: float = 600.0     # seconds wait_snapshot() may block
-    persist_timeout: float = 900.0      # seconds a persist (all ranks' parts + commit) may take
-    collective_timeout: float = 900.0   # seconds for the checkpoint process group's collectives
+    persist_every: int = 1  # persist saves whose step is a multiple of this
+    persist_bandwidth: float = 200.0  # MB/s the worker may write (0: unlimited); see docs
+    persist_priority: str = "low"  # worker: nice 10 ("low"), SCHED_IDLE ("idle"), "normal"
+    verify: str = "full"  # restore checks sizes and CRC32s ("full") or sizes only
+    small_tensor_bytes: int = 1 << 16  # tensors up to this size are copied inside save()
+    snapshot_timeout: float = 600.0  # seconds wait_snapshot() may block
+    persist_timeout: float = 900.0  # seconds a persist (all ranks' parts + commit) may take
+    collective_timeout: float = 900.0  # seconds for the checkpoint process group's collectives
 
     def __post_init__(self) -> None:
         problems = []
@@ -71,17 +73,24 @@ class CheckpointConfig:
         if self.job_id is not None:
             memory_tier_dir(self.job_id, self.memory_root)  # validates the id
         if problems:
-            raise CheckpointDirError("invalid checkpoint options: " + "; ".join(problems),
-                                     hint="see docs/checkpoint.md for the options")
+            raise CheckpointDirError(
+                "invalid checkpoint options: " + "; ".join(problems),
+                hint="see docs/checkpoint.md for the options",
+            )
 
     @property
     def memory_dir(self) -> Path | None:
         return memory_tier_dir(self.job_id, self.memory_root) if self.job_id else None
 
 
-def resolve_config(directory: str | os.PathLike[str] | None = None, *,
-                   environ: Mapping[str, str] | None = None, memory: bool | None = None,
-                   job_id: str | None = None, **options: object) -> CheckpointConfig:
+def resolve_config(
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    memory: bool | None = None,
+    job_id: str | None = None,
+    **options: object,
+) -> CheckpointConfig:
     """Build the config from arguments and the FTRUN_* environment (read here, once)."""
     env = os.environ if environ is None else environ
     if directory is not None:
@@ -95,11 +104,12 @@ def resolve_config(directory: str | os.PathLike[str] | None = None, *,
     else:
         job = job_id or env.get(envcontract.JOB_ID) or None
         if memory is True and job is None:
-            raise CheckpointDirError("the memory tier needs a job id",
-                                     hint="run under `ftrun launch` or pass job_id=...")
-    return CheckpointConfig(directory=chosen.absolute(), job_id=job,
-                            generation=_generation(env),
-                            **options)  # type: ignore[arg-type]
+            raise CheckpointDirError(
+                "the memory tier needs a job id", hint="run under `ftrun launch` or pass job_id=..."
+            )
+    return CheckpointConfig(
+        directory=chosen.absolute(), job_id=job, generation=_generation(env), **options
+    )  # type: ignore[arg-type]
 
 
 def _generation(env: Mapping[str, str]) -> int:

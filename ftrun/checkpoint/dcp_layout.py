@@ -41,8 +41,8 @@ class StoragePlan:
     """This rank's share of a persist: which tensors go where in its data file."""
 
     signature: str
-    items: list[tuple[str, int, int]]   # (key, file offset, nbytes)
-    metadata: bytes | None              # rank 0: the pickled DCP Metadata for every rank's files
+    items: list[tuple[str, int, int]]  # (key, file offset, nbytes)
+    metadata: bytes | None  # rank 0: the pickled DCP Metadata for every rank's files
 
 
 def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str) -> StoragePlan:
@@ -62,7 +62,9 @@ def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str
                 if item.type == WriteItemType.BYTE_IO or td is None:
                     raise StateError(f"{item.index.fqn}: non-tensor item in a tensor plan")
                 if any(td.chunk.offsets) or tuple(td.chunk.sizes) != tuple(td.size):
-                    raise StateError(f"{item.index.fqn} is sharded; only whole tensors are supported")
+                    raise StateError(
+                        f"{item.index.fqn} is sharded; only whole tensors are supported"
+                    )
                 nbytes = math.prod(td.size) * torch._utils._element_size(td.properties.dtype)
                 offset = (offset + ALIGN - 1) // ALIGN * ALIGN
                 storage_data[item.index] = _StorageInfo(storage.data_file_name(r), offset, nbytes)
@@ -80,7 +82,9 @@ def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str
 class RawReader(FileSystemReader):
     """FileSystemReader for raw tensor bytes (DCP's own writer wraps each tensor in torch.save)."""
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args, **kwargs
+    ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._metadata = metadata
 
@@ -104,17 +108,25 @@ class RawReader(FileSystemReader):
 
     def _read_one(self, base: torch.Tensor, req, planner: LoadPlanner) -> None:
         if req.type == LoadItemType.BYTE_IO:
-            raise StateError(f"{req.storage_index.fqn}: unexpected byte item in an ftrun checkpoint")
+            raise StateError(
+                f"{req.storage_index.fqn}: unexpected byte item in an ftrun checkpoint"
+            )
         info: _StorageInfo = self.storage_data[req.storage_index]
         md = self._metadata.state_dict_metadata[req.storage_index.fqn]
         assert isinstance(md, TensorStorageMetadata)
         chunk = next(c for c in md.chunks if tuple(c.offsets) == tuple(req.storage_index.offset))
-        src = base[info.offset:info.offset + info.length].view(md.properties.dtype).view(chunk.sizes)
+        src = (
+            base[info.offset : info.offset + info.length]
+            .view(md.properties.dtype)
+            .view(chunk.sizes)
+        )
         src = narrow_tensor_by_index(src, req.storage_offsets, req.lengths)
         target = planner.resolve_tensor(req).detach()
         if target.size() != src.size():
-            raise StateError(f"{req.storage_index.fqn}: checkpoint has shape {tuple(src.size())}, "
-                             f"the model has {tuple(target.size())}")
+            raise StateError(
+                f"{req.storage_index.fqn}: checkpoint has shape {tuple(src.size())}, "
+                f"the model has {tuple(target.size())}"
+            )
         target.copy_(src)
         planner.commit_tensor(req, target)
 
@@ -124,13 +136,18 @@ def load_storage(path: Path, tensors: dict[str, torch.Tensor], *, comm: Comm) ->
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(tensors, storage_reader=RawReader(os.fspath(path)),
-                     planner=DefaultLoadPlanner(flatten_state_dict=False,
-                                                flatten_sharded_tensors=False),
-                     process_group=comm.group, no_dist=not comm.distributed)
+            dcp.load(
+                tensors,
+                storage_reader=RawReader(os.fspath(path)),
+                planner=DefaultLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False),
+                process_group=comm.group,
+                no_dist=not comm.distributed,
+            )
     except dcp.api.CheckpointException as exc:
-        raise StateError(f"cannot load {path}: {_first_failure(exc)}",
-                         hint="the model's parameter names or shapes differ from the checkpoint's") from None
+        raise StateError(
+            f"cannot load {path}: {_first_failure(exc)}",
+            hint="the model's parameter names or shapes differ from the checkpoint's",
+        ) from None
 
 
 def _first_failure(exc: Exception) -> str:

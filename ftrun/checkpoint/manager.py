@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 
-from ftrun.checkpoint import dcp_layout, restore as restore_mod, slots, storage
-from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
+from ftrun.checkpoint import dcp_layout, slots, storage
+from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.persist_client import PersistClient, persist_message
 from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
+from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
 from ftrun.checkpoint.state import apply, flatten, pickle_objects, storage_key
 
 
@@ -44,10 +45,10 @@ class Stats:
     """Counters for benchmarks and logs (seconds are wall time in the training thread)."""
 
     saves: int = 0
-    save_s: float = 0.0            # inside save()
-    blocked_s: float = 0.0         # inside wait_snapshot() (optimizer pre-step hook, next save)
-    persists: int = 0              # persists started
-    persisted: int = 0             # persists this rank finished (rank 0: committed)
+    save_s: float = 0.0  # inside save()
+    blocked_s: float = 0.0  # inside wait_snapshot() (optimizer pre-step hook, next save)
+    persists: int = 0  # persists started
+    persisted: int = 0  # persists this rank finished (rank 0: committed)
     persist_failures: int = 0
     last_persisted_step: int | None = None
 
@@ -55,17 +56,22 @@ class Stats:
 class Manager:
     """Checkpoints for one training run; see docs/checkpoint.md.
 
-        mgr = Manager()                       # $FTRUN_JOB_DIR/checkpoints, or ./checkpoints
-        state = {"train": TrainState(model, opt), "data": PerRank(loader)}
-        start = mgr.restore(state)            # 0 when there is no checkpoint
-        for step in range(start + 1, steps + 1):
-            ...; opt.step()
-            mgr.save(step, state)
-        mgr.close()
+    mgr = Manager()                       # $FTRUN_JOB_DIR/checkpoints, or ./checkpoints
+    state = {"train": TrainState(model, opt), "data": PerRank(loader)}
+    start = mgr.restore(state)            # 0 when there is no checkpoint
+    for step in range(start + 1, steps + 1):
+        ...; opt.step()
+        mgr.save(step, state)
+    mgr.close()
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, *,
-                 config: CheckpointConfig | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        config: CheckpointConfig | None = None,
+        **options: Any,
+    ) -> None:
         self.config = config or resolve_config(directory, **options)
         self._closed = True  # until fully constructed
         storage.prepare_directory(self.config.directory)
@@ -73,8 +79,12 @@ class Manager:
         rank, world = self._comm.rank, self._comm.world
         self._nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
         mem = self.config.memory_dir
-        self._tier = slots.MemoryTier(directory=mem / f"rank{rank}" if mem else None,
-                                      slots=self.config.memory_slots, rank=rank, world_size=world)
+        self._tier = slots.MemoryTier(
+            directory=mem / f"rank{rank}" if mem else None,
+            slots=self.config.memory_slots,
+            rank=rank,
+            world_size=world,
+        )
         self._cond = threading.Condition()
         self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
         self._job: SnapshotJob | None = None
@@ -87,8 +97,9 @@ class Manager:
         self.stats = Stats()
         self._snapshotter = Snapshotter(timeout_s=self.config.snapshot_timeout)
         try:
-            self._client = PersistClient(priority=self.config.persist_priority,
-                                         on_message=self._on_worker)
+            self._client = PersistClient(
+                priority=self.config.persist_priority, on_message=self._on_worker
+            )
         except BaseException:
             self._snapshotter.close(timeout=10.0)
             self._tier.close()
@@ -120,12 +131,15 @@ class Manager:
         flat = flatten(state)
         self.attach(*flat.optimizers())
         restored, objects, slot_index = restore_mod.restore(
-            flat, comm=self._comm, tier=self._tier, config=self.config)
+            flat, comm=self._comm, tier=self._tier, config=self.config
+        )
         apply(flat, objects)
         with self._cond:
             self._slots.restored(self._tier.keep_until(restored.step), latest=slot_index)
             self._touched_slots = True
-        size = slots.layout([(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors])[1]  # type: ignore[misc]
+        size = slots.layout([(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors])[
+            1
+        ]  # type: ignore[misc]
         self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
         self._snapshotter.submit(self._job)  # ready the buffers while training starts
         self.restored = restored
@@ -154,7 +168,11 @@ class Manager:
         persist = False
         if step % self.config.persist_every == 0:
             busy, replan = self._comm.max_ints(
-                [int(self._slots.persisting), int(self._plan is None or self._plan.signature != sig)])
+                [
+                    int(self._slots.persisting),
+                    int(self._plan is None or self._plan.signature != sig),
+                ]
+            )
             persist = not busy
             if persist and replan:
                 self._plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)  # type: ignore[arg-type]
@@ -169,22 +187,57 @@ class Manager:
                 self._last_persist_started = step
                 self.stats.persists += 1
         small = self.config.small_tensor_bytes
-        copies = [(t.clone() if e.nbytes <= small else t, e) for (_, t), e in zip(keyed, entries)]
-        finish = partial(self._snapshot_done, step, index, sig, entries, objects, size,
-                         self._plan if persist else None)
-        others = [s for s in self._tier.slots if s.index != index and (s.size < size or not s.populated)]
-        self._job = SnapshotJob(step, self._tier.slots[index], size, copies, finish,  # type: ignore[arg-type]
-                                prepare=others, on_failure=partial(self._snapshot_failed, index))
+        copies = [
+            (t.clone() if e.nbytes <= small else t, e)
+            for (_, t), e in zip(keyed, entries, strict=True)
+        ]
+        finish = partial(
+            self._snapshot_done,
+            step,
+            index,
+            sig,
+            entries,
+            objects,
+            size,
+            self._plan if persist else None,
+        )
+        others = [
+            s for s in self._tier.slots if s.index != index and (s.size < size or not s.populated)
+        ]
+        self._job = SnapshotJob(
+            step,
+            self._tier.slots[index],
+            size,
+            copies,
+            finish,  # type: ignore[arg-type]
+            prepare=others,
+            on_failure=partial(self._snapshot_failed, index),
+        )
         self._snapshotter.submit(self._job)
         self._last_saved = step
         self.stats.saves += 1
         self.stats.save_s += time.perf_counter() - t0
 
-    def _snapshot_done(self, step: int, index: int, sig: str, entries: list[slots.TensorEntry],
-                       objects: bytes, size: int, plan: dcp_layout.StoragePlan | None) -> None:
+    def _snapshot_done(
+        self,
+        step: int,
+        index: int,
+        sig: str,
+        entries: list[slots.TensorEntry],
+        objects: bytes,
+        size: int,
+        plan: dcp_layout.StoragePlan | None,
+    ) -> None:
         """Runs on the snapshot thread once the copy is complete."""
-        self._tier.commit(index, step=step, generation=self.config.generation, sig=sig,
-                          entries=entries, objects=objects, data_size=size)
+        self._tier.commit(
+            index,
+            step=step,
+            generation=self.config.generation,
+            sig=sig,
+            entries=entries,
+            objects=objects,
+            data_size=size,
+        )
         with self._cond:
             send = self._slots.filled(index, step)
         if send:
@@ -200,12 +253,27 @@ class Manager:
                 self._slots.copy_failed(index)
             self._cond.notify_all()
 
-    def _send_persist(self, step: int, index: int, entries: list[slots.TensorEntry],
-                      objects: bytes, plan: dcp_layout.StoragePlan) -> None:
-        self._client.send(persist_message(
-            step=step, rank=self.rank, world_size=self.world_size,
-            slot_path=self._tier.slots[index].path, entries=entries, objects=objects, plan=plan,
-            config=self.config, nonce=self._nonce))
+    def _send_persist(
+        self,
+        step: int,
+        index: int,
+        entries: list[slots.TensorEntry],
+        objects: bytes,
+        plan: dcp_layout.StoragePlan,
+    ) -> None:
+        self._client.send(
+            persist_message(
+                step=step,
+                rank=self.rank,
+                world_size=self.world_size,
+                slot_path=self._tier.slots[index].path,
+                entries=entries,
+                objects=objects,
+                plan=plan,
+                config=self.config,
+                nonce=self._nonce,
+            )
+        )
 
     def _on_worker(self, msg: dict[str, Any]) -> None:
         """Runs on the reply-reader thread."""
@@ -239,13 +307,17 @@ class Manager:
             finished = job.help(limit)  # copy the remaining chunks here rather than idle
             self.stats.blocked_s += time.perf_counter() - t0
             if not finished:
-                raise CheckpointError(f"the snapshot of step {job.step} did not finish within {limit} s",
-                                      hint="is /dev/shm or memory exhausted? see the rank's log")
+                raise CheckpointError(
+                    f"the snapshot of step {job.step} did not finish within {limit} s",
+                    hint="is /dev/shm or memory exhausted? see the rank's log",
+                )
         if job.error is not None:
             self._job = None
             if isinstance(job.error, CheckpointError):
                 raise job.error
-            raise CheckpointError(f"the snapshot of step {job.step} failed: {job.error!r}") from job.error
+            raise CheckpointError(
+                f"the snapshot of step {job.step} failed: {job.error!r}"
+            ) from job.error
 
     def _wait_done(self) -> None:
         """The copy is done and so is its bookkeeping (manifest, persist command): ms later."""
@@ -256,13 +328,17 @@ class Manager:
                 raise CheckpointError(f"the snapshot of step {job.step} did not commit in time")
             self._job = None
             if job.error is not None:
-                raise CheckpointError(f"the snapshot of step {job.step} failed: {job.error!r}") from job.error
+                raise CheckpointError(
+                    f"the snapshot of step {job.step} failed: {job.error!r}"
+                ) from job.error
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the snapshot buffers are allocated and faulted in (done in the background
         after restore() and the first save(); a benchmark calls this to leave warm-up out)."""
         self._wait_done()
-        return self._snapshotter.wait_idle(self.config.snapshot_timeout if timeout is None else timeout)
+        return self._snapshotter.wait_idle(
+            self.config.snapshot_timeout if timeout is None else timeout
+        )
 
     def wait_persist(self, timeout: float | None = None) -> bool:
         """Wait until no persist is in flight on this rank; False on timeout."""
@@ -276,7 +352,8 @@ class Manager:
         for opt in optimizers:
             if id(opt) not in self._hooks:
                 self._hooks[id(opt)] = opt.register_step_pre_hook(
-                    lambda _opt, _args, _kwargs: self.wait_snapshot())
+                    lambda _opt, _args, _kwargs: self.wait_snapshot()
+                )
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -289,15 +366,23 @@ class Manager:
             self._wait_done()
             if persist_last:
                 # Agreed by all ranks, so that they all take part in the same collectives.
-                need, gone = self._comm.max_ints([
-                    int(self._last_saved is not None and self._last_saved != self._last_persist_started),
-                    int(self._slots.worker_gone)])
+                need, gone = self._comm.max_ints(
+                    [
+                        int(
+                            self._last_saved is not None
+                            and self._last_saved != self._last_persist_started
+                        ),
+                        int(self._slots.worker_gone),
+                    ]
+                )
                 if need and not gone:
                     # Past this point every rank's worker is idle, or no rank persists.
-                    busy, = self._comm.max_ints([int(not self.wait_persist(limit))])
+                    (busy,) = self._comm.max_ints([int(not self.wait_persist(limit))])
                     if busy:
-                        restore_mod.warn(f"step {self._last_saved} is not persisted: a persist "
-                                         f"was still in flight after {limit} s")
+                        restore_mod.warn(
+                            f"step {self._last_saved} is not persisted: a persist "
+                            f"was still in flight after {limit} s"
+                        )
                     else:
                         self._persist_latest()
             if not self.wait_persist(limit):
@@ -343,5 +428,6 @@ class Manager:
 
 
 def _worker_died() -> CheckpointError:
-    return CheckpointError("the checkpoint persist worker died",
-                           hint="see this rank's log for its error")
+    return CheckpointError(
+        "the checkpoint persist worker died", hint="see this rank's log for its error"
+    )

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ftrun
-
 from ftrun.checkpoint import storage
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.worker import encode_frame, read_frame
@@ -33,9 +32,18 @@ if TYPE_CHECKING:
     from ftrun.checkpoint.slots import TensorEntry
 
 
-def persist_message(*, step: int, rank: int, world_size: int, slot_path: str,
-                    entries: Sequence[TensorEntry], objects: bytes, plan: StoragePlan,
-                    config: CheckpointConfig, nonce: str) -> dict[str, Any]:
+def persist_message(
+    *,
+    step: int,
+    rank: int,
+    world_size: int,
+    slot_path: str,
+    entries: Sequence[TensorEntry],
+    objects: bytes,
+    plan: StoragePlan,
+    config: CheckpointConfig,
+    nonce: str,
+) -> dict[str, Any]:
     """The "persist" command for the snapshot of `step` in the slot at `slot_path`.
 
     The worker copies this rank's share of the tensors (`plan.items`, located in the slot through
@@ -47,17 +55,26 @@ def persist_message(*, step: int, rank: int, world_size: int, slot_path: str,
     directory = config.directory
     commit = None
     if rank == 0:
-        commit = {"world_size": world_size, "metadata": plan.metadata,
-                  "final_dir": str(directory / storage.step_dir_name(step)),
-                  "keep": config.keep, "timeout": config.persist_timeout,
-                  "job_id": config.job_id}
+        commit = {
+            "world_size": world_size,
+            "metadata": plan.metadata,
+            "final_dir": str(directory / storage.step_dir_name(step)),
+            "keep": config.keep,
+            "timeout": config.persist_timeout,
+            "job_id": config.job_id,
+        }
     return {
-        "op": "persist", "step": step, "generation": config.generation,
-        "rank": rank, "slot_path": slot_path,
+        "op": "persist",
+        "step": step,
+        "generation": config.generation,
+        "rank": rank,
+        "slot_path": slot_path,
         "tmp_dir": str(directory / storage.tmp_dir_name(step, config.generation, nonce)),
         "files": [{"name": storage.data_file_name(rank), "items": items}],
-        "objects": objects, "commit": commit,
-        "bandwidth": config.persist_bandwidth * 1e6}
+        "objects": objects,
+        "commit": commit,
+        "bandwidth": config.persist_bandwidth * 1e6,
+    }
 
 
 class PersistClient:
@@ -73,9 +90,22 @@ class PersistClient:
         env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ftrun.checkpoint.worker", "--reply-fd", str(write_fd),
-                 "--parent", str(os.getpid()), "--priority", priority],
-                stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, env=env)
+                [
+                    sys.executable,
+                    "-m",
+                    "ftrun.checkpoint.worker",
+                    "--reply-fd",
+                    str(write_fd),
+                    "--parent",
+                    str(os.getpid()),
+                    "--priority",
+                    priority,
+                ],
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                close_fds=True,
+                env=env,
+            )
         finally:
             os.close(write_fd)
         self._replies = os.fdopen(read_fd, "rb", buffering=0)
@@ -98,8 +128,10 @@ class PersistClient:
                 self.proc.stdin.write(data)
                 self.proc.stdin.flush()
             except (BrokenPipeError, OSError) as exc:
-                raise CheckpointError(f"the checkpoint persist worker died (exit {self.proc.poll()})",
-                                      hint="see the rank's log for its error") from exc
+                raise CheckpointError(
+                    f"the checkpoint persist worker died (exit {self.proc.poll()})",
+                    hint="see the rank's log for its error",
+                ) from exc
 
     def close(self, timeout_s: float) -> None:
         """Ask it to exit; after timeout_s, kill it. Idempotent."""

@@ -47,14 +47,18 @@ def warn(message: str) -> None:
     print(f"ftrun-checkpoint: warning: {message}", file=sys.stderr, flush=True)
 
 
-def restore(flat: Flat, *, comm: Comm, tier: slots.MemoryTier,
-            config: CheckpointConfig) -> tuple[Restored, dict[str, Any], int | None]:
+def restore(
+    flat: Flat, *, comm: Comm, tier: slots.MemoryTier, config: CheckpointConfig
+) -> tuple[Restored, dict[str, Any], int | None]:
     """Returns (what was restored, the loaded objects, the memory slot used or None)."""
     keyed = [(storage_key(leaf, comm.rank), leaf) for leaf in flat.tensors]
     entries, _ = slots.layout([(key, leaf.tensor) for key, leaf in keyed])  # type: ignore[misc]
     sig = slots.signature(entries, comm.world)
-    held = ({(tier.states[i].step, tier.states[i].generation): i for i in tier.scan(sig)}
-            if tier.persistent else {})
+    held = (
+        {(tier.states[i].step, tier.states[i].generation): i for i in tier.scan(sig)}
+        if tier.persistent
+        else {}
+    )
     every = [{tuple(key) for key in keys} for keys in comm.all_gather(sorted(held))]
     common = set.intersection(*every)
     best_key = max(common) if common else None  # the newest step, then the newest generation
@@ -63,15 +67,17 @@ def restore(flat: Flat, *, comm: Comm, tier: slots.MemoryTier,
     listing = None
     if comm.rank == 0:
         good, bad = storage.list_candidates(config.directory)
-        listing = ([(c.step, str(c.path), c.manifest) for c in good],
-                   [f"{path} is not a valid checkpoint ({why}): skipped" for path, why in bad])
+        listing = (
+            [(c.step, str(c.path), c.manifest) for c in good],
+            [f"{path} is not a valid checkpoint ({why}): skipped" for path, why in bad],
+        )
     candidates, skipped = comm.broadcast(listing)
     skipped = list(skipped)
 
     for step, path, manifest in candidates:
         if best_mem is not None and step <= best_mem:
             break
-        mine = sorted(manifest["files"])[comm.rank::comm.world]
+        mine = sorted(manifest["files"])[comm.rank :: comm.world]
         reason = storage.verify_files(Path(path), manifest, mine, full=config.verify == "full")
         reasons = [r for r in comm.all_gather(reason) if r]
         if not reasons:
@@ -88,12 +94,14 @@ def restore(flat: Flat, *, comm: Comm, tier: slots.MemoryTier,
         raise CheckpointError(
             f"no valid checkpoint in {config.directory}: {len(skipped)} found, none loads",
             hint="see the warnings above; move the broken step-* directories away to start fresh",
-            data={"skipped": skipped})
+            data={"skipped": skipped},
+        )
     return _done(Restored(0, NONE, None, tuple(skipped)), comm), {}, None
 
 
-def _load_memory(flat: Flat, keyed: list, tier: slots.MemoryTier, index: int,
-                 comm: Comm) -> dict[str, Any]:
+def _load_memory(
+    flat: Flat, keyed: list, tier: slots.MemoryTier, index: int, comm: Comm
+) -> dict[str, Any]:
     slot, state = tier.slots[index], tier.states[index]
     error = None
     try:
@@ -106,13 +114,16 @@ def _load_memory(flat: Flat, keyed: list, tier: slots.MemoryTier, index: int,
         error = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
     errors = [e for e in comm.all_gather(error) if e]
     if errors:
-        raise CheckpointError(f"loading the memory snapshot failed: {errors[0]}",
-                              hint=f"delete {tier.directory} to restore from storage instead")
+        raise CheckpointError(
+            f"loading the memory snapshot failed: {errors[0]}",
+            hint=f"delete {tier.directory} to restore from storage instead",
+        )
     return {**saved["global"], **saved["local"]}
 
 
-def _load_storage(flat: Flat, keyed: list, path: Path, manifest: dict[str, Any], comm: Comm,
-                  skipped: list[str]) -> dict[str, Any]:
+def _load_storage(
+    flat: Flat, keyed: list, path: Path, manifest: dict[str, Any], comm: Comm, skipped: list[str]
+) -> dict[str, Any]:
     same_world = manifest["world_size"] == comm.world
     tensors = {key: leaf.tensor for key, leaf in keyed if same_world or not leaf.local}
     dcp_layout.load_storage(path, tensors, comm=comm)
@@ -128,12 +139,16 @@ def _load_storage(flat: Flat, keyed: list, path: Path, manifest: dict[str, Any],
         if r == comm.rank and same_world:
             local = saved["local"]
     if not same_world and comm.rank == 0:
-        warn(f"{path} was saved by {manifest['world_size']} ranks, now {comm.world}: per-rank "
-             "state (RNG, PerRank entries) starts fresh")
+        warn(
+            f"{path} was saved by {manifest['world_size']} ranks, now {comm.world}: per-rank "
+            "state (RNG, PerRank entries) starts fresh"
+        )
     missing = [leaf.key for leaf in flat.objects if not leaf.local and leaf.key not in merged]
     if missing:
-        raise StateError(f"{path} lacks {len(missing)} value(s) the state has, e.g. {missing[0]!r}",
-                         hint="the state passed to restore() must match the one saved")
+        raise StateError(
+            f"{path} lacks {len(missing)} value(s) the state has, e.g. {missing[0]!r}",
+            hint="the state passed to restore() must match the one saved",
+        )
     return {**merged, **local}
 
 

@@ -46,12 +46,12 @@ from collections.abc import Sequence
 
 
 class SlotPhase(enum.Enum):
-    EMPTY = "empty"                     # no valid snapshot: never written, dropped, or failed
-    COPYING = "copying"                 # a snapshot copy into it is in progress
-    COPYING_PINNED = "copying-pinned"   # ... and the worker persists it once the copy is complete
-    HELD = "held"                       # a complete snapshot (may be overwritten by a save)
-    PINNED = "pinned"                   # a complete snapshot the worker is reading
-    PINNED_STALE = "pinned-stale"       # the worker is reading it, but a restore dropped it
+    EMPTY = "empty"  # no valid snapshot: never written, dropped, or failed
+    COPYING = "copying"  # a snapshot copy into it is in progress
+    COPYING_PINNED = "copying-pinned"  # ... and the worker persists it once the copy is complete
+    HELD = "held"  # a complete snapshot (may be overwritten by a save)
+    PINNED = "pinned"  # a complete snapshot the worker is reading
+    PINNED_STALE = "pinned-stale"  # the worker is reading it, but a restore dropped it
 
 
 class PersistPhase(enum.Enum):
@@ -133,7 +133,9 @@ def next_persist_phase(phase: PersistPhase, event: Event) -> PersistPhase:
     try:
         return PERSIST_TRANSITIONS[phase, event]
     except KeyError:
-        raise InvalidTransition(f"persist: {event.value} is not allowed when {phase.value}") from None
+        raise InvalidTransition(
+            f"persist: {event.value} is not allowed when {phase.value}"
+        ) from None
 
 
 class SlotTable:
@@ -190,8 +192,11 @@ class SlotTable:
         """
         if persist:
             next_persist_phase(self._persist, Event.RESERVE)  # refuse before changing anything
-        free = [i for i, phase in enumerate(self._phases)
-                if i != self._latest and phase in (SlotPhase.EMPTY, SlotPhase.HELD)]
+        free = [
+            i
+            for i, phase in enumerate(self._phases)
+            if i != self._latest and phase in (SlotPhase.EMPTY, SlotPhase.HELD)
+        ]
         if free:
             index = min(free, key=self._age)
         elif self._latest is not None:
@@ -258,20 +263,28 @@ class SlotTable:
         """restore(): the memory tier now holds `steps` (None: nothing valid) per slot. `latest`
         is the slot restore() loaded from, if any; otherwise the slot with the newest step."""
         if len(steps) != len(self._phases):
-            raise InvalidTransition(f"restore reported {len(steps)} slots, the table has "
-                                    f"{len(self._phases)}")
+            raise InvalidTransition(
+                f"restore reported {len(steps)} slots, the table has {len(self._phases)}"
+            )
         if any(phase in COPYING_PHASES for phase in self._phases):
             raise InvalidTransition(f"restore while a snapshot copy runs: {self._describe()}")
         if latest is not None and steps[latest] is None:
             raise InvalidTransition(f"restore loaded slot {latest}, which holds no snapshot")
-        phases = [next_slot_phase(phase, Event.DROP if step is None else Event.LOAD)
-                  for phase, step in zip(self._phases, steps)]  # all or nothing
+        phases = [
+            next_slot_phase(phase, Event.DROP if step is None else Event.LOAD)
+            for phase, step in zip(self._phases, steps, strict=True)
+        ]  # all or nothing
         self._phases = phases
-        self._steps = [step if phase in _WITH_SNAPSHOT else None
-                       for phase, step in zip(phases, steps)]
+        self._steps = [
+            step if phase in _WITH_SNAPSHOT else None
+            for phase, step in zip(phases, steps, strict=True)
+        ]
         held = [i for i, step in enumerate(self._steps) if step is not None]
-        self._latest = latest if latest is not None else max(
-            held, key=lambda i: self._steps[i] or 0, default=None)
+        self._latest = (
+            latest
+            if latest is not None
+            else max(held, key=lambda i: self._steps[i] or 0, default=None)
+        )
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -51,8 +51,9 @@ def layout(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[TensorEntry], 
     for key, t in tensors:
         offset = (offset + ALIGN - 1) // ALIGN * ALIGN
         nbytes = t.numel() * t.element_size()
-        entries.append(TensorEntry(key, str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                   offset, nbytes))
+        entries.append(
+            TensorEntry(key, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes)
+        )
         offset += nbytes
     return entries, (offset + ALIGN - 1) // ALIGN * ALIGN  # the padded tail of the last one too
 
@@ -92,8 +93,9 @@ class Slot:
     def _map(self) -> None:
         self.populated = False
         if self.size:
-            self.mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE)
+            self.mm = mmap.mmap(
+                self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
             self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
 
     def populate(self) -> None:
@@ -127,13 +129,14 @@ class Slot:
             raise CheckpointError(
                 f"cannot reserve {nbytes / 2**30:.2f} GiB for a checkpoint snapshot in {where}: "
                 f"{os.strerror(exc.errno or errno.ENOSPC)}",
-                hint="free memory, enlarge /dev/shm, or checkpoint less state per rank") from exc
+                hint="free memory, enlarge /dev/shm, or checkpoint less state per rank",
+            ) from exc
         self.size = os.fstat(self.fd).st_size
         self._map()
 
     def view(self, entry: TensorEntry) -> torch.Tensor:
         assert self.base is not None
-        raw = self.base[entry.offset:entry.offset + entry.nbytes]
+        raw = self.base[entry.offset : entry.offset + entry.nbytes]
         return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
 
     def close(self) -> None:
@@ -145,7 +148,7 @@ class Slot:
 class SlotState:
     """What a slot holds, as far as this process knows."""
 
-    step: int | None = None        # None: invalid (being written, or never written)
+    step: int | None = None  # None: invalid (being written, or never written)
     generation: int = 0
     entries: list[TensorEntry] = field(default_factory=list)
     objects: bytes = b""
@@ -169,7 +172,7 @@ class MemoryTier:
     def scan(self, sig: str) -> list[int]:
         """Load manifests of valid snapshots that match layout `sig`; returns their slot indexes."""
         found = []
-        for slot, state in zip(self.slots, self.states):
+        for slot, state in zip(self.slots, self.states, strict=True):
             if slot.manifest_path is None or slot.objects_path is None:
                 continue
             try:
@@ -177,12 +180,18 @@ class MemoryTier:
                 if body.get("format") != MEMORY_FORMAT:
                     raise storage.Invalid("unknown format")
                 if (body["rank"], body["world_size"], body["signature"]) != (
-                        self.rank, self.world_size, sig):
+                    self.rank,
+                    self.world_size,
+                    sig,
+                ):
                     raise storage.Invalid("different layout")
                 if os.fstat(slot.fd).st_size < body["data_size"]:
                     raise storage.Invalid("data file is short")
                 objects = slot.objects_path.read_bytes()
-                if len(objects) != body["objects_size"] or zlib.crc32(objects) != body["objects_crc32"]:
+                if (
+                    len(objects) != body["objects_size"]
+                    or zlib.crc32(objects) != body["objects_crc32"]
+                ):
                     raise storage.Invalid("objects file does not match")
             except (storage.Invalid, OSError, KeyError):
                 continue
@@ -217,18 +226,38 @@ class MemoryTier:
             except FileNotFoundError:
                 pass
 
-    def commit(self, index: int, *, step: int, generation: int, sig: str,
-               entries: list[TensorEntry], objects: bytes, data_size: int) -> None:
+    def commit(
+        self,
+        index: int,
+        *,
+        step: int,
+        generation: int,
+        sig: str,
+        entries: list[TensorEntry],
+        objects: bytes,
+        data_size: int,
+    ) -> None:
         slot = self.slots[index]
         if slot.manifest_path is not None and slot.objects_path is not None:
             storage.write_file(slot.objects_path, objects, sync=False)
-            storage.write_json_atomic(slot.manifest_path, {
-                "format": MEMORY_FORMAT, "step": step, "generation": generation,
-                "rank": self.rank, "world_size": self.world_size, "signature": sig,
-                "data_size": data_size, "objects_size": len(objects),
-                "objects_crc32": zlib.crc32(objects),
-                "tensors": [[e.key, e.dtype, list(e.shape), e.offset, e.nbytes] for e in entries],
-            }, sync=False)
+            storage.write_json_atomic(
+                slot.manifest_path,
+                {
+                    "format": MEMORY_FORMAT,
+                    "step": step,
+                    "generation": generation,
+                    "rank": self.rank,
+                    "world_size": self.world_size,
+                    "signature": sig,
+                    "data_size": data_size,
+                    "objects_size": len(objects),
+                    "objects_crc32": zlib.crc32(objects),
+                    "tensors": [
+                        [e.key, e.dtype, list(e.shape), e.offset, e.nbytes] for e in entries
+                    ],
+                },
+                sync=False,
+            )
         self.states[index] = SlotState(step, generation, entries, objects)
 
     def close(self) -> None:

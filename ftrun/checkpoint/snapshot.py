@@ -44,10 +44,10 @@ class SnapshotJob:
     finish: Callable[[], None] | None
     prepare: list[Slot] = field(default_factory=list)
     on_failure: Callable[[], None] | None = None
-    copied: threading.Event = field(default_factory=threading.Event)   # state may change now
-    done: threading.Event = field(default_factory=threading.Event)     # finish() ran too
+    copied: threading.Event = field(default_factory=threading.Event)  # state may change now
+    done: threading.Event = field(default_factory=threading.Event)  # finish() ran too
     error: BaseException | None = None
-    _ready: threading.Event = field(default_factory=threading.Event)   # chunks are planned
+    _ready: threading.Event = field(default_factory=threading.Event)  # chunks are planned
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _chunks: list[Callable[[], Any]] = field(default_factory=list)
     _next: int = 0
@@ -161,8 +161,10 @@ class Snapshotter:
                     job.work()
                     # The training thread may still be running the last chunks it took.
                     if not job.copied.wait(self._timeout_s):
-                        raise CheckpointError(f"the snapshot of step {job.step} did not finish "
-                                              f"within {self._timeout_s} s")
+                        raise CheckpointError(
+                            f"the snapshot of step {job.step} did not finish "
+                            f"within {self._timeout_s} s"
+                        )
                 if job.error is None and job.finish is not None:
                     job.finish()
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread

@@ -40,11 +40,15 @@ RNG_KEY = "__rng__"
 class TrainState:
     """A model and its optimizer(s), saved by parameter name (reshardable)."""
 
-    def __init__(self, model: torch.nn.Module,
-                 optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+    ) -> None:
         self.model = model
-        self.optimizers = ([optimizers] if isinstance(optimizers, torch.optim.Optimizer)
-                           else list(optimizers))
+        self.optimizers = (
+            [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
+        )
         self._options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def state_dict(self) -> dict[str, Any]:
@@ -52,8 +56,13 @@ class TrainState:
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizers, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"], options=self._options)
+        set_state_dict(
+            self.model,
+            self.optimizers,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+            options=self._options,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,11 @@ class PerRank:
 
 
 def _is_stateful(value: Any) -> bool:
-    return (not isinstance(value, (torch.Tensor, Mapping))
-            and callable(getattr(value, "state_dict", None))
-            and callable(getattr(value, "load_state_dict", None)))
+    return (
+        not isinstance(value, (torch.Tensor, Mapping))
+        and callable(getattr(value, "state_dict", None))
+        and callable(getattr(value, "load_state_dict", None))
+    )
 
 
 @dataclass
@@ -91,13 +102,17 @@ class Flat:
     roots: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (Stateful, its dict)
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [opt for obj, _ in self.roots if isinstance(obj, TrainState) for opt in obj.optimizers]
+        return [
+            opt for obj, _ in self.roots if isinstance(obj, TrainState) for opt in obj.optimizers
+        ]
 
 
 def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
     if not isinstance(state, Mapping):
-        raise StateError(f"state must be a dict of name -> object, not {type(state).__name__}",
-                         hint="e.g. {'train': ftrun.checkpoint.TrainState(model, optimizer)}")
+        raise StateError(
+            f"state must be a dict of name -> object, not {type(state).__name__}",
+            hint="e.g. {'train': ftrun.checkpoint.TrainState(model, optimizer)}",
+        )
     flat = Flat()
     top: dict[str, Any] = {}
     for name, value in state.items():
@@ -106,9 +121,11 @@ def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
         # restore() puts values back into the containers they came from; a bare top-level value
         # has none the caller can see, so it would silently not be restored.
         if not (_is_stateful(inner) or isinstance(inner, (dict, torch.Tensor))):
-            raise StateError(f"state[{name!r}] is a {type(inner).__name__}; top-level values must "
-                             "be dicts, tensors or objects with state_dict()/load_state_dict()",
-                             hint=f"wrap it in a dict, e.g. {{{name!r}: {{'value': ...}}}}")
+            raise StateError(
+                f"state[{name!r}] is a {type(inner).__name__}; top-level values must "
+                "be dicts, tensors or objects with state_dict()/load_state_dict()",
+                hint=f"wrap it in a dict, e.g. {{{name!r}: {{'value': ...}}}}",
+            )
         top[str(name)] = inner
         _walk(flat, top, str(name), str(name), local)
     if rng:
@@ -131,8 +148,10 @@ def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: boo
             _walk(flat, value, sub, f"{key}.{sub}", local)
     elif isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter:
-            raise StateError(f"{key} is a {type(value).__name__}; only plain tensors are supported",
-                             hint="DTensor/FSDP state is not supported by ftrun.checkpoint yet")
+            raise StateError(
+                f"{key} is a {type(value).__name__}; only plain tensors are supported",
+                hint="DTensor/FSDP state is not supported by ftrun.checkpoint yet",
+            )
         flat.tensors.append(Leaf(key, container, name, local, value.detach()))
     else:
         flat.objects.append(Leaf(key, container, name, local))

@@ -49,14 +49,19 @@ def prepare_directory(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise CheckpointDirError(f"checkpoint directory {path} exists and is not a directory",
-                                 hint="pass another directory") from None
+        raise CheckpointDirError(
+            f"checkpoint directory {path} exists and is not a directory",
+            hint="pass another directory",
+        ) from None
     except OSError as exc:
-        raise CheckpointDirError(f"cannot create checkpoint directory {path}: {exc.strerror}",
-                                 hint="pass a writable directory") from None
+        raise CheckpointDirError(
+            f"cannot create checkpoint directory {path}: {exc.strerror}",
+            hint="pass a writable directory",
+        ) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise CheckpointDirError(f"checkpoint directory {path} is not writable",
-                                 hint="pass a writable directory")
+        raise CheckpointDirError(
+            f"checkpoint directory {path} is not writable", hint="pass a writable directory"
+        )
 
 
 def step_dir_name(step: int) -> str:
@@ -98,7 +103,7 @@ def write_file(path: Path, data: bytes, *, sync: bool = True) -> int:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
     finally:
@@ -186,8 +191,9 @@ def list_candidates(root: Path) -> tuple[list[Candidate], list[tuple[Path, str]]
     return good, bad
 
 
-def verify_files(path: Path, manifest: dict[str, Any], names: Iterable[str], *,
-                 full: bool) -> str | None:
+def verify_files(
+    path: Path, manifest: dict[str, Any], names: Iterable[str], *, full: bool
+) -> str | None:
     """Check the given files against the manifest; None when they match, else the reason."""
     files = manifest["files"]
     for name in names:

@@ -8,13 +8,17 @@ import sys
 import typer
 from rich.markup import escape
 
+from ftrun import envcontract
 from ftrun.cli import chaos, hosts, inspect, launch, status
 from ftrun.cli.render import make_console
 from ftrun.errors import FtrunError
-from ftrun import envcontract
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="A fault-tolerant launcher that wraps torchrun.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="A fault-tolerant launcher that wraps torchrun.",
+)
 
 err_console = make_console(stderr=True)
 
@@ -38,12 +42,13 @@ def main() -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback for users
+    except Exception as e:
         if os.environ.get(envcontract.DEBUG) == "1":
             raise
         err_console.print(f"[bold red]error:[/] internal error: {e.__class__.__name__}: {e}")
-        err_console.print("[dim]hint: run again with FTRUN_DEBUG=1 for the traceback, "
-                          "and report it[/]")
+        err_console.print(
+            "[dim]hint: run again with FTRUN_DEBUG=1 for the traceback, and report it[/]"
+        )
         sys.exit(1)
 
 

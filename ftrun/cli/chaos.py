@@ -8,17 +8,16 @@ given step if asked, so rehearsals and benchmarks are deterministic.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from ftrun import envcontract
+from ftrun.cli.control import ask
 from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
 from ftrun.controller.chaos import ACTIONS
-from ftrun.cli.control import ask
 from ftrun.errors import UsageError
 from ftrun.journal import find_job_dir
-from ftrun import envcontract
 
 console = make_console(stderr=True)
 
@@ -26,18 +25,23 @@ console = make_console(stderr=True)
 def chaos(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     action: str = typer.Argument(..., help=f"One of: {', '.join(ACTIONS)}."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Target rank (kill-rank, hang-rank)."),
-    host: Optional[str] = typer.Option(None, "--host", help="Target host (kill-agent, freeze-agent)."),
-    at_step: Optional[int] = typer.Option(None, "--at-step", help="Wait until this step first."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
-                                           help="Where job directories are [default: ~/.ftrun/runs]."),
+    rank: int | None = typer.Option(None, "--rank", help="Target rank (kill-rank, hang-rank)."),
+    host: str | None = typer.Option(None, "--host", help="Target host (kill-agent, freeze-agent)."),
+    at_step: int | None = typer.Option(None, "--at-step", help="Wait until this step first."),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        envvar=envcontract.RUN_DIR,
+        help="Where job directories are [default: ~/.ftrun/runs].",
+    ),
 ) -> None:
     """Inject a fault: kill-rank, hang-rank (SIGSTOP), kill-agent, freeze-agent (SIGSTOP)."""
     if action not in ACTIONS:
         raise UsageError(f"unknown chaos action {action!r}", hint=f"one of: {', '.join(ACTIONS)}")
     job_dir = find_job_dir(resolve_run_dir(run_dir), job)
-    ok, message = ask(job_dir, "chaos", "chaos_ack", action=action, rank=rank, host=host,
-                      at_step=at_step)
+    ok, message = ask(
+        job_dir, "chaos", "chaos_ack", action=action, rank=rank, host=host, at_step=at_step
+    )
     if not ok:
         raise UsageError(f"chaos refused: {message}", hint=f"`ftrun status {job_dir.name}`")
     console.print(f"ftrun chaos: {message}")

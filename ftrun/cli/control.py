@@ -22,16 +22,19 @@ def ask(job_dir: Path, kind: str, reply_kind: str, **request: Any) -> tuple[bool
     try:
         control = json.loads((job_dir / "control.json").read_text())
     except (OSError, ValueError):
-        raise UsageError(f"job {job_dir.name} is not running",
-                         hint=f"`ftrun status {job_dir.name}`") from None
+        raise UsageError(
+            f"job {job_dir.name} is not running", hint=f"`ftrun status {job_dir.name}`"
+        ) from None
     return asyncio.run(_request(control, kind, reply_kind, request))
 
 
-async def _request(control: dict[str, Any], kind: str, reply_kind: str,
-                   request: dict[str, Any]) -> tuple[bool, str]:
+async def _request(
+    control: dict[str, Any], kind: str, reply_kind: str, request: dict[str, Any]
+) -> tuple[bool, str]:
     try:
-        chan = await open_channel(control["host"], control["port"], control["secret"],
-                                  timeout_s=REPLY_TIMEOUT_S)
+        chan = await open_channel(
+            control["host"], control["port"], control["secret"], timeout_s=REPLY_TIMEOUT_S
+        )
         chan.send("hello", role="chaos")
         chan.send(kind, **request)
         await chan.drain()
@@ -40,5 +43,11 @@ async def _request(control: dict[str, Any], kind: str, reply_kind: str,
             reply = await asyncio.wait_for(chan.receive(), REPLY_TIMEOUT_S)
         chan.close()
         return bool(reply.get("ok")), str(reply.get("message"))
-    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError, KeyError) as e:
+    except (
+        OSError,
+        asyncio.TimeoutError,
+        asyncio.IncompleteReadError,
+        ProtocolError,
+        KeyError,
+    ) as e:
         return False, f"could not reach the controller ({e.__class__.__name__}: {e})"

@@ -8,17 +8,16 @@ the job relaunches without it (a spare takes its place when one is ready).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from ftrun import envcontract
 from ftrun.cli.control import ask
 from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
 from ftrun.errors import UsageError
 from ftrun.hostlist import split_target
 from ftrun.journal import find_job_dir
-from ftrun import envcontract
 
 console = make_console(stderr=True)
 ACTIONS = ("add", "remove")
@@ -28,8 +27,12 @@ def hosts(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     action: str = typer.Argument(..., help="add or remove."),
     host: str = typer.Argument(..., help="The host, as for --hosts: host, user@host[:port]."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
-                                           help="Where job directories are [default: ~/.ftrun/runs]."),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        envvar=envcontract.RUN_DIR,
+        help="Where job directories are [default: ~/.ftrun/runs].",
+    ),
 ) -> None:
     """Add a host to a running job (it grows back or waits as a spare), or remove one."""
     if action not in ACTIONS:
@@ -38,8 +41,10 @@ def hosts(
     job_dir = find_job_dir(resolve_run_dir(run_dir), job)
     ok, message = ask(job_dir, "hosts", "hosts_ack", action=action, host=host)
     if not ok:
-        raise UsageError(f"hosts {action} refused: {message}",
-                         hint=f"`ftrun status {job_dir.name}` shows the job's hosts")
+        raise UsageError(
+            f"hosts {action} refused: {message}",
+            hint=f"`ftrun status {job_dir.name}` shows the job's hosts",
+        )
     console.print(f"ftrun hosts: {message}")
 
 

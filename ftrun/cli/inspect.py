@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.text import Text
 
-from ftrun.cli.render import make_console, clock, print_job, secs
+from ftrun import envcontract
+from ftrun.cli.render import clock, make_console, print_job, secs
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import Incident, JobView, load_job
 from ftrun.journal import find_job_dir
-from ftrun import envcontract
 
 console = make_console()
 STACK_LINES = 12
@@ -22,8 +21,12 @@ STACK_LINES = 12
 def inspect(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
-                                           help="Where job directories are [default: ~/.ftrun/runs]."),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        envvar=envcontract.RUN_DIR,
+        help="Where job directories are [default: ~/.ftrun/runs].",
+    ),
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
     view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
@@ -44,18 +47,27 @@ def inspect(
 def print_timeline(view: JobView) -> None:
     incidents = {i.generation: i for i in view.incidents}
     for g in view.generations:
-        first = f", first step after {secs(g.first_step_t - g.launched_t)}" if g.first_step_t else ""
-        console.print(f"  {clock(g.launched_t)}  generation {g.number} launched on "
-                      f"{', '.join(g.hosts)} ({g.world_size} ranks){first}; "
-                      f"{g.outcome or 'running'}"
-                      + (f" at step {g.last_step}" if g.last_step is not None else ""))
+        first = (
+            f", first step after {secs(g.first_step_t - g.launched_t)}" if g.first_step_t else ""
+        )
+        console.print(
+            f"  {clock(g.launched_t)}  generation {g.number} launched on "
+            f"{', '.join(g.hosts)} ({g.world_size} ranks){first}; "
+            f"{g.outcome or 'running'}"
+            + (f" at step {g.last_step}" if g.last_step is not None else "")
+        )
         inc = incidents.get(g.number)
         if inc is None:
             continue
-        console.print(Text.assemble("    ", (f"incident {inc.id}: {inc.kind}", "bold yellow"),
-                                    f" — {_evidence(inc)} → {inc.tier or '?'}"
-                                    + (f" (injected: {inc.injected})" if inc.injected else "")),
-                      soft_wrap=True)
+        console.print(
+            Text.assemble(
+                "    ",
+                (f"incident {inc.id}: {inc.kind}", "bold yellow"),
+                f" — {_evidence(inc)} → {inc.tier or '?'}"
+                + (f" (injected: {inc.injected})" if inc.injected else ""),
+            ),
+            soft_wrap=True,
+        )
         if inc.reason:
             console.print(f"      decision: {inc.reason}", soft_wrap=True)
         base = inc.fault_t if inc.fault_t is not None else inc.detected_t
@@ -66,15 +78,25 @@ def print_timeline(view: JobView) -> None:
             console.print(f"      {_recovery(inc)}", soft_wrap=True)
         if inc.traceback:
             if inc.traceback_source == "error file":
-                console.print(Text("      traceback from the rank's error file (@record):",
-                                   style="dim"))
+                console.print(
+                    Text("      traceback from the rank's error file (@record):", style="dim")
+                )
             console.print(Text("      " + inc.traceback.replace("\n", "\n      "), style="red"))
         for rank, text in sorted((inc.stacks or {}).items()):
             lines = text.splitlines()
             shown = "\n        ".join(lines[:STACK_LINES])
-            more = f"\n        ... {len(lines) - STACK_LINES} more lines (--json)" if len(lines) > STACK_LINES else ""
-            console.print(Text(f"      stacks of rank {rank} ({(inc.states or {}).get(rank, '?')}):\n"
-                               f"        {shown}{more}", style="dim"))
+            more = (
+                f"\n        ... {len(lines) - STACK_LINES} more lines (--json)"
+                if len(lines) > STACK_LINES
+                else ""
+            )
+            console.print(
+                Text(
+                    f"      stacks of rank {rank} ({(inc.states or {}).get(rank, '?')}):\n"
+                    f"        {shown}{more}",
+                    style="dim",
+                )
+            )
     if view.ended_t:
         console.print(f"  {clock(view.ended_t)}  job {view.state}: {view.reason}", soft_wrap=True)
 
@@ -97,15 +119,22 @@ def _evidence(inc: Incident) -> str:
     if inc.kind == "host-lost":
         return f"host {inc.host}: heartbeat or connection lost"
     if inc.kind == "exit_hang":
-        return (f"rank {inc.clean_rank} exited 0; {who} on {inc.host} was still running "
-                f"{inc.allowance_s:g}s later (--exit-timeout)" + _missing(inc))
+        return (
+            f"rank {inc.clean_rank} exited 0; {who} on {inc.host} was still running "
+            f"{inc.allowance_s:g}s later (--exit-timeout)" + _missing(inc)
+        )
     if inc.kind == "hang" and inc.idle_s is not None:
-        return (f"idle: no CPU and no output for {inc.idle_s:.0f} s on any rank "
-                f"(--idle-timeout; no progress signal)" + _missing(inc))
+        return (
+            f"idle: no CPU and no output for {inc.idle_s:.0f} s on any rank "
+            f"(--idle-timeout; no progress signal)" + _missing(inc)
+        )
     if inc.kind == "hang":
         where = f" in section {inc.section!r}" if inc.section else ""
-        past = (f", detected {inc.past_allowance_s:.2f}s past its {inc.allowance_s:.1f}s allowance"
-                if inc.past_allowance_s is not None and inc.allowance_s is not None else "")
+        past = (
+            f", detected {inc.past_allowance_s:.2f}s past its {inc.allowance_s:.1f}s allowance"
+            if inc.past_allowance_s is not None and inc.allowance_s is not None
+            else ""
+        )
         return f"{who} on {inc.host} made no progress{where}{past}"
     how = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
     return f"{who} on {inc.host}, {how}" + (f": {inc.exception}" if inc.exception else "")

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ftrun.jobview import Incident, JobView
 
+
 def make_console(*, stderr: bool = False) -> Console:
     """A console that wraps at the terminal's width, or at 160 columns when piped (rich's
     default of 80 would fold the tables)."""
@@ -70,39 +71,77 @@ def jobs_table(views: list[JobView]) -> Table:
         table.add_column(col)
     now = time.time()
     for v in views:
-        table.add_row(v.job_id, v.name, state_text(v.state), str(v.generation), str(v.restarts),
-                      "-" if v.step is None else str(v.step), age(v.age_s(now)))
+        table.add_row(
+            v.job_id,
+            v.name,
+            state_text(v.state),
+            str(v.generation),
+            str(v.restarts),
+            "-" if v.step is None else str(v.step),
+            age(v.age_s(now)),
+        )
     return table
 
 
 def incidents_table(incidents: list[Incident]) -> Table:
     table = Table(box=None, header_style="bold")
-    for col in ("#", "GEN", "KIND", "TIER", "HOST", "RANK", "EVIDENCE", "DETECTED", "RECOVERED",
-                "LOST STEPS"):
+    for col in (
+        "#",
+        "GEN",
+        "KIND",
+        "TIER",
+        "HOST",
+        "RANK",
+        "EVIDENCE",
+        "DETECTED",
+        "RECOVERED",
+        "LOST STEPS",
+    ):
         table.add_column(col)
     for i in incidents:
-        evidence = f"signal {i.signal}" if i.signal else (
-            f"exit {i.exit_code}" if i.exit_code is not None else (i.reason or ""))
-        table.add_row(str(i.id), str(i.generation), i.kind, i.tier or "-", i.host or "-",
-                      "-" if i.rank is None else str(i.rank), evidence, secs(i.detected_s),
-                      secs(i.recovered_s), "-" if i.lost_steps is None else str(i.lost_steps))
+        evidence = (
+            f"signal {i.signal}"
+            if i.signal
+            else (f"exit {i.exit_code}" if i.exit_code is not None else (i.reason or ""))
+        )
+        table.add_row(
+            str(i.id),
+            str(i.generation),
+            i.kind,
+            i.tier or "-",
+            i.host or "-",
+            "-" if i.rank is None else str(i.rank),
+            evidence,
+            secs(i.detected_s),
+            secs(i.recovered_s),
+            "-" if i.lost_steps is None else str(i.lost_steps),
+        )
     return table
 
 
 def print_job(console: Console, v: JobView) -> None:
-    console.print(Text.assemble(("job ", "bold"), (v.job_id, "bold"), "  ", state_text(v.state),
-                                f"  name={v.name}  generation={v.generation}  "
-                                f"restarts={v.restarts}  step={'-' if v.step is None else v.step}"))
+    console.print(
+        Text.assemble(
+            ("job ", "bold"),
+            (v.job_id, "bold"),
+            "  ",
+            state_text(v.state),
+            f"  name={v.name}  generation={v.generation}  "
+            f"restarts={v.restarts}  step={'-' if v.step is None else v.step}",
+        )
+    )
     if v.reason:
         console.print(f"reason: {v.reason}", soft_wrap=True)
-    console.print(f"started {clock(v.started_t)}, "
-                  + (f"ended {clock(v.ended_t)}" if v.ended_t else f"running for {age(v.age_s())}")
-                  + f"; directory {v.job_dir}", soft_wrap=True)
+    console.print(
+        f"started {clock(v.started_t)}, "
+        + (f"ended {clock(v.ended_t)}" if v.ended_t else f"running for {age(v.age_s())}")
+        + f"; directory {v.job_dir}",
+        soft_wrap=True,
+    )
     if len(v.hosts) > 1 or any(h != "localhost" for h in v.hosts):
         order = {"active": 0, "spare": 1, "starting": 2, "unreachable": 3, "lost": 4, "removed": 5}
         shown = sorted(v.hosts.items(), key=lambda item: order.get(item[1], 9))
-        console.print("hosts: " + ", ".join(f"{h} ({state})" for h, state in shown),
-                      soft_wrap=True)
+        console.print("hosts: " + ", ".join(f"{h} ({state})" for h, state in shown), soft_wrap=True)
     if v.incidents:
         console.print()
         console.print(incidents_table(v.incidents))
@@ -114,22 +153,31 @@ def print_root_cause(console: Console, root: dict[str, Any] | None) -> None:
         return
     if root["kind"] == "internal":  # ftrun's own bug: its traceback is in the journal
         console.print()
-        console.print(Text.assemble(("root cause: ", "bold red"), f"ftrun's {root.get('task')} "
-                                    f"failed: {root.get('exception')}"), soft_wrap=True)
+        console.print(
+            Text.assemble(
+                ("root cause: ", "bold red"),
+                f"ftrun's {root.get('task')} failed: {root.get('exception')}",
+            ),
+            soft_wrap=True,
+        )
         console.print(f"traceback: in the job's journal, {root.get('log')}", soft_wrap=True)
         return
     who = f"rank {root['rank']}" if root.get("rank") is not None else "torchrun"
     how = f"signal {root['signal']}" if root.get("signal") else f"exit code {root.get('exit_code')}"
     console.print()
-    console.print(Text.assemble(("root cause: ", "bold red"),
-                                f"{who} on {root.get('host')} (generation {root.get('generation')}) "
-                                f"died with {how}"
-                                + (f": {root['exception']}" if root.get("exception") else "")),
-                  soft_wrap=True)
+    console.print(
+        Text.assemble(
+            ("root cause: ", "bold red"),
+            f"{who} on {root.get('host')} (generation {root.get('generation')}) "
+            f"died with {how}" + (f": {root['exception']}" if root.get("exception") else ""),
+        ),
+        soft_wrap=True,
+    )
     if root.get("traceback"):
         if root.get("traceback_source") == "error file":
-            console.print(Text("traceback (from the rank's error file, torch's @record):",
-                               style="dim"))
+            console.print(
+                Text("traceback (from the rank's error file, torch's @record):", style="dim")
+            )
         console.print(Text(root["traceback"], style="red"), soft_wrap=True)
     elif root.get("tail"):
         console.print(Text("\n".join(root["tail"]), style="dim"), soft_wrap=True)

@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ftrun.cli.render import make_console, jobs_table, print_job
+from ftrun import envcontract
+from ftrun.cli.render import jobs_table, make_console, print_job
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import load_job
 from ftrun.journal import find_job_dir, list_job_dirs
-from ftrun import envcontract
 
 console = make_console()
 
 
 def status(
-    job: Optional[str] = typer.Argument(None, help="A job id (or a unique prefix); all jobs if left out."),
+    job: str | None = typer.Argument(
+        None, help="A job id (or a unique prefix); all jobs if left out."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", envvar=envcontract.RUN_DIR,
-                                           help="Where job directories are [default: ~/.ftrun/runs]."),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        envvar=envcontract.RUN_DIR,
+        help="Where job directories are [default: ~/.ftrun/runs].",
+    ),
 ) -> None:
     """List jobs, or show one job with its incidents."""
     directory = resolve_run_dir(run_dir)
     if job is None:
-        views = sorted((load_job(d) for d in list_job_dirs(directory)),
-                       key=lambda v: v.started_t or 0.0, reverse=True)
+        views = sorted(
+            (load_job(d) for d in list_job_dirs(directory)),
+            key=lambda v: v.started_t or 0.0,
+            reverse=True,
+        )
         if as_json:
             print(json.dumps([v.to_json() for v in views], indent=2))
         elif not views:

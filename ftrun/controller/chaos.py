@@ -26,22 +26,30 @@ class ChaosDesk:
         self.journal = journal
         self.nproc_per_node = nproc_per_node
 
-    def handle(self, sender: str, msg: dict[str, Any], watch: "GenWatch | None") -> bool:
+    def handle(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
         """Take a chaos request or an agent's injection report; False for anything else."""
         if msg["kind"] == "chaos" and sender in self.server.clients:
             self._request(sender, msg, watch)
             return True
         if msg["kind"] == "injected":
-            event = self.journal.record("fault_injected", gen=msg.get("gen"),
-                                        action=msg.get("action"), rank=msg.get("rank"),
-                                        host=msg.get("host"), injected_t=msg.get("t"))
+            event = self.journal.record(
+                "fault_injected",
+                gen=msg.get("gen"),
+                action=msg.get("action"),
+                rank=msg.get("rank"),
+                host=msg.get("host"),
+                injected_t=msg.get("t"),
+            )
             if watch is not None and msg.get("gen") == watch.number:
-                watch.injected = {"action": msg.get("action"), "rank": msg.get("rank"),
-                                  "t": msg.get("t") or event["t"]}
+                watch.injected = {
+                    "action": msg.get("action"),
+                    "rank": msg.get("rank"),
+                    "t": msg.get("t") or event["t"],
+                }
             return True
         return False
 
-    def _request(self, client: str, msg: dict[str, Any], watch: "GenWatch | None") -> None:
+    def _request(self, client: str, msg: dict[str, Any], watch: GenWatch | None) -> None:
         action, rank, host = msg.get("action"), msg.get("rank"), msg.get("host")
         error = None
         target = None
@@ -67,11 +75,22 @@ class ChaosDesk:
             self.server.send(client, "chaos_ack", ok=False, message=error)
             return
         at_step = msg.get("at_step")
-        self.journal.record("chaos_requested", gen=watch.number, action=action, rank=rank,
-                            host=watch.hosts[target], at_step=at_step)
-        self.server.send(target, "inject", gen=watch.number, action=action, rank=rank,
-                         at_step=at_step)
+        self.journal.record(
+            "chaos_requested",
+            gen=watch.number,
+            action=action,
+            rank=rank,
+            host=watch.hosts[target],
+            at_step=at_step,
+        )
+        self.server.send(
+            target, "inject", gen=watch.number, action=action, rank=rank, at_step=at_step
+        )
         when = f" at step {at_step}" if at_step is not None else ""
         who = f"rank {rank}" if action in RANK_ACTIONS else f"host {watch.hosts[target]}"
-        self.server.send(client, "chaos_ack", ok=True,
-                         message=f"{action} on {who}{when} (generation {watch.number})")
+        self.server.send(
+            client,
+            "chaos_ack",
+            ok=True,
+            message=f"{action} on {who}{when} (generation {watch.number})",
+        )

@@ -57,8 +57,12 @@ class Evidence:
 
 
 # Which injected chaos action explains which kind of fault.
-INJECTED_KIND = {"kill-rank": "crash", "hang-rank": "hang", "kill-agent": "host-lost",
-                 "freeze-agent": "host-lost"}
+INJECTED_KIND = {
+    "kill-rank": "crash",
+    "hang-rank": "hang",
+    "kill-agent": "host-lost",
+    "freeze-agent": "host-lost",
+}
 
 
 @dataclass
@@ -78,18 +82,40 @@ class Failure:
 def crash(msg: dict[str, Any], host: str, step: int | None) -> Failure:
     tail = msg.get("tail") or []
     return Failure(
-        Evidence(kind="crash", host=host, rank=msg.get("rank"), exit_code=msg.get("exit_code"),
-                 signal=msg.get("signal"), exception=msg.get("exception"),
-                 usage_error=bool(msg.get("usage_error")), step=step, log_tail=tuple(tail)),
-        fault_t=msg.get("t_exit"), detail={"traceback": msg.get("traceback"), "tail": tail,
-                                           "traceback_source": msg.get("traceback_source")})
+        Evidence(
+            kind="crash",
+            host=host,
+            rank=msg.get("rank"),
+            exit_code=msg.get("exit_code"),
+            signal=msg.get("signal"),
+            exception=msg.get("exception"),
+            usage_error=bool(msg.get("usage_error")),
+            step=step,
+            log_tail=tuple(tail),
+        ),
+        fault_t=msg.get("t_exit"),
+        detail={
+            "traceback": msg.get("traceback"),
+            "tail": tail,
+            "traceback_source": msg.get("traceback_source"),
+        },
+    )
 
 
 def torchrun_exit(msg: dict[str, Any], host: str, step: int | None, now: float) -> Failure:
     tail = msg.get("tail") or []
-    return Failure(Evidence(kind="crash", host=host, exit_code=msg.get("exit_code"),
-                            exception=tail[-1] if tail else None, step=step, log_tail=tuple(tail)),
-                   fault_t=now, detail={"tail": tail})
+    return Failure(
+        Evidence(
+            kind="crash",
+            host=host,
+            exit_code=msg.get("exit_code"),
+            exception=tail[-1] if tail else None,
+            step=step,
+            log_tail=tuple(tail),
+        ),
+        fault_t=now,
+        detail={"tail": tail},
+    )
 
 
 def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
@@ -98,21 +124,30 @@ def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
     deadline = (msg.get("last_progress_t") or 0.0) + (msg.get("allowance_s") or 0.0)
     return Failure(
         Evidence(kind="hang", host=host, rank=msg.get("rank"), step=step, log_tail=tuple(tail)),
-        fault_t=None, detected_t=detected,
-        detail={"allowance_s": msg.get("allowance_s"), "section": msg.get("section"),
-                "last_progress_t": msg.get("last_progress_t"),
-                "past_allowance_s": None if detected is None else round(detected - deadline, 3),
-                "stacks": msg.get("stacks"), "states": msg.get("states"),
-                "overdue_ranks": msg.get("overdue"), "tail": tail})
+        fault_t=None,
+        detected_t=detected,
+        detail={
+            "allowance_s": msg.get("allowance_s"),
+            "section": msg.get("section"),
+            "last_progress_t": msg.get("last_progress_t"),
+            "past_allowance_s": None if detected is None else round(detected - deadline, 3),
+            "stacks": msg.get("stacks"),
+            "states": msg.get("states"),
+            "overdue_ranks": msg.get("overdue"),
+            "tail": tail,
+        },
+    )
 
 
 def host_lost(msg: dict[str, Any], host: str, step: int | None) -> Failure:
-    return Failure(Evidence(kind="host-lost", host=host, step=step), fault_t=None,
-                   detail={"evidence": msg.get("reason")})
+    return Failure(
+        Evidence(kind="host-lost", host=host, step=step),
+        fault_t=None,
+        detail={"evidence": msg.get("reason")},
+    )
 
 
-def idle(found: Idle, hosts: dict[str, str], step: int | None,
-         detected_t: float) -> Failure:
+def idle(found: Idle, hosts: dict[str, str], step: int | None, detected_t: float) -> Failure:
     """Every rank on every host idle for the window: a hang, named after the lowest rank (all of
     them stopped; the lowest is a stable name, so the same hang twice reads the same)."""
     rank = min(found.ranks) if found.ranks else None
@@ -121,8 +156,14 @@ def idle(found: Idle, hosts: dict[str, str], step: int | None,
     tail = found.tails.get(str(rank), []) if rank is not None else []
     return Failure(
         Evidence(kind="hang", host=host, rank=rank, step=step, log_tail=tuple(tail), note=note),
-        fault_t=None, detected_t=detected_t,
-        detail={"idle_s": round(found.idle_s, 3), "stacks": found.stacks, "states": found.states,
-                "idle_ranks": {str(r): round(s, 3) for r, s in found.ranks.items()},
-                "stacks_missing_from": sorted(hosts.get(a, a) for a in found.unanswered),
-                "tail": tail})
+        fault_t=None,
+        detected_t=detected_t,
+        detail={
+            "idle_s": round(found.idle_s, 3),
+            "stacks": found.stacks,
+            "states": found.states,
+            "idle_ranks": {str(r): round(s, 3) for r, s in found.ranks.items()},
+            "stacks_missing_from": sorted(hosts.get(a, a) for a in found.unanswered),
+            "tail": tail,
+        },
+    )

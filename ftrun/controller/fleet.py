@@ -14,6 +14,7 @@ import socket
 import time
 from typing import Any
 
+from ftrun import envcontract
 from ftrun.bootstrap import Bootstrap
 from ftrun.config import LaunchConfig
 from ftrun.controller.reporting import Reporter
@@ -23,7 +24,6 @@ from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
-from ftrun import envcontract
 
 log = logging.getLogger("ftrun.controller")
 
@@ -36,9 +36,17 @@ FENCE_MARGIN_S = 0.5
 
 
 class Fleet:
-    def __init__(self, config: LaunchConfig, *, transport: Transport, server: ControlServer,
-                 journal: Journal, reporter: Reporter, secret: str,
-                 tasks: TaskSupervisor | None = None) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        transport: Transport,
+        server: ControlServer,
+        journal: Journal,
+        reporter: Reporter,
+        secret: str,
+        tasks: TaskSupervisor | None = None,
+    ) -> None:
         self.config = config
         self.tasks = tasks or TaskSupervisor()
         self.transport = transport
@@ -53,7 +61,9 @@ class Fleet:
         self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
         self.ports: dict[str, int] = {}  # agent id → a free port on its host, for the rendezvous
         self.port = 0
-        self._waits: set[asyncio.Task[Any]] = set()  # back-offs, hello deadlines: cancelled at the end
+        self._waits: set[asyncio.Task[Any]] = (
+            set()
+        )  # back-offs, hello deadlines: cancelled at the end
         self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
         self._retry_delay: dict[str, float] = {}
         self.closing = False
@@ -73,15 +83,24 @@ class Fleet:
         cfg = self.config
         agent_id = self.roster.new_agent(host)
         self.server.expected.add(agent_id)
-        boot = Bootstrap(controller_host="", controller_port=self.port, secret=self.secret,
-                         job_id=cfg.job_id, agent_id=agent_id, host=host,
-                         heartbeat_interval_s=cfg.heartbeat_interval_s,
-                         fence_timeout_s=cfg.fence_timeout_s, warm_start=cfg.warm_start,
-                         python=cfg.agent_python, env=self.env,
-                         zygote_preload=cfg.zygote_preload)
+        boot = Bootstrap(
+            controller_host="",
+            controller_port=self.port,
+            secret=self.secret,
+            job_id=cfg.job_id,
+            agent_id=agent_id,
+            host=host,
+            heartbeat_interval_s=cfg.heartbeat_interval_s,
+            fence_timeout_s=cfg.fence_timeout_s,
+            warm_start=cfg.warm_start,
+            python=cfg.agent_python,
+            env=self.env,
+            zygote_preload=cfg.zygote_preload,
+        )
         try:
             self.handles[agent_id] = await self.transport.start_agent(
-                boot, log_path=self.journal.job_dir / "agents" / f"{_safe(host)}.log")
+                boot, log_path=self.journal.job_dir / "agents" / f"{_safe(host)}.log"
+            )
         except FtrunError as e:
             self.server.expected.discard(agent_id)
             self.roster.lost(host)
@@ -108,10 +127,16 @@ class Fleet:
         for agent_id in agent_ids:
             host = self.roster.host_of(agent_id)
             if host is not None:
-                self.journal.record("host_unreachable", host=host,
-                                    error="its agent did not connect back to the controller")
-                self.reporter.notice(f"the agent on {host} did not connect back; see "
-                                     f"{self.journal.job_dir / 'agents'}", level="warning")
+                self.journal.record(
+                    "host_unreachable",
+                    host=host,
+                    error="its agent did not connect back to the controller",
+                )
+                self.reporter.notice(
+                    f"the agent on {host} did not connect back; see "
+                    f"{self.journal.job_dir / 'agents'}",
+                    level="warning",
+                )
                 self._drop(agent_id, host)
 
     # ---- what agents say ----------------------------------------------------------------------
@@ -125,8 +150,13 @@ class Fleet:
         if self.roster.ready(agent_id):
             self.addrs[agent_id] = str(msg.get("addr") or "127.0.0.1")
             host = self.roster.host_of(agent_id)
-            self.journal.record("agent_connected", host=host, pid=msg.get("pid"),
-                                addr=self.addrs[agent_id], agent=agent_id)
+            self.journal.record(
+                "agent_connected",
+                host=host,
+                pid=msg.get("pid"),
+                addr=self.addrs[agent_id],
+                agent=agent_id,
+            )
             self._retry_delay.pop(host, None)
             if self.roster.slots[host].incarnation > 1:
                 self.reporter.notice(f"{host} is back (ready to join)")
@@ -139,8 +169,9 @@ class Fleet:
         if host is None:
             return None
         cfg = self.config
-        self.fenced_by[host] = (time.monotonic() + cfg.fence_timeout_s + cfg.heartbeat_interval_s
-                                + FENCE_MARGIN_S)
+        self.fenced_by[host] = (
+            time.monotonic() + cfg.fence_timeout_s + cfg.heartbeat_interval_s + FENCE_MARGIN_S
+        )
         self._drop(agent_id, host)
         return host
 
@@ -158,15 +189,24 @@ class Fleet:
         if not gone and not new:
             return
         how = "replaced" if len(hosts) >= len(before) else "shrunk"
-        self.journal.record("hosts_changed", incident=incident, how=how, removed=gone, added=new,
-                            hosts=hosts, nodes_before=len(before), nodes_after=len(hosts))
+        self.journal.record(
+            "hosts_changed",
+            incident=incident,
+            how=how,
+            removed=gone,
+            added=new,
+            hosts=hosts,
+            nodes_before=len(before),
+            nodes_after=len(hosts),
+        )
         change = f"{', '.join(gone)} → {', '.join(new)}" if new else f"without {', '.join(gone)}"
         self.reporter.notice(f"{how}: {change} ({len(hosts)} host(s))", level="warning")
 
     # ---- generations -------------------------------------------------------------------------
 
-    def launch(self, number: int, hosts: list[str], *, hang: dict[str, Any], restarts: int
-               ) -> list[str]:
+    def launch(
+        self, number: int, hosts: list[str], *, hang: dict[str, Any], restarts: int
+    ) -> list[str]:
         """Tell each host's agent to start its torchrun for generation `number` (node rank by
         position in `hosts`), with the hang detector's settings `hang` (a HangPolicy as the
         agents take it); returns the agent ids in that order."""
@@ -177,19 +217,37 @@ class Fleet:
         port = cfg.master_port or self.ports.pop(master, None) or free_port()
         # ftrun's variables for the ranks. The TORCHELASTIC_ ones replace torchrun's own
         # (always 0: it never restarts under ftrun) in the rank shim.
-        env = {envcontract.JOB_DIR: str(self.journal.job_dir),
-               envcontract.RESTART_COUNT: str(restarts),
-               envcontract.MAX_RESTARTS: str(cfg.max_restarts)}
+        env = {
+            envcontract.JOB_DIR: str(self.journal.job_dir),
+            envcontract.RESTART_COUNT: str(restarts),
+            envcontract.MAX_RESTARTS: str(cfg.max_restarts),
+        }
         for node_rank, agent_id in enumerate(agents):
-            self.server.send(agent_id, "launch", gen=number, nnodes=len(agents),
-                             node_rank=node_rank, nproc_per_node=cfg.nproc_per_node,
-                             master_addr=self.addrs.get(master, "127.0.0.1"),
-                             master_port=port, entrypoint=cfg.entrypoint(), cwd=cfg.cwd,
-                             progress_regex=cfg.progress_regex, hang=hang,
-                             idle_timeout_s=cfg.idle_timeout_s, env=env)
+            self.server.send(
+                agent_id,
+                "launch",
+                gen=number,
+                nnodes=len(agents),
+                node_rank=node_rank,
+                nproc_per_node=cfg.nproc_per_node,
+                master_addr=self.addrs.get(master, "127.0.0.1"),
+                master_port=port,
+                entrypoint=cfg.entrypoint(),
+                cwd=cfg.cwd,
+                progress_regex=cfg.progress_regex,
+                hang=hang,
+                idle_timeout_s=cfg.idle_timeout_s,
+                env=env,
+            )
         world = len(agents) * cfg.nproc_per_node
-        self.journal.record("generation_launched", gen=number, hosts=hosts, world_size=world,
-                            master_port=port, master_addr=self.addrs.get(master))
+        self.journal.record(
+            "generation_launched",
+            gen=number,
+            hosts=hosts,
+            world_size=world,
+            master_port=port,
+            master_addr=self.addrs.get(master),
+        )
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
         return agents
 
@@ -220,11 +278,14 @@ class Fleet:
         if action == "remove":
             if host not in self.roster.slots or self.roster.state(host) is HostState.REMOVED:
                 return False, f"{host} is not part of the job"
-            others = [h for h in self.roster.in_state(HostState.ACTIVE, HostState.READY)
-                      if h != host]
+            others = [
+                h for h in self.roster.in_state(HostState.ACTIVE, HostState.READY) if h != host
+            ]
             if self.roster.state(host) is HostState.ACTIVE and len(others) < self.config.min_nodes:
-                return False, (f"without {host} the job would have {len(others)} host(s), fewer "
-                               f"than --min-nodes {self.config.min_nodes}")
+                return False, (
+                    f"without {host} the job would have {len(others)} host(s), fewer "
+                    f"than --min-nodes {self.config.min_nodes}"
+                )
             agent_id = self.roster.slots[host].agent_id
             before = self.roster.remove(host)
             self._retry_delay.pop(host, None)
@@ -241,8 +302,10 @@ class Fleet:
     def release_removed(self) -> None:
         """Stop the agents of removed hosts (after the teardown that gave their ranks grace)."""
         for agent_id, handle in list(self.handles.items()):
-            if handle.host in self.roster.slots and \
-                    self.roster.state(handle.host) is HostState.REMOVED:
+            if (
+                handle.host in self.roster.slots
+                and self.roster.state(handle.host) is HostState.REMOVED
+            ):
                 self._release(agent_id)
 
     def _release(self, agent_id: str) -> None:
@@ -288,8 +351,10 @@ class Fleet:
         # are stopped too; stops in flight finish.
         await asyncio.gather(*self._work, return_exceptions=True)
         self.server.broadcast("shutdown")
-        await asyncio.gather(*(h.terminate(timeout_s=TERMINATE_TIMEOUT_S)
-                               for h in self.handles.values()), return_exceptions=True)
+        await asyncio.gather(
+            *(h.terminate(timeout_s=TERMINATE_TIMEOUT_S) for h in self.handles.values()),
+            return_exceptions=True,
+        )
         self.handles.clear()
 
     def _spawn(self, coro: Any, tasks: set[asyncio.Task[Any]]) -> None:

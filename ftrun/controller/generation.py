@@ -45,8 +45,9 @@ class GenWatch:
     last_progress_event: float = 0.0
     injected: dict[str, Any] | None = None
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]
-                   ) -> Seen | Failure | OutcomeState | None:
+    def on_message(
+        self, agent_id: str, msg: dict[str, Any]
+    ) -> Seen | Failure | OutcomeState | None:
         """A message of this generation from one of its agents: output (Seen), a Failure, or
         SUCCEEDED once every host's torchrun exited 0. None: not the watch's to judge (the
         stall desk's: clean rank exits, late hang reports, idle reports, stacks)."""
@@ -59,10 +60,25 @@ class GenWatch:
         if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
             self.max_step = max(self.max_step or 0, msg["step"])
         if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
-            self.journal.record("rank_exited", gen=self.number, host=host,
-                                **{k: msg.get(k) for k in ("rank", "pid", "exit_code", "signal",
-                                                           "t_exit", "step", "exception",
-                                                           "traceback", "traceback_source")})
+            self.journal.record(
+                "rank_exited",
+                gen=self.number,
+                host=host,
+                **{
+                    k: msg.get(k)
+                    for k in (
+                        "rank",
+                        "pid",
+                        "exit_code",
+                        "signal",
+                        "t_exit",
+                        "step",
+                        "exception",
+                        "traceback",
+                        "traceback_source",
+                    )
+                },
+            )
             return evidence.crash(msg, host, self.max_step)
         if kind == "rank_hung" and not self.stall.finishing:
             return evidence.hang(msg, host, self.max_step)
@@ -94,25 +110,38 @@ class GenWatch:
             now = time.monotonic()
             if msg.get("first") and not self.first_step_seen:
                 self.first_step_seen = True
-                journal.record("first_step", gen=self.number, host=host,
-                               rank=msg.get("rank"), step=step, rank_t=msg.get("t"))
+                journal.record(
+                    "first_step",
+                    gen=self.number,
+                    host=host,
+                    rank=msg.get("rank"),
+                    step=step,
+                    rank_t=msg.get("t"),
+                )
                 self.last_progress_event = now
             elif now - self.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
                 journal.record("progress", gen=self.number, step=self.max_step)
                 self.last_progress_event = now
             return True
         if kind == "signalled":
-            journal.record("signal_delivered", gen=self.number, host=host,
-                           signal=msg.get("signal"), ranks=msg.get("ranks"))
+            journal.record(
+                "signal_delivered",
+                gen=self.number,
+                host=host,
+                signal=msg.get("signal"),
+                ranks=msg.get("ranks"),
+            )
             return True
         if kind == "rank_started":
-            journal.record("rank_started", gen=self.number, host=host,
-                           rank=msg.get("rank"), pid=msg.get("pid"))
+            journal.record(
+                "rank_started", gen=self.number, host=host, rank=msg.get("rank"), pid=msg.get("pid")
+            )
             return True
         return False
 
-    def reconfiguration(self, roster: Roster, excluded: Callable[[str], bool]
-                        ) -> Reconfigure | None:
+    def reconfiguration(
+        self, roster: Roster, excluded: Callable[[str], bool]
+    ) -> Reconfigure | None:
         """A host of this generation was removed, or ready hosts can grow a shrunken job. Grow
         only once this generation steps (its start-up is paid; no flapping while it starts)."""
         if self.stall.finishing:
@@ -124,20 +153,28 @@ class GenWatch:
             return None
         joining = roster.can_grow(excluded=excluded)
         if joining:
-            return Reconfigure("grow", f"{', '.join(joining)} ready: growing from "
-                                       f"{len(self.agents)} host(s)")
+            return Reconfigure(
+                "grow", f"{', '.join(joining)} ready: growing from {len(self.agents)} host(s)"
+            )
         return None
 
     def root_cause(self, failure: Failure) -> dict[str, Any]:
         """What `status` and `inspect` show as why the job failed."""
         ev: Evidence = failure.evidence
         stream = f"rank{ev.rank}" if ev.rank is not None else f"{ev.host}.torchrun"
-        return {"kind": ev.kind, "host": ev.host, "rank": ev.rank, "exit_code": ev.exit_code,
-                "signal": ev.signal, "exception": ev.exception, "generation": self.number,
-                "traceback": failure.detail.get("traceback"),
-                "traceback_source": failure.detail.get("traceback_source"),
-                "tail": (failure.detail.get("tail") or [])[-15:],
-                "log": str(self.journal.log_path(self.number, stream))}
+        return {
+            "kind": ev.kind,
+            "host": ev.host,
+            "rank": ev.rank,
+            "exit_code": ev.exit_code,
+            "signal": ev.signal,
+            "exception": ev.exception,
+            "generation": self.number,
+            "traceback": failure.detail.get("traceback"),
+            "traceback_source": failure.detail.get("traceback_source"),
+            "tail": (failure.detail.get("tail") or [])[-15:],
+            "log": str(self.journal.log_path(self.number, stream)),
+        }
 
 
 @dataclass

@@ -30,8 +30,9 @@ class HostHealth:
         self.failures: dict[str, deque[float]] = defaultdict(deque)
         self.until: dict[str, float] = {}
 
-    def judge(self, ev: Evidence, decision: Decision, *, now: float,
-              wall_t: float) -> tuple[Decision, list[dict[str, Any]]]:
+    def judge(
+        self, ev: Evidence, decision: Decision, *, now: float, wall_t: float
+    ) -> tuple[Decision, list[dict[str, Any]]]:
         """Count a failure the policy did not make fatal against its host. Returns the decision,
         a replacement where the host is (now) quarantined, and the `host_quarantined` events to
         journal. `now` is monotonic; `wall_t` dates the end of a quarantine for people."""
@@ -39,17 +40,31 @@ class HostHealth:
             return decision, []
         events: list[dict[str, Any]] = []
         if ev.kind == "host-lost":
-            events.append({"host": ev.host, "until": "its agent is back",
-                           "failures": self.recent_failures(ev.host) + 1})
+            events.append(
+                {
+                    "host": ev.host,
+                    "until": "its agent is back",
+                    "failures": self.recent_failures(ev.host) + 1,
+                }
+            )
         q = self.policy
         if self.record_failure(ev.host, now):
-            events.append({"host": ev.host, "failures": self.recent_failures(ev.host),
-                           "window_s": q.window_s, "until_t": wall_t + q.expiry_s})
+            events.append(
+                {
+                    "host": ev.host,
+                    "failures": self.recent_failures(ev.host),
+                    "window_s": q.window_s,
+                    "until_t": wall_t + q.expiry_s,
+                }
+            )
         if self.quarantined(ev.host, now) and decision.tier is Tier.RESTART_IN_PLACE:
-            decision = Decision(Tier.REPLACE_NODE,
-                                f"{ev.describe()}; host {ev.host} is quarantined for "
-                                f"{q.expiry_s:g} s after {self.recent_failures(ev.host)} "
-                                f"failures within {q.window_s:g} s", "quarantine")
+            decision = Decision(
+                Tier.REPLACE_NODE,
+                f"{ev.describe()}; host {ev.host} is quarantined for "
+                f"{q.expiry_s:g} s after {self.recent_failures(ev.host)} "
+                f"failures within {q.window_s:g} s",
+                "quarantine",
+            )
         return decision, events
 
     def record_failure(self, host: str, now: float) -> bool:

@@ -20,8 +20,9 @@ Message = tuple[str, dict[str, Any]]  # (sender, message)
 
 
 class Inbox:
-    def __init__(self, server: ControlServer, *, fleet: Fleet, chaos: ChaosDesk,
-                 internal: InternalFailures) -> None:
+    def __init__(
+        self, server: ControlServer, *, fleet: Fleet, chaos: ChaosDesk, internal: InternalFailures
+    ) -> None:
         self.server = server
         self.fleet = fleet
         self.chaos = chaos

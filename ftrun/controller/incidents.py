@@ -17,8 +17,9 @@ from ftrun.journal import Journal
 
 
 class Incidents:
-    def __init__(self, config: LaunchConfig, *, rules: tuple[Rule, ...], health: HostHealth,
-                 journal: Journal) -> None:
+    def __init__(
+        self, config: LaunchConfig, *, rules: tuple[Rule, ...], health: HostHealth, journal: Journal
+    ) -> None:
         self.config = config
         self.rules = rules
         self.health = health
@@ -34,43 +35,71 @@ class Incidents:
         self.count += 1
         return self.count
 
-    def classify(self, watch: GenWatch, failure: Failure, *, now: float,
-                 wall_t: float) -> Decision:
+    def classify(self, watch: GenWatch, failure: Failure, *, now: float, wall_t: float) -> Decision:
         """Journal the fault that ended `watch` and decide its tier. `now` is monotonic (the
         quarantine window); `wall_t` dates a quarantine's end for people."""
         ev, previous, incident = failure.evidence, self.previous, self.count
         failure.attribute_injection(watch.injected)
         progressed = watch.max_step is not None and (
-            previous is None or previous.step is None or watch.max_step > previous.step)
+            previous is None or previous.step is None or watch.max_step > previous.step
+        )
         self.ever_progressed |= watch.first_step_seen
-        self.journal.record("fault_detected", incident=incident, gen=watch.number,
-                            fault=ev.kind, host=ev.host, rank=ev.rank, fault_t=failure.fault_t,
-                            detected_t=failure.detected_t, exit_code=ev.exit_code,
-                            signal=ev.signal, step=ev.step, exception=ev.exception,
-                            **failure.detail)
+        self.journal.record(
+            "fault_detected",
+            incident=incident,
+            gen=watch.number,
+            fault=ev.kind,
+            host=ev.host,
+            rank=ev.rank,
+            fault_t=failure.fault_t,
+            detected_t=failure.detected_t,
+            exit_code=ev.exit_code,
+            signal=ev.signal,
+            step=ev.step,
+            exception=ev.exception,
+            **failure.detail,
+        )
         clean = watch.stall.clean
-        decision = classify(ev, History(restarts_used=self.restarts,
-                                        ever_progressed=self.ever_progressed, previous=previous,
-                                        progressed_since_previous=progressed,
-                                        work_done_by=clean[0] if clean else None),
-                            max_restarts=self.config.max_restarts, rules=self.rules)
+        decision = classify(
+            ev,
+            History(
+                restarts_used=self.restarts,
+                ever_progressed=self.ever_progressed,
+                previous=previous,
+                progressed_since_previous=progressed,
+                work_done_by=clean[0] if clean else None,
+            ),
+            max_restarts=self.config.max_restarts,
+            rules=self.rules,
+        )
         decision, benched = self.health.judge(ev, decision, now=now, wall_t=wall_t)
         for fields in benched:
             self.journal.record("host_quarantined", **fields)
-        self.journal.record("fault_classified", incident=incident, tier=decision.tier.value,
-                            decision="stop" if decision.tier is Tier.FATAL else "restart",
-                            rule=decision.rule, reason=decision.reason)
+        self.journal.record(
+            "fault_classified",
+            incident=incident,
+            tier=decision.tier.value,
+            decision="stop" if decision.tier is Tier.FATAL else "restart",
+            rule=decision.rule,
+            reason=decision.reason,
+        )
         self.failures_in_row = 1 if progressed else self.failures_in_row + 1
         return decision
 
     def backoff_s(self) -> float:
         """How long to wait before the restart that follows the last fault."""
-        return backoff_s(self.failures_in_row, base_s=self.config.backoff_base_s,
-                         cap_s=self.config.backoff_cap_s)
+        return backoff_s(
+            self.failures_in_row, base_s=self.config.backoff_base_s, cap_s=self.config.backoff_cap_s
+        )
 
     def restarted(self, failure: Failure, *, next_gen: int, backoff_s: float) -> None:
         """The fault's restart is planned: it uses up one of the budget."""
         self.restarts += 1
         self.previous = failure.evidence
-        self.journal.record("restart", incident=self.count, next_gen=next_gen,
-                            backoff_s=backoff_s, restarts=self.restarts)
+        self.journal.record(
+            "restart",
+            incident=self.count,
+            next_gen=next_gen,
+            backoff_s=backoff_s,
+            restarts=self.restarts,
+        )

@@ -7,7 +7,8 @@ the job with it as the root cause, instead of leaving a controller that silently
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.errors import FtrunError
@@ -18,8 +19,9 @@ T = TypeVar("T")
 
 
 class InternalFailures:
-    def __init__(self, journal: Journal, reporter: Reporter, *,
-                 generation: Callable[[], int]) -> None:
+    def __init__(
+        self, journal: Journal, reporter: Reporter, *, generation: Callable[[], int]
+    ) -> None:
         self.journal = journal
         self.reporter = reporter
         self.generation = generation
@@ -49,25 +51,41 @@ class InternalFailures:
         if isinstance(error, FtrunError):
             raise error
         failure = self.tasks.report("supervise loop", error)
-        self.reporter.notice(f"fatal: internal error: {failure.task} failed ({failure.error})",
-                             level="error")
+        self.reporter.notice(
+            f"fatal: internal error: {failure.task} failed ({failure.error})", level="error"
+        )
         return failure
 
     def outcome(self, failure: TaskFailure) -> JobOutcome:
         """The job's end when one of its own tasks failed for good: it is the root cause."""
-        return JobOutcome.failed(f"internal error: {failure.task} failed ({failure.error})",
-                                 {"kind": "internal", "task": failure.task,
-                                  "exception": failure.error, "traceback": failure.traceback,
-                                  "log": str(self.journal.job_dir / "events.jsonl")})
+        return JobOutcome.failed(
+            f"internal error: {failure.task} failed ({failure.error})",
+            {
+                "kind": "internal",
+                "task": failure.task,
+                "exception": failure.error,
+                "traceback": failure.traceback,
+                "log": str(self.journal.job_dir / "events.jsonl"),
+            },
+        )
 
     def on_agent_error(self, sender: str, msg: dict[str, Any]) -> None:
-        fields = {k: msg.get(k) for k in ("gen", "host", "task", "error", "traceback",
-                                          "restarting", "fatal")}
+        fields = {
+            k: msg.get(k)
+            for k in ("gen", "host", "task", "error", "traceback", "restarting", "fatal")
+        }
         self.journal.record("agent_error", agent=sender, **fields)
-        then = ("; restarting it" if msg.get("restarting")
-                else "; the agent stops" if msg.get("fatal") else "")
-        self.reporter.notice(f"agent on {msg.get('host')}: {msg.get('task')} failed: "
-                             f"{msg.get('error')}{then}", level="error")
+        then = (
+            "; restarting it"
+            if msg.get("restarting")
+            else "; the agent stops"
+            if msg.get("fatal")
+            else ""
+        )
+        self.reporter.notice(
+            f"agent on {msg.get('host')}: {msg.get('task')} failed: {msg.get('error')}{then}",
+            level="error",
+        )
         if msg.get("fatal"):
             self.agent_errors[sender] = f"its agent failed: {msg.get('task')}: {msg.get('error')}"
 
@@ -86,8 +104,9 @@ class InternalFailures:
     def _task_failed(self, failure: TaskFailure) -> None:
         self.journal.record("task_failed", gen=self.generation(), **failure.fields())
         then = "; restarting it" if failure.restarting else ""
-        self.reporter.notice(f"controller {failure.task} failed: {failure.error}{then}",
-                             level="error")
+        self.reporter.notice(
+            f"controller {failure.task} failed: {failure.error}{then}", level="error"
+        )
 
     def _task_fatal(self, failure: TaskFailure) -> None:
         if self._fatal is not None and not self._fatal.done():

@@ -36,12 +36,16 @@ class Histogram:
 
     def summary(self) -> dict[str, object]:
         """Percentiles, and the non-empty buckets ({ms: count}) so periods can be merged."""
-        return {"n": self.n, "p50_ms": self.percentile_ms(0.5), "p99_ms": self.percentile_ms(0.99),
-                "max_ms": round(self.max_s * 1000, 1) if self.n else None,
-                "hist": {str(ms): c for ms, c in enumerate(self.counts) if c}}
+        return {
+            "n": self.n,
+            "p50_ms": self.percentile_ms(0.5),
+            "p99_ms": self.percentile_ms(0.99),
+            "max_ms": round(self.max_s * 1000, 1) if self.n else None,
+            "hist": {str(ms): c for ms, c in enumerate(self.counts) if c},
+        }
 
     @classmethod
-    def merged(cls, hists: list[dict[str, int]]) -> "Histogram":
+    def merged(cls, hists: list[dict[str, int]]) -> Histogram:
         """One histogram from several summaries' "hist" (max_s: the largest bucket's floor)."""
         out = cls()
         for hist in hists:
@@ -69,5 +73,8 @@ class Lateness:
         self.loop.add(max(0.0, lag_s))
 
     def summary(self) -> dict[str, object]:
-        return {"heartbeat_late": self.heartbeats.summary(), "loop_lag": self.loop.summary(),
-                "deferred_checks": self.deferred_checks}
+        return {
+            "heartbeat_late": self.heartbeats.summary(),
+            "loop_lag": self.loop.summary(),
+            "deferred_checks": self.deferred_checks,
+        }

@@ -27,10 +27,20 @@ from dataclasses import dataclass
 from ftrun.controller.evidence import Evidence
 
 # Exceptions that a restart cannot fix when they happen before training starts.
-DETERMINISTIC_EXCEPTIONS = frozenset({
-    "ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "TabError",
-    "NameError", "AttributeError", "TypeError", "FileNotFoundError", "PermissionError",
-})
+DETERMINISTIC_EXCEPTIONS = frozenset(
+    {
+        "ImportError",
+        "ModuleNotFoundError",
+        "SyntaxError",
+        "IndentationError",
+        "TabError",
+        "NameError",
+        "AttributeError",
+        "TypeError",
+        "FileNotFoundError",
+        "PermissionError",
+    }
+)
 
 
 class Tier(str, enum.Enum):
@@ -72,16 +82,28 @@ def _regex(pattern: str) -> re.Pattern[str]:
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     Rule(name="host lost", tier=Tier.REPLACE_NODE, kinds=("host-lost",)),
-    Rule(name="GPU hardware fault", tier=Tier.REPLACE_NODE,
-         log=r"uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|NVLink error|"
-             r"CUDA error: (an illegal memory access|unspecified launch failure)"),
+    Rule(
+        name="GPU hardware fault",
+        tier=Tier.REPLACE_NODE,
+        log=r"uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|NVLink error|"
+        r"CUDA error: (an illegal memory access|unspecified launch failure)",
+    ),
     Rule(name="hang", tier=Tier.RESTART_IN_PLACE, kinds=("hang",)),
-    Rule(name="communication error", tier=Tier.RESTART_IN_PLACE,
-         log=r"NCCL error|ProcessGroupNCCL|DistBackendError|Connection (closed|reset) by peer"),
-    Rule(name="out of memory", tier=Tier.RESTART_IN_PLACE,
-         log=r"CUDA out of memory|OutOfMemoryError|Cannot allocate memory"),
-    Rule(name="killed by a signal", tier=Tier.RESTART_IN_PLACE,
-         signals=("SIGKILL", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGABRT", "SIGINT")),
+    Rule(
+        name="communication error",
+        tier=Tier.RESTART_IN_PLACE,
+        log=r"NCCL error|ProcessGroupNCCL|DistBackendError|Connection (closed|reset) by peer",
+    ),
+    Rule(
+        name="out of memory",
+        tier=Tier.RESTART_IN_PLACE,
+        log=r"CUDA out of memory|OutOfMemoryError|Cannot allocate memory",
+    ),
+    Rule(
+        name="killed by a signal",
+        tier=Tier.RESTART_IN_PLACE,
+        signals=("SIGKILL", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGABRT", "SIGINT"),
+    ),
     Rule(name="any other failure", tier=Tier.RESTART_IN_PLACE),
 )
 
@@ -105,31 +127,47 @@ class Decision:
     rule: str = ""
 
 
-def classify(evidence: Evidence, history: History, *, max_restarts: int,
-             rules: tuple[Rule, ...] = ()) -> Decision:
+def classify(
+    evidence: Evidence, history: History, *, max_restarts: int, rules: tuple[Rule, ...] = ()
+) -> Decision:
     rule = next(r for r in (*rules, *DEFAULT_RULES) if r.matches(evidence))
     what = evidence.describe()
     if rule.tier is Tier.FATAL:
         return Decision(Tier.FATAL, f"{what} ({rule.name}: fatal by policy)", rule.name)
     if history.work_done_by is not None:
-        return Decision(Tier.FATAL, f"{what} after rank {history.work_done_by} had exited 0: "
-                                    "the generation's work is done, so it is not restarted",
-                        "work done")
+        return Decision(
+            Tier.FATAL,
+            f"{what} after rank {history.work_done_by} had exited 0: "
+            "the generation's work is done, so it is not restarted",
+            "work done",
+        )
     if rule.tier is Tier.REPLACE_NODE:
-        return Decision(Tier.REPLACE_NODE, f"{what} ({rule.name}); it needs a replacement",
-                        rule.name)
+        return Decision(
+            Tier.REPLACE_NODE, f"{what} ({rule.name}); it needs a replacement", rule.name
+        )
     if not history.ever_progressed and (
-            evidence.exception_type in DETERMINISTIC_EXCEPTIONS or evidence.usage_error):
+        evidence.exception_type in DETERMINISTIC_EXCEPTIONS or evidence.usage_error
+    ):
         failure = evidence.exception or "a usage error (exit code 2)"
-        return Decision(Tier.FATAL, f"failed before its first step with {failure}; "
-                                    "a restart would fail the same way", "before first step")
-    if (history.previous is not None and not history.progressed_since_previous
-            and history.previous.signature() == evidence.signature()):
-        return Decision(Tier.FATAL, f"the same failure twice with no progress in between: {what}",
-                        "same failure twice")
+        return Decision(
+            Tier.FATAL,
+            f"failed before its first step with {failure}; a restart would fail the same way",
+            "before first step",
+        )
+    if (
+        history.previous is not None
+        and not history.progressed_since_previous
+        and history.previous.signature() == evidence.signature()
+    ):
+        return Decision(
+            Tier.FATAL,
+            f"the same failure twice with no progress in between: {what}",
+            "same failure twice",
+        )
     if history.restarts_used >= max_restarts:
-        return Decision(Tier.FATAL, f"restart budget spent ({max_restarts} restarts): {what}",
-                        "restart budget")
+        return Decision(
+            Tier.FATAL, f"restart budget spent ({max_restarts} restarts): {what}", "restart budget"
+        )
     return Decision(Tier.RESTART_IN_PLACE, f"{what}; restarting in place", rule.name)
 
 

@@ -61,16 +61,23 @@ def load_policy(path: str | Path) -> FaultPolicy:
     except FileNotFoundError:
         raise UsageError(f"no policy file {str(path)!r}", hint="check the --policy path") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read the policy file {path}: {e}", hint="check the --policy path") from None
+        raise UsageError(
+            f"cannot read the policy file {path}: {e}", hint="check the --policy path"
+        ) from None
     except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"the policy file {path} is not valid TOML: {e}",
-                         hint="see docs/policy.md for the format") from None
+        raise UsageError(
+            f"the policy file {path} is not valid TOML: {e}",
+            hint="see docs/policy.md for the format",
+        ) from None
     problems: list[str] = []
     unknown = set(data) - {"rules", "quarantine", "hang", "timeouts"}
     if unknown:
         problems.append(f"unknown section(s) {sorted(unknown)}")
-    rules = tuple(r for i, raw in enumerate(data.get("rules", []))
-                  if (r := _rule(i, raw, problems)) is not None)
+    rules = tuple(
+        r
+        for i, raw in enumerate(data.get("rules", []))
+        if (r := _rule(i, raw, problems)) is not None
+    )
     quarantine = _section(QuarantinePolicy, data.get("quarantine", {}), "quarantine", problems)
     hang_raw = dict(data.get("hang", {}))
     if "startup_timeout_s" in hang_raw:
@@ -78,8 +85,10 @@ def load_policy(path: str | Path) -> FaultPolicy:
     hang = _section(HangPolicy, hang_raw, "hang", problems)
     timeouts = _timeouts(data.get("timeouts", {}), problems)
     if problems:
-        raise UsageError(f"the policy file {path} has problems: " + "; ".join(problems),
-                         hint="see docs/policy.md for the format")
+        raise UsageError(
+            f"the policy file {path} has problems: " + "; ".join(problems),
+            hint="see docs/policy.md for the format",
+        )
     return FaultPolicy(rules=rules, quarantine=quarantine, hang=hang, timeouts=timeouts)
 
 
@@ -89,8 +98,9 @@ def _timeouts(raw: Any, problems: list[str]) -> dict[str, float]:
         return {}
     unknown = set(raw) - set(TIMEOUT_KEYS)
     if unknown:
-        problems.append(f"[timeouts] has unknown key(s) {sorted(unknown)}; "
-                        f"known: {sorted(TIMEOUT_KEYS)}")
+        problems.append(
+            f"[timeouts] has unknown key(s) {sorted(unknown)}; known: {sorted(TIMEOUT_KEYS)}"
+        )
     out = {}
     for key in TIMEOUT_KEYS:
         if key in raw:
@@ -129,10 +139,19 @@ def _rule(index: int, raw: Any, problems: list[str]) -> Rule | None:
     except (TypeError, ValueError):
         problems.append(f"{where}.exit_codes must be integers")
         exit_codes = ()
-    signals = tuple(s if str(s).startswith("SIG") else f"SIG{s}"
-                    for s in (str(x).upper() for x in _as_list(raw.get("signals", []))))
-    return Rule(name=str(raw.get("name", where)), tier=tier, kinds=kinds, exit_codes=exit_codes,
-                signals=signals, exception=raw.get("exception"), log=raw.get("log"))
+    signals = tuple(
+        s if str(s).startswith("SIG") else f"SIG{s}"
+        for s in (str(x).upper() for x in _as_list(raw.get("signals", [])))
+    )
+    return Rule(
+        name=str(raw.get("name", where)),
+        tier=tier,
+        kinds=kinds,
+        exit_codes=exit_codes,
+        signals=signals,
+        exception=raw.get("exception"),
+        log=raw.get("log"),
+    )
 
 
 def _section(cls: type, raw: Any, where: str, problems: list[str]) -> Any:

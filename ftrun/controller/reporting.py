@@ -45,8 +45,13 @@ class JobOutcome:
         return cls(OutcomeState.SUCCEEDED, EXIT_OK, reason)
 
     @classmethod
-    def failed(cls, reason: str, root_cause: dict[str, Any] | None = None, *,
-               exit_code: int = EXIT_JOB_FAILED) -> JobOutcome:
+    def failed(
+        cls,
+        reason: str,
+        root_cause: dict[str, Any] | None = None,
+        *,
+        exit_code: int = EXIT_JOB_FAILED,
+    ) -> JobOutcome:
         return cls(OutcomeState.FAILED, exit_code, reason, root_cause)
 
     @classmethod

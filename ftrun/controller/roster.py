@@ -46,21 +46,27 @@ class NotEnoughHosts(FtrunError):
     """Fewer usable hosts than --min-nodes: no generation can be planned."""
 
     def __init__(self, usable: list[str], min_nodes: int) -> None:
-        super().__init__(f"{len(usable)} usable host(s), fewer than --min-nodes {min_nodes}",
-                         hint="check the unreachable hosts, add --spares, or lower --min-nodes",
-                         data={"usable": usable, "min_nodes": min_nodes})
+        super().__init__(
+            f"{len(usable)} usable host(s), fewer than --min-nodes {min_nodes}",
+            hint="check the unreachable hosts, add --spares, or lower --min-nodes",
+            data={"usable": usable, "min_nodes": min_nodes},
+        )
         self.usable = usable
         self.min_nodes = min_nodes
 
     def explain(self, why: str) -> str:
         """The reason a job ends with: `why` a new generation was wanted, and why there is none."""
         left = ", ".join(self.usable) or "none"
-        return (f"{why}, and no spare host is ready to take its place: {len(self.usable)} "
-                f"usable host(s) ({left}), fewer than --min-nodes {self.min_nodes}")
+        return (
+            f"{why}, and no spare host is ready to take its place: {len(self.usable)} "
+            f"usable host(s) ({left}), fewer than --min-nodes {self.min_nodes}"
+        )
 
 
 class Roster:
-    def __init__(self, hosts: Iterable[str], spares: Iterable[str] = (), *, min_nodes: int = 1) -> None:
+    def __init__(
+        self, hosts: Iterable[str], spares: Iterable[str] = (), *, min_nodes: int = 1
+    ) -> None:
         self.slots: dict[str, HostSlot] = {}
         for host in [*hosts, *spares]:
             self.slots[host] = HostSlot(host)
@@ -122,7 +128,7 @@ class Roster:
         keep = [h for h in self.active if self._usable(h, excluded) and h not in self.recently_lost]
         fill = [h for h in self.slots if h not in keep and self._usable(h, excluded)]
         fill.sort(key=lambda h: h in self.recently_lost)  # stable: spares in order, then those
-        chosen = (keep + fill)[:self.want]
+        chosen = (keep + fill)[: self.want]
         if len(chosen) < self.min_nodes or not chosen:
             raise NotEnoughHosts(chosen, self.min_nodes)
         for slot in self.slots.values():
@@ -139,8 +145,9 @@ class Roster:
         room = self.want - len(self.active)
         if room <= 0:
             return []
-        return [h for h in self.slots if self.slots[h].state is HostState.READY
-                and not excluded(h)][:room]
+        return [
+            h for h in self.slots if self.slots[h].state is HostState.READY and not excluded(h)
+        ][:room]
 
     def needs_replacing(self) -> list[str]:
         """Hosts of the current generation that are gone or were removed."""

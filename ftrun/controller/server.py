@@ -24,8 +24,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ftrun.controller.lateness import Lateness
 from ftrun.errors import ProtocolError
@@ -58,10 +59,18 @@ class AgentLink:
 
 
 class ControlServer:
-    def __init__(self, secret: str, *, expected_agents: set[str], heartbeat_interval_s: float,
-                 host_lost_timeout_s: float, local_stall_timeout_s: float = 0.0,
-                 alive: Liveness | None = None, on_event: EventSink | None = None,
-                 tasks: TaskSupervisor | None = None) -> None:
+    def __init__(
+        self,
+        secret: str,
+        *,
+        expected_agents: set[str],
+        heartbeat_interval_s: float,
+        host_lost_timeout_s: float,
+        local_stall_timeout_s: float = 0.0,
+        alive: Liveness | None = None,
+        on_event: EventSink | None = None,
+        tasks: TaskSupervisor | None = None,
+    ) -> None:
         self.secret = secret
         self.tasks = tasks or TaskSupervisor()
         self.expected = expected_agents
@@ -111,12 +120,13 @@ class ControlServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await self._serve_connection(reader, writer)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a bug serving one peer is reported, not fatal
             self.tasks.report(f"serving {writer.get_extra_info('peername')}", e)
             writer.close()
 
-    async def _serve_connection(self, reader: asyncio.StreamReader,
-                                writer: asyncio.StreamWriter) -> None:
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         peer = writer.get_extra_info("peername")
         try:
             channel = await accept_channel(reader, writer, self.secret)
@@ -126,17 +136,31 @@ class ControlServer:
             if role == "chaos" and hello["kind"] == "hello":
                 self._clients += 1
                 agent_id = f"chaos#{self._clients}"
-            elif hello["kind"] != "hello" or agent_id not in self.expected or (
-                    agent_id in self.links and not self.links[agent_id].lost):
+            elif (
+                hello["kind"] != "hello"
+                or agent_id not in self.expected
+                or (agent_id in self.links and not self.links[agent_id].lost)
+            ):
                 raise ProtocolError(f"unexpected first message {hello['kind']!r} from {agent_id!r}")
-        except (ProtocolError, asyncio.TimeoutError, asyncio.IncompleteReadError,
-                ConnectionError, OSError) as e:
+        except (
+            ProtocolError,
+            asyncio.TimeoutError,
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            OSError,
+        ) as e:
             self.dropped_messages += 1
             log.warning("refused a connection from %s: %s", peer, e)
             writer.close()
             return
-        link = AgentLink(agent_id, str(hello.get("host")), int(hello.get("pid", 0)), channel,
-                         time.monotonic(), role=role)
+        link = AgentLink(
+            agent_id,
+            str(hello.get("host")),
+            int(hello.get("pid", 0)),
+            channel,
+            time.monotonic(),
+            role=role,
+        )
         if role == "chaos":
             self.clients[agent_id] = link
         else:
@@ -145,7 +169,7 @@ class ControlServer:
             await self.inbox.put((agent_id, hello))
         try:
             await self._read(link)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - reported, and the link is lost, not the loop
             failure = self.tasks.report(f"reading {link.host}", e)
             self._lose(link, f"the controller failed reading its messages ({failure.error})")
 
@@ -177,8 +201,9 @@ class ControlServer:
         if self._slow.pop(link.agent_id, None) is not None:
             silent = now - link.last_seen
             log.warning("%s speaks again after %.2f s of silence", link.agent_id, silent)
-            self._event("agent_recovered", host=link.host, agent=link.agent_id,
-                        silent_s=round(silent, 3))
+            self._event(
+                "agent_recovered", host=link.host, agent=link.agent_id, silent_s=round(silent, 3)
+            )
             self._by_last_seen[link.agent_id] = link
         else:
             self._by_last_seen.move_to_end(link.agent_id)
@@ -207,8 +232,12 @@ class ControlServer:
         if link.role == "chaos":
             self.clients.pop(link.agent_id, None)
             return
-        self.inbox.put_nowait((link.agent_id, {"kind": "agent_lost", "reason": reason,
-                                               "host": link.host, "t": time.time()}))
+        self.inbox.put_nowait(
+            (
+                link.agent_id,
+                {"kind": "agent_lost", "reason": reason, "host": link.host, "t": time.time()},
+            )
+        )
 
     async def _heartbeat_loop(self) -> None:
         # Check silence more often than we send, so detection is bounded by the timeout plus one
@@ -255,10 +284,18 @@ class ControlServer:
                 # Its process runs: late is not lost (a busy machine, a stalled loop).
                 del self._by_last_seen[link.agent_id]
                 self._slow[link.agent_id] = link
-                log.warning("%s silent for %.2f s but its process is alive: slow, not lost",
-                            link.agent_id, silent)
-                self._event("agent_slow", host=link.host, agent=link.agent_id, pid=link.pid,
-                            silent_s=round(silent, 3))
+                log.warning(
+                    "%s silent for %.2f s but its process is alive: slow, not lost",
+                    link.agent_id,
+                    silent,
+                )
+                self._event(
+                    "agent_slow",
+                    host=link.host,
+                    agent=link.agent_id,
+                    pid=link.pid,
+                    silent_s=round(silent, 3),
+                )
             else:
                 self._lose(link, f"no heartbeat for {silent:.2f} s")
         for link in list(self._slow.values()):
@@ -274,6 +311,10 @@ class ControlServer:
     def _report_lateness(self) -> None:
         stats, self.lateness = self.lateness, Lateness(self.heartbeat_interval_s)
         if stats.heartbeats.n or stats.deferred_checks:
-            self._event("heartbeat_stats", period_s=STATS_INTERVAL_S,
-                        agents=len(self._by_last_seen) + len(self._slow), slow=len(self._slow),
-                        **stats.summary())
+            self._event(
+                "heartbeat_stats",
+                period_s=STATS_INTERVAL_S,
+                agents=len(self._by_last_seen) + len(self._slow),
+                slow=len(self._slow),
+                **stats.summary(),
+            )

@@ -107,8 +107,14 @@ class Idle:
 class StallWatch:
     """Exit barrier and idle guard of one generation."""
 
-    def __init__(self, agents: set[str], *, exit_timeout_s: float, idle_timeout_s: float,
-                 stacks_timeout_s: float) -> None:
+    def __init__(
+        self,
+        agents: set[str],
+        *,
+        exit_timeout_s: float,
+        idle_timeout_s: float,
+        stacks_timeout_s: float,
+    ) -> None:
         self.agents = set(agents)
         self.exit_timeout_s = exit_timeout_s
         self.idle_timeout_s = idle_timeout_s  # 0: the idle guard is off
@@ -190,8 +196,9 @@ class StallWatch:
             ask = self._ask(Why.IDLE, frozenset(self.agents - self.exited), now)
             assert self.request is not None
             # Taken now: the stack dumps themselves are output, and make the ranks look busy.
-            self.request.idle_ranks = {r: now - t for agent in ask.agents
-                                       for r, t in self.idle[agent].items()}
+            self.request.idle_ranks = {
+                r: now - t for agent in ask.agents for r, t in self.idle[agent].items()
+            }
             self.request.rank_agents = {r: agent for agent in ask.agents for r in self.idle[agent]}
             return ask
         return None
@@ -207,12 +214,23 @@ class StallWatch:
         if req.why is Why.EXIT_HANG:
             assert self.clean is not None and self.clean_t is not None
             self.deadline = None
-            return ExitHang(clean_rank=self.clean[0], clean_host=self.clean[1],
-                            timeout_s=self.exit_timeout_s, waited_s=req.asked_t - self.clean_t,
-                            hung=dict(sorted(req.rank_agents.items())), stacks=req.stacks,
-                            states=req.states, tails=req.tails,
-                            unanswered=frozenset(req.waiting))
-        return Idle(idle_s=min(req.idle_ranks.values()), ranks=dict(sorted(req.idle_ranks.items())),
-                    rank_agents=req.rank_agents,
-                    stacks=req.stacks, states=req.states, tails=req.tails,
-                    unanswered=frozenset(req.waiting))
+            return ExitHang(
+                clean_rank=self.clean[0],
+                clean_host=self.clean[1],
+                timeout_s=self.exit_timeout_s,
+                waited_s=req.asked_t - self.clean_t,
+                hung=dict(sorted(req.rank_agents.items())),
+                stacks=req.stacks,
+                states=req.states,
+                tails=req.tails,
+                unanswered=frozenset(req.waiting),
+            )
+        return Idle(
+            idle_s=min(req.idle_ranks.values()),
+            ranks=dict(sorted(req.idle_ranks.items())),
+            rank_agents=req.rank_agents,
+            stacks=req.stacks,
+            states=req.states,
+            tails=req.tails,
+            unanswered=frozenset(req.waiting),
+        )

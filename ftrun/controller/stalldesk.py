@@ -33,11 +33,14 @@ class StallDesk:
 
     def watch(self, agents: set[str]) -> StallWatch:
         cfg = self.config
-        return StallWatch(agents, exit_timeout_s=cfg.exit_timeout_s,
-                          idle_timeout_s=cfg.idle_timeout_s,
-                          stacks_timeout_s=stacks_timeout_s(cfg.nproc_per_node))
+        return StallWatch(
+            agents,
+            exit_timeout_s=cfg.exit_timeout_s,
+            idle_timeout_s=cfg.idle_timeout_s,
+            stacks_timeout_s=stacks_timeout_s(cfg.nproc_per_node),
+        )
 
-    def news(self, watch: "GenWatch", agent_id: str, msg: dict[str, Any]) -> bool:
+    def news(self, watch: GenWatch, agent_id: str, msg: dict[str, Any]) -> bool:
         """Clean rank exits, idle reports, stacks, and hang reports that come too late to
         matter. True when the message was one of those."""
         kind, now, stall = msg["kind"], time.monotonic(), watch.stall
@@ -47,29 +50,43 @@ class StallDesk:
                 # The work is done: the step-based detectors stand down, the barrier rules.
                 for agent in watch.agents:
                     self.server.send(agent, "finishing", gen=watch.number)
-                self.journal.record("exit_barrier", gen=watch.number, host=host,
-                                    rank=msg.get("rank"), timeout_s=self.config.exit_timeout_s)
+                self.journal.record(
+                    "exit_barrier",
+                    gen=watch.number,
+                    host=host,
+                    rank=msg.get("rank"),
+                    timeout_s=self.config.exit_timeout_s,
+                )
             return True
         if kind == "rank_hung" and stall.finishing:
-            log.info("ignored a hang report from %s after a rank exited 0: the exit barrier "
-                     "decides", host)
+            log.info(
+                "ignored a hang report from %s after a rank exited 0: the exit barrier decides",
+                host,
+            )
             return True
         if kind == "idle":
             ranks = msg.get("ranks")
-            stall.on_idle(agent_id, {int(r): float(s) for r, s in ranks.items()}
-                          if isinstance(ranks, dict) else None, now)
+            stall.on_idle(
+                agent_id,
+                {int(r): float(s) for r, s in ranks.items()} if isinstance(ranks, dict) else None,
+                now,
+            )
             return True
         if kind == "stacks":
             stall.on_stacks(agent_id, msg)
             return True
         return False
 
-    def poll(self, watch: "GenWatch") -> Failure | ExitHang | None:
+    def poll(self, watch: GenWatch) -> Failure | ExitHang | None:
         """Whatever is due now: ask for stacks, or the stall found once they are in."""
         action = watch.stall.poll(time.monotonic())
         if isinstance(action, AskStacks):
-            self.journal.record("stacks_requested", gen=watch.number, why=action.why.value,
-                                hosts=sorted(watch.hosts.get(a, a) for a in action.agents))
+            self.journal.record(
+                "stacks_requested",
+                gen=watch.number,
+                why=action.why.value,
+                hosts=sorted(watch.hosts.get(a, a) for a in action.agents),
+            )
             for agent in action.agents:
                 self.server.send(agent, "capture_stacks", gen=watch.number)
             return None
@@ -77,23 +94,43 @@ class StallDesk:
             return ev_from.idle(action, watch.hosts, watch.max_step, time.time())
         return action
 
-    def record_exit_hang(self, watch: "GenWatch", hang: ExitHang, incident: int) -> str:
+    def record_exit_hang(self, watch: GenWatch, hang: ExitHang, incident: int) -> str:
         """Journal the exit_hang incident; returns the reason the job ends with."""
         hosts = watch.hosts
         first = min(hang.hung) if hang.hung else None
-        who = (", ".join(f"rank {r} on {hosts.get(a, a)}" for r, a in hang.hung.items())
-               or "the ranks on " + ", ".join(sorted(hosts.get(a, a) for a in hang.unanswered)))
-        reason = (f"rank {hang.clean_rank} exited 0 but {who} did not exit within "
-                  f"{hang.timeout_s:g} s; stacks taken, killed. The work was done: succeeded")
+        who = ", ".join(
+            f"rank {r} on {hosts.get(a, a)}" for r, a in hang.hung.items()
+        ) or "the ranks on " + ", ".join(sorted(hosts.get(a, a) for a in hang.unanswered))
+        reason = (
+            f"rank {hang.clean_rank} exited 0 but {who} did not exit within "
+            f"{hang.timeout_s:g} s; stacks taken, killed. The work was done: succeeded"
+        )
         self.journal.record(
-            "fault_detected", incident=incident, gen=watch.number, fault="exit_hang",
-            host=hosts.get(hang.hung[first], "?") if first is not None else None, rank=first,
-            fault_t=None, detected_t=time.time(), step=watch.max_step,
-            allowance_s=hang.timeout_s, past_allowance_s=round(hang.waited_s - hang.timeout_s, 3),
-            clean_rank=hang.clean_rank, clean_host=hang.clean_host, hung_ranks=sorted(hang.hung),
-            stacks=hang.stacks, states=hang.states,
+            "fault_detected",
+            incident=incident,
+            gen=watch.number,
+            fault="exit_hang",
+            host=hosts.get(hang.hung[first], "?") if first is not None else None,
+            rank=first,
+            fault_t=None,
+            detected_t=time.time(),
+            step=watch.max_step,
+            allowance_s=hang.timeout_s,
+            past_allowance_s=round(hang.waited_s - hang.timeout_s, 3),
+            clean_rank=hang.clean_rank,
+            clean_host=hang.clean_host,
+            hung_ranks=sorted(hang.hung),
+            stacks=hang.stacks,
+            states=hang.states,
             tail=hang.tails.get(str(first), []) if first is not None else [],
-            stacks_missing_from=sorted(hosts.get(a, a) for a in hang.unanswered))
-        self.journal.record("fault_classified", incident=incident, tier="finish",
-                            decision="finish", rule="exit barrier", reason=reason)
+            stacks_missing_from=sorted(hosts.get(a, a) for a in hang.unanswered),
+        )
+        self.journal.record(
+            "fault_classified",
+            incident=incident,
+            tier="finish",
+            decision="finish",
+            rule="exit barrier",
+            reason=reason,
+        )
         return reason

@@ -62,8 +62,15 @@ CONTROL_FILE = "control.json"
 
 
 class Supervisor:
-    def __init__(self, config: LaunchConfig, *, policy: FaultPolicy, journal: Journal,
-                 transport: Transport, reporter: Reporter) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        policy: FaultPolicy,
+        journal: Journal,
+        transport: Transport,
+        reporter: Reporter,
+    ) -> None:
         self.config = config
         self.policy = policy
         self.journal = journal
@@ -71,23 +78,34 @@ class Supervisor:
         self.reporter = reporter
         self.secret = new_secret()
         self.internal = InternalFailures(journal, reporter, generation=lambda: self.generation)
-        self.server = ControlServer(self.secret, expected_agents=set(),
-                                    heartbeat_interval_s=config.heartbeat_interval_s,
-                                    host_lost_timeout_s=config.host_lost_timeout_s,
-                                    local_stall_timeout_s=config.local_stall_timeout_s,
-                                    alive=lambda agent_id: self.fleet.agent_alive(agent_id),
-                                    on_event=journal.record,
-                                    tasks=self.internal.tasks)
-        self.fleet = Fleet(config, transport=transport, server=self.server, journal=journal,
-                           reporter=reporter, secret=self.secret,
-                           tasks=self.internal.tasks)
+        self.server = ControlServer(
+            self.secret,
+            expected_agents=set(),
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            host_lost_timeout_s=config.host_lost_timeout_s,
+            local_stall_timeout_s=config.local_stall_timeout_s,
+            alive=lambda agent_id: self.fleet.agent_alive(agent_id),
+            on_event=journal.record,
+            tasks=self.internal.tasks,
+        )
+        self.fleet = Fleet(
+            config,
+            transport=transport,
+            server=self.server,
+            journal=journal,
+            reporter=reporter,
+            secret=self.secret,
+            tasks=self.internal.tasks,
+        )
         self.roster = self.fleet.roster
         self.health = HostHealth(policy.quarantine)
-        self.incidents = Incidents(config, rules=policy.rules, health=self.health,
-                                   journal=journal)
-        self.inbox = Inbox(self.server, fleet=self.fleet, internal=self.internal,
-                           chaos=ChaosDesk(self.server, journal,
-                                           nproc_per_node=config.nproc_per_node))
+        self.incidents = Incidents(config, rules=policy.rules, health=self.health, journal=journal)
+        self.inbox = Inbox(
+            self.server,
+            fleet=self.fleet,
+            internal=self.internal,
+            chaos=ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node),
+        )
         self.stalls = StallDesk(config, server=self.server, journal=journal)
         self.signals = 0
         self.generation = 0
@@ -100,12 +118,20 @@ class Supervisor:
         port = await self.server.start(host=bind)
         me = psutil.Process()
         self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
-        self.journal.record("job_started", job_id=cfg.job_id, name=cfg.job_name,
-                            controller_pid=me.pid, controller_create_time=me.create_time(),
-                            control_port=port, hosts=list(cfg.hosts), spares=list(cfg.spares),
-                            min_nodes=cfg.min_nodes,
-                            nproc_per_node=cfg.nproc_per_node, max_restarts=cfg.max_restarts,
-                            entrypoint=cfg.entrypoint())
+        self.journal.record(
+            "job_started",
+            job_id=cfg.job_id,
+            name=cfg.job_name,
+            controller_pid=me.pid,
+            controller_create_time=me.create_time(),
+            control_port=port,
+            hosts=list(cfg.hosts),
+            spares=list(cfg.spares),
+            min_nodes=cfg.min_nodes,
+            nproc_per_node=cfg.nproc_per_node,
+            max_restarts=cfg.max_restarts,
+            entrypoint=cfg.entrypoint(),
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -124,9 +150,15 @@ class Supervisor:
             await self.fleet.stop_all()
             await self.server.close()
             (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
-        self.journal.record("job_finished", state=outcome.state.value, exit_code=outcome.exit_code,
-                            reason=outcome.reason, root_cause=outcome.root_cause,
-                            restarts=self.incidents.restarts, generation=self.generation)
+        self.journal.record(
+            "job_finished",
+            state=outcome.state.value,
+            exit_code=outcome.exit_code,
+            reason=outcome.reason,
+            root_cause=outcome.root_cause,
+            restarts=self.incidents.restarts,
+            generation=self.generation,
+        )
         return outcome
 
     async def _start_and_supervise(self, port: int) -> JobOutcome:
@@ -147,9 +179,11 @@ class Supervisor:
         self.signals += 1
         self.journal.record("stop_requested", signal=sig.name, count=self.signals)
         if self.signals == 1:
-            self.reporter.notice(f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
-                                 f"{self.config.term_timeout_s:g} s (again to kill now)",
-                                 level="warning")
+            self.reporter.notice(
+                f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
+                f"{self.config.term_timeout_s:g} s (again to kill now)",
+                level="warning",
+            )
         else:
             self.reporter.notice("killing now", level="warning")
             self.server.broadcast("stop", gen=self.generation, grace_s=0)
@@ -179,8 +213,9 @@ class Supervisor:
                 await self._teardown(watch, graceful=end.graceful)
                 if end.incident is not None:
                     self.journal.record("torn_down", incident=end.incident, gen=watch.number)
-            self.journal.record("generation_ended", gen=watch.number, outcome=end.outcome,
-                                step=watch.max_step)
+            self.journal.record(
+                "generation_ended", gen=watch.number, outcome=end.outcome, step=watch.max_step
+            )
             if end.notice is not None:
                 self.reporter.notice(end.notice[0], level=end.notice[1])
             if end.job is not None:
@@ -199,8 +234,13 @@ class Supervisor:
         if isinstance(result, Reconfigure):
             # Planned: the ranks get SIGTERM and the grace period (a script that saves on
             # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
-            self.journal.record("reconfigure", gen=watch.number, why=result.why,
-                                detail=result.detail, step=watch.max_step)
+            self.journal.record(
+                "reconfigure",
+                gen=watch.number,
+                why=result.why,
+                detail=result.detail,
+                step=watch.max_step,
+            )
             self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
             return Ending("reconfigured", True, why=result.detail)
         incident = self.incidents.open()
@@ -209,14 +249,23 @@ class Supervisor:
             # is recorded, the generation killed, and the job finished. Every rank that exited
             # did so with 0 (a failure would have ended the watch first): succeeded.
             reason = self.stalls.record_exit_hang(watch, result, incident)
-            return Ending("exit_hang", False, incident, JobOutcome.succeeded(reason),
-                          (f"{reason} (incident {incident} has their stacks)", "warning"))
+            return Ending(
+                "exit_hang",
+                False,
+                incident,
+                JobOutcome.succeeded(reason),
+                (f"{reason} (incident {incident} has their stacks)", "warning"),
+            )
         assert isinstance(result, Failure)
         decision = self.incidents.classify(watch, result, now=time.monotonic(), wall_t=time.time())
         if decision.tier is Tier.FATAL:
-            return Ending("failed", False, incident,
-                          JobOutcome.failed(decision.reason, watch.root_cause(result)),
-                          (f"fatal: {decision.reason}", "error"))
+            return Ending(
+                "failed",
+                False,
+                incident,
+                JobOutcome.failed(decision.reason, watch.root_cause(result)),
+                (f"fatal: {decision.reason}", "error"),
+            )
         return Ending("failed", False, incident, why=decision.reason, failure=result)
 
     async def _next_hosts(self, watch: GenWatch, end: Ending) -> list[str] | JobOutcome:
@@ -243,8 +292,10 @@ class Supervisor:
         if end.failure is not None:
             self.fleet.journal_replan(self.incidents.count, list(watch.hosts.values()), hosts)
             self.incidents.restarted(end.failure, next_gen=self.generation + 1, backoff_s=delay)
-            self.reporter.notice(f"{end.why} (restart {self.incidents.restarts}/"
-                                 f"{self.config.max_restarts})", level="warning")
+            self.reporter.notice(
+                f"{end.why} (restart {self.incidents.restarts}/{self.config.max_restarts})",
+                level="warning",
+            )
         return hosts
 
     def _plan(self) -> list[str]:
@@ -264,14 +315,26 @@ class Supervisor:
         return await self.inbox.stop_requested_within(wait)
 
     def _launch(self, number: int, hosts: list[str]) -> GenWatch:
-        hang = dataclasses.replace(self.policy.hang, expect_progress=(
-            self.policy.hang.expect_progress or bool(self.config.progress_regex)
-            or self.incidents.ever_progressed))
-        agents = self.fleet.launch(number, hosts, hang=dataclasses.asdict(hang),
-                                   restarts=self.incidents.restarts)
-        return GenWatch(number, set(agents), dict(zip(agents, hosts)), order=agents,
-                        stall=self.stalls.watch(set(agents)), journal=self.journal,
-                        reporter=self.reporter)
+        hang = dataclasses.replace(
+            self.policy.hang,
+            expect_progress=(
+                self.policy.hang.expect_progress
+                or bool(self.config.progress_regex)
+                or self.incidents.ever_progressed
+            ),
+        )
+        agents = self.fleet.launch(
+            number, hosts, hang=dataclasses.asdict(hang), restarts=self.incidents.restarts
+        )
+        return GenWatch(
+            number,
+            set(agents),
+            dict(zip(agents, hosts, strict=True)),
+            order=agents,
+            stall=self.stalls.watch(set(agents)),
+            journal=self.journal,
+            reporter=self.reporter,
+        )
 
     async def _watch(self, watch: GenWatch) -> WatchResult:
         while True:
@@ -326,9 +389,12 @@ class Supervisor:
                 pending.discard(agent_id)
                 self.fleet.on_message(agent_id, msg)
                 if msg.get("survivors"):
-                    self.reporter.notice(f"processes survived SIGKILL on "
-                                         f"{watch.hosts.get(agent_id, agent_id)}: "
-                                         f"{msg['survivors']}", level="error")
+                    self.reporter.notice(
+                        f"processes survived SIGKILL on "
+                        f"{watch.hosts.get(agent_id, agent_id)}: "
+                        f"{msg['survivors']}",
+                        level="error",
+                    )
             elif msg["kind"] == "agent_error":
                 self.internal.on_agent_error(agent_id, msg)
             elif msg.get("gen") == number and agent_id in watch.agents:

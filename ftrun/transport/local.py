@@ -15,10 +15,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ftrun import envcontract
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
-from ftrun import envcontract
 
 
 class LocalAgent:
@@ -52,8 +52,8 @@ class LocalAgent:
         self._close_stdin()
         # Whatever the agent could not kill (it was SIGKILLed, say), we do.
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: procs.kill_all([], self.process_tag, timeout_s=timeout_s))
-
+            None, lambda: procs.kill_all([], self.process_tag, timeout_s=timeout_s)
+        )
 
     def _close_stdin(self) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.is_closing():
@@ -73,14 +73,22 @@ class LocalTransport:
         with open(log_path, "ab") as log:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    self.python, "-m", "ftrun.agent", stdin=asyncio.subprocess.PIPE, stdout=log,
-                    stderr=log, start_new_session=True,
-                    env={**os.environ, envcontract.AGENT_ID: boot.process_tag})
+                    self.python,
+                    "-m",
+                    "ftrun.agent",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env={**os.environ, envcontract.AGENT_ID: boot.process_tag},
+                )
             except OSError as e:  # the interpreter is missing or not executable
-                raise HostUnreachable(boot.host, f"could not start the agent with {self.python}: "
-                                      f"{e.strerror or e}",
-                                      hint="the local agent runs with the Python that runs "
-                                           "ftrun: check that it is still installed") from None
+                raise HostUnreachable(
+                    boot.host,
+                    f"could not start the agent with {self.python}: {e.strerror or e}",
+                    hint="the local agent runs with the Python that runs "
+                    "ftrun: check that it is still installed",
+                ) from None
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(asdict(boot)).encode() + b"\n")
         await proc.stdin.drain()

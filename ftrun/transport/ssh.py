@@ -22,8 +22,9 @@ import logging
 import shlex
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable, TypeVar
+from typing import IO, Any, TypeVar
 
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
@@ -39,13 +40,23 @@ SWEEP_TIMEOUT_S = 10.0
 
 def unreachable(host: str, error: str) -> HostUnreachable:
     """ssh to a host failed at start: the message carries ssh's own error."""
-    return HostUnreachable(host, error, via="over ssh",
-                           hint=f"check that `ssh {host} true` works from this machine")
+    return HostUnreachable(
+        host, error, via="over ssh", hint=f"check that `ssh {host} true` works from this machine"
+    )
 
 
 class SshAgent:
-    def __init__(self, host: str, process_tag: str, python: str, conn: Any, chan: Any,
-                 log_file: IO[bytes], *, env_prefix: str = "") -> None:
+    def __init__(
+        self,
+        host: str,
+        process_tag: str,
+        python: str,
+        conn: Any,
+        chan: Any,
+        log_file: IO[bytes],
+        *,
+        env_prefix: str = "",
+    ) -> None:
         self.host = host
         self.process_tag = process_tag
         self.python = python
@@ -114,8 +125,10 @@ class SshAgent:
         chan = self.conn.transport.open_session(timeout=SWEEP_TIMEOUT_S / 2)
         try:
             chan.set_combine_stderr(True)
-            chan.exec_command(f"exec env {self.env_prefix}{shlex.quote(self.python)} "
-                              f"-m ftrun.agent.procs {shlex.quote(self.process_tag)}")
+            chan.exec_command(
+                f"exec env {self.env_prefix}{shlex.quote(self.python)} "
+                f"-m ftrun.agent.procs {shlex.quote(self.process_tag)}"
+            )
             if not chan.status_event.wait(SWEEP_TIMEOUT_S / 2):
                 raise TimeoutError("the sweep did not finish")
             if chan.recv_exit_status() != 0:
@@ -130,8 +143,9 @@ class SshAgent:
 
 
 class SshTransport:
-    def __init__(self, *, python: str, ssh_config: str | None = None,
-                 controller_addr: str | None = None) -> None:
+    def __init__(
+        self, *, python: str, ssh_config: str | None = None, controller_addr: str | None = None
+    ) -> None:
         self.python = python
         self.ssh_config = ssh_config
         self.controller_addr = controller_addr
@@ -144,32 +158,39 @@ class SshTransport:
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SshAgent:
         try:
-            conn, local_addr = await asyncio.wait_for(in_thread(self._connect, boot.host),
-                                                      START_TIMEOUT_S)
+            conn, local_addr = await asyncio.wait_for(
+                in_thread(self._connect, boot.host), START_TIMEOUT_S
+            )
         except asyncio.TimeoutError:
             raise unreachable(boot.host, f"no ssh session within {START_TIMEOUT_S:g} s") from None
         dial = self.controller_addr or local_addr
         if dial is None:
             conn.close()
-            raise unreachable(boot.host, "it is reached through a proxy (ProxyJump or "
-                                  "ProxyCommand), so ftrun cannot tell which address it should "
-                                  "dial back; pass --controller-addr")
+            raise unreachable(
+                boot.host,
+                "it is reached through a proxy (ProxyJump or "
+                "ProxyCommand), so ftrun cannot tell which address it should "
+                "dial back; pass --controller-addr",
+            )
         boot = dataclasses.replace(boot, controller_host=dial)
         env_prefix = _env_prefix(boot)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")
         try:
-            chan = await asyncio.wait_for(in_thread(self._exec, conn, boot, env_prefix),
-                                          START_TIMEOUT_S)
+            chan = await asyncio.wait_for(
+                in_thread(self._exec, conn, boot, env_prefix), START_TIMEOUT_S
+            )
         except BaseException as e:
             log_file.close()
             conn.close()  # also unblocks a thread still waiting inside paramiko
             if isinstance(e, asyncio.TimeoutError):
-                raise unreachable(boot.host, "the agent did not start within "
-                                      f"{START_TIMEOUT_S:g} s of logging in") from None
+                raise unreachable(
+                    boot.host, f"the agent did not start within {START_TIMEOUT_S:g} s of logging in"
+                ) from None
             raise
-        return SshAgent(boot.host, boot.process_tag, boot.python, conn, chan, log_file,
-                        env_prefix=env_prefix)
+        return SshAgent(
+            boot.host, boot.process_tag, boot.python, conn, chan, log_file, env_prefix=env_prefix
+        )
 
     def _connect(self, host: str) -> tuple[Any, str | None]:
         import fabric  # only the ssh transport needs fabric and paramiko: import on first use
@@ -177,13 +198,22 @@ class SshTransport:
 
         target = split_target(host)
         try:
-            config = fabric.Config(runtime_ssh_path=self.ssh_config,
-                                   overrides={"timeouts": {"connect": DEFAULT_CONNECT_TIMEOUT_S}})
+            config = fabric.Config(
+                runtime_ssh_path=self.ssh_config,
+                overrides={"timeouts": {"connect": DEFAULT_CONNECT_TIMEOUT_S}},
+            )
         except Exception as e:  # noqa: BLE001 - paramiko's ConfigParseError and friends
             raise unreachable(host, f"cannot read the ssh config: {e}") from None
-        conn = fabric.Connection(target.host, user=target.user, port=target.port, config=config,
-                                 connect_kwargs={"banner_timeout": DEFAULT_CONNECT_TIMEOUT_S,
-                                                 "auth_timeout": DEFAULT_CONNECT_TIMEOUT_S})
+        conn = fabric.Connection(
+            target.host,
+            user=target.user,
+            port=target.port,
+            config=config,
+            connect_kwargs={
+                "banner_timeout": DEFAULT_CONNECT_TIMEOUT_S,
+                "auth_timeout": DEFAULT_CONNECT_TIMEOUT_S,
+            },
+        )
         try:
             conn.open()
         except (OSError, EOFError, paramiko.SSHException) as e:
@@ -197,8 +227,10 @@ class SshTransport:
     def _exec(self, conn: Any, boot: Bootstrap, env_prefix: str) -> Any:
         import paramiko
 
-        command = (f"cd / && exec env {env_prefix}FTRUN_AGENT_ID={shlex.quote(boot.process_tag)} "
-                   f"{shlex.quote(boot.python)} -m ftrun.agent")
+        command = (
+            f"cd / && exec env {env_prefix}FTRUN_AGENT_ID={shlex.quote(boot.process_tag)} "
+            f"{shlex.quote(boot.python)} -m ftrun.agent"
+        )
         try:
             chan = conn.transport.open_session(timeout=START_TIMEOUT_S)
             chan.set_combine_stderr(True)
@@ -216,7 +248,7 @@ def _env_prefix(boot: Bootstrap) -> str:
     return f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
 
 
-def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
+def in_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     """Run a blocking ssh call in a daemon thread: paramiko blocks, and a call stuck on a dead
     host must never hold up the controller's exit (executor threads would)."""
     loop = asyncio.get_running_loop()
@@ -243,7 +275,9 @@ def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
         except RuntimeError:
             pass  # the loop is closed: nobody waits for this any more
 
-    threading.Thread(target=work, name=f"ssh-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    threading.Thread(
+        target=work, name=f"ssh-{getattr(fn, '__name__', 'call')}", daemon=True
+    ).start()
     return future
 
 

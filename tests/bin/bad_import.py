@@ -1,2 +1,1 @@
-import os
 import no_such_module_for_ftrun_tests  # noqa: F401

@@ -62,8 +62,12 @@ def child(args: argparse.Namespace, job: str, ready_w: int, result_w: int, memor
     mgr = ckpt.Manager(args.dir, job_id=job, memory=memory, keep=2)
     step = mgr.restore(state)
     got = complete(state)
-    report = {"restored": step, "tier": mgr.restored.tier, "complete": got == step,
-              "worker": mgr._client.proc.pid}
+    report = {
+        "restored": step,
+        "tier": mgr.restored.tier,
+        "complete": got == step,
+        "worker": mgr._client.proc.pid,
+    }
     os.write(result_w, (json.dumps(report) + "\n").encode())
     if args.check_only:
         mgr.close(persist_last=False)
@@ -79,8 +83,9 @@ def child(args: argparse.Namespace, job: str, ready_w: int, result_w: int, memor
         os._exit(4)
 
 
-def run_trial(args: argparse.Namespace, job: str, rng: random.Random, memory: bool = True,
-              kill: bool = True) -> dict:
+def run_trial(
+    args: argparse.Namespace, job: str, rng: random.Random, memory: bool = True, kill: bool = True
+) -> dict:
     ready_r, ready_w = os.pipe()
     result_r, result_w = os.pipe()
     pid = os.fork()
@@ -130,8 +135,11 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, 0)
     for proc in psutil.process_iter():  # the worker, if it outlived the group
         try:
-            if proc.ppid() == 1 and "ftrun.checkpoint.worker" in " ".join(proc.cmdline()) \
-                    and f"--parent {pid}" in " ".join(proc.cmdline()):
+            if (
+                proc.ppid() == 1
+                and "ftrun.checkpoint.worker" in " ".join(proc.cmdline())
+                and f"--parent {pid}" in " ".join(proc.cmdline())
+            ):
                 proc.kill()
         except psutil.Error:
             continue
@@ -176,8 +184,18 @@ def main() -> None:
         shutil.rmtree(ckpt.memory_tier_dir(job), ignore_errors=True)
         if own_dir:
             shutil.rmtree(args.dir, ignore_errors=True)
-    print(json.dumps({"summary": True, "trials": args.trials, "failures": len(failures),
-                      "tiers": tiers, "last_step": last}), flush=True)
+    print(
+        json.dumps(
+            {
+                "summary": True,
+                "trials": args.trials,
+                "failures": len(failures),
+                "tiers": tiers,
+                "last_step": last,
+            }
+        ),
+        flush=True,
+    )
     sys.exit(1 if failures else 0)
 
 

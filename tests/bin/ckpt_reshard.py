@@ -38,8 +38,10 @@ class Net(nn.Module):
 
 def flat_reference(state: ckpt.TrainState) -> dict:
     sd = state.state_dict()
-    return {**{f"model.{k}": v for k, v in sd["model"].items()},
-            **{f"optim.{k}": v for k, v in sd["optim"].items()}}
+    return {
+        **{f"model.{k}": v for k, v in sd["model"].items()},
+        **{f"optim.{k}": v for k, v in sd["optim"].items()},
+    }
 
 
 def phase_save(directory: str) -> None:

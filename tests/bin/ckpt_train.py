@@ -61,14 +61,16 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     random.seed(rank)
-    net = nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(), nn.Dropout(0.2),
-                        nn.Linear(args.width, 1))
+    net = nn.Sequential(
+        nn.Linear(args.width, args.width), nn.ReLU(), nn.Dropout(0.2), nn.Linear(args.width, 1)
+    )
     model = DistributedDataParallel(net)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     loader = Loader(rank, args.width)
     state = {"train": ckpt.TrainState(net, opt), "data": ckpt.PerRank(loader)}
-    mgr = ckpt.Manager(args.ckpt_dir, memory=False if args.no_memory else None,
-                       memory_slots=args.memory_slots)
+    mgr = ckpt.Manager(
+        args.ckpt_dir, memory=False if args.no_memory else None, memory_slots=args.memory_slots
+    )
     start = mgr.restore(state)
     print(f"RESTORED rank={rank} step={start} tier={mgr.restored.tier}", flush=True)
 
@@ -78,8 +80,11 @@ def main() -> None:
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
-        if (args.fail_at == step and rank == args.fail_rank
-                and not (args.fail_once and os.path.exists(args.fail_once))):
+        if (
+            args.fail_at == step
+            and rank == args.fail_rank
+            and not (args.fail_once and os.path.exists(args.fail_once))
+        ):
             if args.fail_once:
                 open(args.fail_once, "w").close()
             print(f"FAULT rank={rank} step={step}", flush=True)

@@ -2,6 +2,7 @@
 --fail-once MARKER, rank 1 SIGKILLs itself the first time (so that a generation 2 exists);
 --names adds variables to print (what --env and --env-file forward); --wait-for FILE keeps the
 rank alive until FILE exists (at most 60 s), for a test to look at the running processes."""
+
 import argparse
 import json
 import os
@@ -9,9 +10,21 @@ import signal
 import sys
 import time
 
-KEYS = ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
-        "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "FTRUN_GENERATION", "FTRUN_JOB_ID"]
+KEYS = [
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "FTRUN_GENERATION",
+    "FTRUN_JOB_ID",
+]
 
 p = argparse.ArgumentParser()
 p.add_argument("--fail-once", default=None, help="marker file: rank 1 dies if it does not exist")

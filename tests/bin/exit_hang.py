@@ -2,6 +2,7 @@
 and the other ranks do not exit: --then hang (threading.Event().wait(), forever), or
 --then fail: wait until the controller has seen rank 0 exit 0 (the job's journal says
 `exit_barrier`, within 60 s) and exit with code 3, a failure after the work was done."""
+
 import argparse
 import json
 import os

@@ -3,6 +3,7 @@
 of --bar-kb KB, bytes that are not UTF-8 and --burst-mb MB of lines as fast as it can (a step
 per MB); then more steps, then it hangs (sleeps) until killed. Once the marker exists it just
 steps and exits."""
+
 import argparse
 import os
 import sys

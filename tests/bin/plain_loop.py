@@ -1,5 +1,6 @@
 """A script that knows nothing of ftrun: prints 'step N' and, with --stop-at N (once, with a
 marker file), freezes itself with SIGSTOP, the way a rank stuck in a driver call looks."""
+
 import argparse
 import os
 import signal

@@ -1,5 +1,6 @@
 """Dies of an exception under torch's `@record`, and keeps the traceback out of its output: the
 error file torchrun asked for (TORCHELASTIC_ERROR_FILE) is the only place it goes."""
+
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record

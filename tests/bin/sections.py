@@ -1,4 +1,5 @@
 """Steps, then a declared section that takes --section-s seconds, then more steps."""
+
 import argparse
 import time
 

@@ -1,6 +1,7 @@
 """A plain training loop (no ftrun import) with the signal handlers real scripts have:
 SIGTERM → save (takes --save-s seconds), write `<dir>/saved-rank<R>`, exit 0;
 SIGUSR1 → note it in `<dir>/usr1-rank<R>` and keep going, exiting 0 --after-usr1 steps later."""
+
 import argparse
 import os
 import signal

@@ -4,6 +4,7 @@
 second longer; then each exits 0.
 --mode section: every rank sleeps silently for --seconds inside `ftrun.section`, then exits 0.
 --mode steps: every rank calls `ftrun.step` every 1.5 s for --seconds, silently, then exits 0."""
+
 import argparse
 import os
 import time

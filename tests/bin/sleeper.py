@@ -1,5 +1,6 @@
 """Reports a step every --interval seconds until killed; --ignore-sigterm makes it stubborn.
 Writes its pid to --pid-dir so a test can check it died."""
+
 import argparse
 import os
 import signal

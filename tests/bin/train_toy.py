@@ -33,8 +33,11 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 print(f"WORLD {world} rank {rank} on {os.environ.get('FTRUN_HOST', '?')}", flush=True)
 torch.manual_seed(0)
-model = DistributedDataParallel(torch.nn.Sequential(
-    torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)))
+model = DistributedDataParallel(
+    torch.nn.Sequential(
+        torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)
+    )
+)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
 start = 0
@@ -47,8 +50,11 @@ if ckpt and os.path.exists(ckpt):
     print(f"resumed from step {start}", flush=True)
 
 for step in range(start + 1, args.steps + 1):
-    if (args.fail_at == step and rank == args.fail_rank
-            and not (args.fail_once and os.path.exists(args.fail_once))):
+    if (
+        args.fail_at == step
+        and rank == args.fail_rank
+        and not (args.fail_once and os.path.exists(args.fail_once))
+    ):
         if args.fail_once:
             open(args.fail_once, "w").close()
         print(f"FAULT t={time.time():.6f} injecting {args.fail_how} at step {step}", flush=True)
@@ -70,8 +76,10 @@ for step in range(start + 1, args.steps + 1):
     ftrun.step(step)
     print(f"STEP {step} t={time.time():.6f} loss={loss.item():.6f}", flush=True)
     if ckpt and step % args.ckpt_every == 0 and rank == 0:
-        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
-                   ckpt + ".tmp")
+        torch.save(
+            {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+            ckpt + ".tmp",
+        )
         os.replace(ckpt + ".tmp", ckpt)
     if ckpt and step % args.ckpt_every == 0:
         dist.barrier()

@@ -1,12 +1,13 @@
 """argparse behind a __main__ guard; prints what a script may look at about itself."""
+
 import argparse
 import os
 import sys
 
-import __main__
 import torch.distributed as dist
-
 from _conf import maybe_die, say
+
+import __main__
 
 
 def parse() -> argparse.Namespace:
@@ -22,6 +23,19 @@ if __name__ == "__main__":
     for step in range(5):
         maybe_die(step)
         dist.barrier()
-    say("lr", args.lr, "tag", args.tag, "argv0", os.path.basename(sys.argv[0]),
-        "file", os.path.basename(__main__.__file__), "spec", __spec__,
-        "path0", os.path.basename(sys.path[0]), "stdin", sys.stdin.isatty() or sys.stdin.read(1) == "")
+    say(
+        "lr",
+        args.lr,
+        "tag",
+        args.tag,
+        "argv0",
+        os.path.basename(sys.argv[0]),
+        "file",
+        os.path.basename(__main__.__file__),
+        "spec",
+        __spec__,
+        "path0",
+        os.path.basename(sys.path[0]),
+        "stdin",
+        sys.stdin.isatty() or sys.stdin.read(1) == "",
+    )

@@ -1,10 +1,10 @@
 """A DataLoader with worker processes (forked from the rank), under DDP."""
+
 import torch
 import torch.distributed as dist
+from _conf import maybe_die, say
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
-
-from _conf import maybe_die, say
 
 
 class Squares(Dataset):
@@ -17,8 +17,9 @@ class Squares(Dataset):
 
 def main() -> None:
     dist.init_process_group("gloo")
-    loader = DataLoader(Squares(), batch_size=8, num_workers=2,
-                        sampler=DistributedSampler(Squares(), shuffle=False))
+    loader = DataLoader(
+        Squares(), batch_size=8, num_workers=2, sampler=DistributedSampler(Squares(), shuffle=False)
+    )
     total = torch.zeros(1)
     for step, batch in enumerate(loader):
         maybe_die(step)

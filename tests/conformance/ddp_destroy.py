@@ -3,9 +3,8 @@
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from _conf import maybe_die, say
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def main() -> None:

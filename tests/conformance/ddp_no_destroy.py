@@ -1,14 +1,14 @@
 """DDP on gloo as people write it: argparse, a __main__ guard, the model and optimizer as
 globals of the guard, a checkpoint it resumes from, and no destroy_process_group() at the end."""
+
 import argparse
 import os
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from _conf import DIR, maybe_die, say
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
@@ -37,8 +37,14 @@ if __name__ == "__main__":
         optimizer.step()
         say(f"step {step} loss {loss.item():.6f}")
         if rank == 0:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "step": step}, path + ".tmp")
+            torch.save(
+                {
+                    "model": model.module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                },
+                path + ".tmp",
+            )
             os.replace(path + ".tmp", path)
         dist.barrier()  # every rank passes a step only once its checkpoint is on disk
     say("done")

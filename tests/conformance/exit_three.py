@@ -1,8 +1,8 @@
 """Ends with sys.exit(3) on rank 1 after its work; rank 0 exits 0."""
+
 import sys
 
 import torch.distributed as dist
-
 from _conf import maybe_die, say
 
 dist.init_process_group("gloo")

@@ -1,10 +1,10 @@
 """FSDP2 (`fully_shard`) on gloo and CPU: a few steps, then the full weights gathered."""
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
-
 from _conf import maybe_die, say
+from torch.distributed.fsdp import fully_shard
 
 
 def main() -> None:

@@ -1,14 +1,14 @@
 """A rank that uses multiprocessing itself, with the spawn and forkserver start methods (both
 start a fresh interpreter that re-imports this file as __mp_main__)."""
+
 import multiprocessing as mp
 
 import torch.distributed as dist
-
 from _conf import maybe_die, say
 
 
 def cube(x: int) -> int:
-    return x ** 3
+    return x**3
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
 """Leaves a non-daemon thread running when the script's main code ends: the interpreter waits
 for it (threading._shutdown) before atexit handlers and exit."""
+
 import atexit
 import threading
 import time
 
 import torch.distributed as dist
-
 from _conf import maybe_die, say
 
 dist.init_process_group("gloo")

@@ -1,8 +1,8 @@
 """main() decorated with torch.distributed.elastic's @record: the error goes to the error file."""
-import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
+import torch.distributed as dist
 from _conf import maybe_die, say
+from torch.distributed.elastic.multiprocessing.errors import record
 
 
 @record

@@ -80,27 +80,70 @@ def command(mode: str, script: Script, *, killed: bool, run_dir: Path) -> list[s
     restarts = "1" if killed else "0"
     nproc = str(script.nproc)
     if mode == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", nproc, "--max-restarts", restarts, "--monitor-interval", "0.1",
-                "--log-dir", str(run_dir / "torchrun"), *script.entry]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            nproc,
+            "--max-restarts",
+            restarts,
+            "--monitor-interval",
+            "0.1",
+            "--log-dir",
+            str(run_dir / "torchrun"),
+            *script.entry,
+        ]
     start = "--warm-start" if mode == "warm" else "--cold-start"
-    return [sys.executable, "-m", "ftrun", "launch", start, "--nproc-per-node", nproc,
-            "--max-restarts", restarts, "--run-dir", str(run_dir), *script.entry]
+    return [
+        sys.executable,
+        "-m",
+        "ftrun",
+        "launch",
+        start,
+        "--nproc-per-node",
+        nproc,
+        "--max-restarts",
+        restarts,
+        "--run-dir",
+        str(run_dir),
+        *script.entry,
+    ]
 
 
-def run_one(mode: str, script: Script, *, killed: bool, timeout_s: float = 120,
-            extra_env: dict[str, str] | None = None) -> Outcome:
+def run_one(
+    mode: str,
+    script: Script,
+    *,
+    killed: bool,
+    timeout_s: float = 120,
+    extra_env: dict[str, str] | None = None,
+) -> Outcome:
     """One run of one script in one mode, in a scratch directory that is removed after."""
     scratch = Path(tempfile.mkdtemp(prefix="ftrun-conformance-"))
     tag = uuid.uuid4().hex
-    env = {**os.environ, "CONF_DIR": str(scratch), "CONF_RUN_TAG": tag, "PYTHONUNBUFFERED": "1",
-           "TMPDIR": str(scratch), **(extra_env or {})}
+    env = {
+        **os.environ,
+        "CONF_DIR": str(scratch),
+        "CONF_RUN_TAG": tag,
+        "PYTHONUNBUFFERED": "1",
+        "TMPDIR": str(scratch),
+        **(extra_env or {}),
+    }
     if killed:
         env["CONF_KILL"] = script.kill
     t0 = time.monotonic()
-    proc = subprocess.Popen(command(mode, script, killed=killed, run_dir=scratch / "runs"),
-                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
+    proc = subprocess.Popen(
+        command(mode, script, killed=killed, run_dir=scratch / "runs"),
+        cwd=HERE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         code: int | None = proc.returncode
@@ -110,8 +153,9 @@ def run_one(mode: str, script: Script, *, killed: bool, timeout_s: float = 120,
         _sweep(tag)
         shutil.rmtree(scratch, ignore_errors=True)
     printed = rank_output(mode, out)
-    return Outcome(mode, code, conf_lines(printed), first_traceback(printed), out,
-                   time.monotonic() - t0)
+    return Outcome(
+        mode, code, conf_lines(printed), first_traceback(printed), out, time.monotonic() - t0
+    )
 
 
 def rank_output(mode: str, output: str) -> str:
@@ -120,8 +164,11 @@ def rank_output(mode: str, output: str) -> str:
     Plain torchrun passes the ranks' output through as it is."""
     if mode == "torchrun":
         return output
-    return "\n".join(RANK_PREFIX.sub("", line, count=1) for line in output.splitlines()
-                     if RANK_PREFIX.match(line))
+    return "\n".join(
+        RANK_PREFIX.sub("", line, count=1)
+        for line in output.splitlines()
+        if RANK_PREFIX.match(line)
+    )
 
 
 def conf_lines(output: str) -> dict[int, list[str]]:
@@ -146,7 +193,7 @@ def first_traceback(output: str) -> list[str]:
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
             block = [line]
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + 1 :]:
                 block.append(nxt)
                 if nxt and not nxt.startswith((" ", "\t")):
                     break
@@ -176,18 +223,27 @@ def compare(outcomes: list[Outcome], *, killed: bool) -> tuple[list[str], list[s
     for o in outcomes:
         if o.hung and (o.mode != "torchrun" or not killed):
             problems.append(f"{o.mode}: hung (no exit within the deadline)")
-        elif (o is not reference and not reference.hung and not (killed and o.mode == "torchrun")
-              and o.comparable() != reference.comparable()):
-            for label, mine, theirs in (("exit code", o.exit_code, reference.exit_code),
-                                        ("CONF lines", o.conf, reference.conf),
-                                        ("traceback", o.traceback, reference.traceback)):
+        elif (
+            o is not reference
+            and not reference.hung
+            and not (killed and o.mode == "torchrun")
+            and o.comparable() != reference.comparable()
+        ):
+            for label, mine, theirs in (
+                ("exit code", o.exit_code, reference.exit_code),
+                ("CONF lines", o.conf, reference.conf),
+                ("traceback", o.traceback, reference.traceback),
+            ):
                 if mine != theirs:
                     problems.append(f"{o.mode}: {label} {mine!r} != {reference.mode}'s {theirs!r}")
     anchor: list[str] = []
     torchrun = by_mode.get("torchrun")
     if killed and torchrun is not None and torchrun.comparable() != reference.comparable():
-        anchor.append("torchrun: hung" if torchrun.hung else
-                      f"torchrun: exit {torchrun.exit_code}, did not recover as ftrun did")
+        anchor.append(
+            "torchrun: hung"
+            if torchrun.hung
+            else f"torchrun: exit {torchrun.exit_code}, did not recover as ftrun did"
+        )
     return problems, anchor
 
 

@@ -1,6 +1,6 @@
 """Raises an uncaught exception on rank 0 after a few steps."""
-import torch.distributed as dist
 
+import torch.distributed as dist
 from _conf import maybe_die, say
 
 

@@ -39,13 +39,17 @@ class Toy:
 
     def __init__(self, seed: int = 0, width: int = 8) -> None:
         torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Dropout(0.25),
-                                         torch.nn.Linear(width, 1))
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.Dropout(0.25), torch.nn.Linear(width, 1)
+        )
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=0.05)
         self.loader = Loader(width=width)
         self.extra = {"epoch": 0, "note": "n"}
-        self.state = {"train": ckpt.TrainState(self.model, self.opt),
-                      "data": ckpt.PerRank(self.loader), "extra": self.extra}
+        self.state = {
+            "train": ckpt.TrainState(self.model, self.opt),
+            "data": ckpt.PerRank(self.loader),
+            "extra": self.extra,
+        }
 
     def step(self) -> float:
         x = self.loader.next()
@@ -59,8 +63,9 @@ class Toy:
     def tensors(self) -> dict[str, torch.Tensor]:
         sd = self.state["train"].state_dict()
         flat = {f"model.{k}": v.clone() for k, v in sd["model"].items()}
-        flat.update({f"optim.{k}": v.clone() for k, v in sd["optim"].items()
-                     if isinstance(v, torch.Tensor)})
+        flat.update(
+            {f"optim.{k}": v.clone() for k, v in sd["optim"].items() if isinstance(v, torch.Tensor)}
+        )
         return flat
 
 

@@ -25,9 +25,17 @@ def test_agent_survives_malformed_messages(tmp_path, test_id, no_survivors):
 
         server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        boot = {"controller_host": "127.0.0.1", "controller_port": port, "secret": secret,
-                "job_id": "j", "agent_id": "a#0", "host": "a", "heartbeat_interval_s": 0.1,
-                "fence_timeout_s": 5.0, "warm_start": False}
+        boot = {
+            "controller_host": "127.0.0.1",
+            "controller_port": port,
+            "secret": secret,
+            "job_id": "j",
+            "agent_id": "a#0",
+            "host": "a",
+            "heartbeat_interval_s": 0.1,
+            "fence_timeout_s": 5.0,
+            "warm_start": False,
+        }
         agent = await spawn_agent(boot, log_path, test_id)
         chan = await asyncio.wait_for(connected.get(), 10)
         hello = await asyncio.wait_for(chan.receive(), 10)
@@ -62,6 +70,12 @@ def test_agent_survives_malformed_messages(tmp_path, test_id, no_survivors):
 
 
 def test_agent_with_bad_bootstrap_exits_cleanly(no_survivors, test_id):
-    out = subprocess.run([sys.executable, "-m", "ftrun.agent"], input="{not json\n", text=True,
-                         capture_output=True, timeout=30, env={**os.environ, "FTRUN_TEST_ID": test_id})
+    out = subprocess.run(
+        [sys.executable, "-m", "ftrun.agent"],
+        input="{not json\n",
+        text=True,
+        capture_output=True,
+        timeout=30,
+        env={**os.environ, "FTRUN_TEST_ID": test_id},
+    )
     assert out.returncode == 2 and "bad bootstrap" in out.stderr and "Traceback" not in out.stderr

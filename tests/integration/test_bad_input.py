@@ -24,20 +24,25 @@ def test_missing_script(ftrun):
 
 
 def test_zero_ranks(ftrun):
-    assert_clean_usage_error(ftrun.run("launch", "--nproc-per-node", "0", TOY),
-                             "--nproc-per-node must be at least 1")
+    assert_clean_usage_error(
+        ftrun.run("launch", "--nproc-per-node", "0", TOY), "--nproc-per-node must be at least 1"
+    )
 
 
 def test_all_problems_reported_at_once(ftrun):
-    assert_clean_usage_error(ftrun.run("launch", "--nproc-per-node", "0", "nope.py"),
-                             "--nproc-per-node", "no such script")
+    assert_clean_usage_error(
+        ftrun.run("launch", "--nproc-per-node", "0", "nope.py"),
+        "--nproc-per-node",
+        "no such script",
+    )
 
 
 def test_unwritable_run_dir(ftrun, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert_clean_usage_error(ftrun.run("launch", "--run-dir", str(blocker / "runs"), TOY),
-                             "not writable")
+    assert_clean_usage_error(
+        ftrun.run("launch", "--run-dir", str(blocker / "runs"), TOY), "not writable"
+    )
 
 
 def test_master_port_in_use(ftrun):
@@ -66,13 +71,19 @@ def test_inconsistent_timeouts_name_the_flags_and_the_docs(ftrun, tmp_path):
     # The file sets the lost timeout, the flag the fence timeout: both count, and clash.
     result = ftrun.run("launch", "--policy", str(policy), "--fence-timeout", "2", TOY)
     assert_clean_usage_error(result, "--fence-timeout (2 s) must be at least", "docs/timeouts.md")
+
+
 def test_exit_and_idle_timeouts_from_flags_or_environment(ftrun):
     """Explicit flag beats FTRUN_EXIT_TIMEOUT / FTRUN_IDLE_TIMEOUT beats the default."""
     bad_env = {"FTRUN_EXIT_TIMEOUT": "0", "FTRUN_IDLE_TIMEOUT": "-1"}
-    assert_clean_usage_error(ftrun.run("launch", "nope.py", env=bad_env),
-                             "--exit-timeout must be more than 0",
-                             "--idle-timeout must be 0 (off) or more", "no such script")
-    result = ftrun.run("launch", "--exit-timeout", "5", "--idle-timeout", "0", "nope.py",
-                       env=bad_env)
+    assert_clean_usage_error(
+        ftrun.run("launch", "nope.py", env=bad_env),
+        "--exit-timeout must be more than 0",
+        "--idle-timeout must be 0 (off) or more",
+        "no such script",
+    )
+    result = ftrun.run(
+        "launch", "--exit-timeout", "5", "--idle-timeout", "0", "nope.py", env=bad_env
+    )
     assert_clean_usage_error(result, "no such script")
     assert "timeout" not in result.stderr

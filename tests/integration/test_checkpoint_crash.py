@@ -14,14 +14,34 @@ import ftrun.checkpoint as ckpt
 from tests.conftest import BIN
 
 
-def test_random_sigkills_during_saves_never_yield_a_torn_checkpoint(tmp_path, test_id, no_survivors):
+def test_random_sigkills_during_saves_never_yield_a_torn_checkpoint(
+    tmp_path, test_id, no_survivors
+):
     env = {**os.environ, "FTRUN_TEST_ID": test_id, "PYTHONPATH": str(BIN.parents[1])}
     job = f"crash-{test_id[:12]}"
     try:
         out = subprocess.run(
-            [sys.executable, str(BIN / "ckpt_crash.py"), "--trials", "5", "--state-mib", "8",
-             "--max-delay-s", "0.4", "--seed", "11", "--dir", str(tmp_path / "ckpt"), "--job", job],
-            capture_output=True, text=True, timeout=100, env=env)
+            [
+                sys.executable,
+                str(BIN / "ckpt_crash.py"),
+                "--trials",
+                "5",
+                "--state-mib",
+                "8",
+                "--max-delay-s",
+                "0.4",
+                "--seed",
+                "11",
+                "--dir",
+                str(tmp_path / "ckpt"),
+                "--job",
+                job,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            env=env,
+        )
     finally:  # ckpt_crash.py removes it too, unless it was killed by the timeout
         shutil.rmtree(ckpt.memory_tier_dir(job), ignore_errors=True)
     records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

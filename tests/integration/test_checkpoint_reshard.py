@@ -12,8 +12,17 @@ from tests.conftest import BIN
 
 def test_dp2_pp2_checkpoint_loads_under_pp4_and_dp4(ftrun, tmp_path):
     directory = tmp_path / "ckpt"
-    result = ftrun.run("launch", "--nproc-per-node", "4", "--max-restarts", "0",
-                       str(BIN / "ckpt_reshard.py"), "--dir", str(directory), timeout=100)
+    result = ftrun.run(
+        "launch",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "0",
+        str(BIN / "ckpt_reshard.py"),
+        "--dir",
+        str(directory),
+        timeout=100,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for layout in ("pp4", "dp4"):
         for rank in range(4):

@@ -32,9 +32,23 @@ def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_pa
         jobs.append(ftrun.only_job()["job_id"])
         # Three slots: the newest complete snapshot is never overwritten, even while a persist
         # holds one slot, so at most one step is lost (two slots: see docs/checkpoint.md).
-        faulted = ftrun.run("launch", "--nproc-per-node", "2", TRAIN, "--steps", "12",
-                            "--memory-slots", "3", "--fail-at", "7", "--fail-rank", "1",
-                            "--fail-once", str(tmp_path / "failed-once"), timeout=90)
+        faulted = ftrun.run(
+            "launch",
+            "--nproc-per-node",
+            "2",
+            TRAIN,
+            "--steps",
+            "12",
+            "--memory-slots",
+            "3",
+            "--fail-at",
+            "7",
+            "--fail-rank",
+            "1",
+            "--fail-once",
+            str(tmp_path / "failed-once"),
+            timeout=90,
+        )
         out = faulted.stdout
         assert faulted.returncode == 0, out[-3000:] + faulted.stderr[-3000:]
         [job_id] = [j["job_id"] for j in ftrun.status_json() if j["job_id"] not in jobs]
@@ -43,7 +57,9 @@ def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_pa
         assert (job["state"], job["restarts"]) == ("succeeded", 1)
 
         assert "[rank1]: FAULT rank=1 step=7" in out
-        restored = re.findall(r"\[rank(\d)\]: ftrun-checkpoint: restored step (\d+) from (\w+)", out)
+        restored = re.findall(
+            r"\[rank(\d)\]: ftrun-checkpoint: restored step (\d+) from (\w+)", out
+        )
         assert sorted(r for r, _, _ in restored) == ["0", "1"], out[-3000:]
         assert {tier for _, _, tier in restored} == {"memory"}
         [step] = {int(s) for _, s, _ in restored}

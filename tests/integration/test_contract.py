@@ -17,21 +17,38 @@ SIGNALS = str(BIN / "signals.py")
 
 
 def contract_lines(stdout: str) -> list[dict[str, str | None]]:
-    return [json.loads(line.split("CONTRACT ", 1)[1]) for line in stdout.splitlines()
-            if "CONTRACT " in line]
+    return [
+        json.loads(line.split("CONTRACT ", 1)[1])
+        for line in stdout.splitlines()
+        if "CONTRACT " in line
+    ]
 
 
 @pytest.mark.parametrize("start", ["--warm-start", "--cold-start"])
-def test_torchelastic_variables_as_torchrun_defines_them_in_every_generation(ftrun, tmp_path,
-                                                                            start):
-    result = ftrun.run("launch", start, "--nproc-per-node", "2", "--max-restarts", "4",
-                       CONTRACT, "--fail-once", str(tmp_path / "failed-once"))
+def test_torchelastic_variables_as_torchrun_defines_them_in_every_generation(
+    ftrun, tmp_path, start
+):
+    result = ftrun.run(
+        "launch",
+        start,
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "4",
+        CONTRACT,
+        "--fail-once",
+        str(tmp_path / "failed-once"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job = ftrun.only_job()
     assert (job["generation"], job["restarts"]) == (2, 1)
     seen = contract_lines(result.stdout)
     assert sorted((e["FTRUN_GENERATION"], e["RANK"]) for e in seen) == [
-        ("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+        ("1", "0"),
+        ("1", "1"),
+        ("2", "0"),
+        ("2", "1"),
+    ]
     error_files = set()
     for env in seen:
         restarts_so_far = str(int(env["FTRUN_GENERATION"]) - 1)
@@ -64,8 +81,18 @@ def test_record_error_file_is_the_root_cause(ftrun):
 
 
 def test_sigterm_reaches_every_rank_and_its_handler_gets_the_term_timeout(ftrun, tmp_path):
-    proc = ftrun.start("launch", "--nproc-per-node", "2", "--term-timeout", "30", SIGNALS,
-                       "--dir", str(tmp_path), "--save-s", "1.5")
+    proc = ftrun.start(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--term-timeout",
+        "30",
+        SIGNALS,
+        "--dir",
+        str(tmp_path),
+        "--save-s",
+        "1.5",
+    )
     out = Output(proc)
     out.wait_for("[rank1]: step 3")
     out.wait_for("[rank0]: step 3")
@@ -82,8 +109,15 @@ def test_sigterm_reaches_every_rank_and_its_handler_gets_the_term_timeout(ftrun,
 
 
 def test_term_timeout_bounds_a_rank_that_ignores_sigterm(ftrun, tmp_path):
-    proc = ftrun.start("launch", "--term-timeout", "1", str(BIN / "sleeper.py"),
-                       "--ignore-sigterm", "--pid-dir", str(tmp_path))
+    proc = ftrun.start(
+        "launch",
+        "--term-timeout",
+        "1",
+        str(BIN / "sleeper.py"),
+        "--ignore-sigterm",
+        "--pid-dir",
+        str(tmp_path),
+    )
     out = Output(proc)
     out.wait_for("[rank0]: step 3")
     [pid] = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
@@ -96,8 +130,18 @@ def test_term_timeout_bounds_a_rank_that_ignores_sigterm(ftrun, tmp_path):
 
 
 def test_forward_signal_reaches_each_rank_handler_and_the_job_goes_on(ftrun, tmp_path):
-    proc = ftrun.start("launch", "--nproc-per-node", "2", "--forward-signal", "usr1", SIGNALS,
-                       "--dir", str(tmp_path), "--after-usr1", "10")
+    proc = ftrun.start(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--forward-signal",
+        "usr1",
+        SIGNALS,
+        "--dir",
+        str(tmp_path),
+        "--after-usr1",
+        "10",
+    )
     out = Output(proc)
     out.wait_for("[rank1]: step 3")
     out.wait_for("[rank0]: step 3")
@@ -110,7 +154,8 @@ def test_forward_signal_reaches_each_rank_handler_and_the_job_goes_on(ftrun, tmp
     assert (job["state"], job["generation"], job["incidents"]) == ("succeeded", 1, [])
     events = ftrun.events(job["job_id"])
     assert [(e["signal"], e["gen"]) for e in events if e["kind"] == "signal_forwarded"] == [
-        ("SIGUSR1", 1)]
+        ("SIGUSR1", 1)
+    ]
     [delivered] = [e for e in events if e["kind"] == "signal_delivered"]
     assert delivered["ranks"] == [0, 1] and delivered["host"] == "localhost"
 
@@ -118,14 +163,30 @@ def test_forward_signal_reaches_each_rank_handler_and_the_job_goes_on(ftrun, tmp
 def test_env_and_env_file_reach_every_rank_and_no_command_line(ftrun, tmp_path, test_id):
     secret = "sk-" + test_id  # unique: found on a command line only if we leaked it
     env_file = tmp_path / "job.env"
-    env_file.write_text(f"# for the job\nexport DATA_DIR='/data/odd path'\nWANDB_API_KEY={secret}\n"
-                        "FROM_FILE=file\n")
+    env_file.write_text(
+        f"# for the job\nexport DATA_DIR='/data/odd path'\nWANDB_API_KEY={secret}\nFROM_FILE=file\n"
+    )
     proceed = tmp_path / "proceed"
     ftrun.env["FROM_LAUNCHER"] = "here"
-    proc = ftrun.start("launch", "--nproc-per-node", "2", "--env-file", str(env_file),
-                       "--env", "FROM_FILE=flag", "--env", "FROM_LAUNCHER", CONTRACT,
-                       "--wait-for", str(proceed), "--names", "DATA_DIR", "WANDB_API_KEY",
-                       "FROM_FILE", "FROM_LAUNCHER")
+    proc = ftrun.start(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--env-file",
+        str(env_file),
+        "--env",
+        "FROM_FILE=flag",
+        "--env",
+        "FROM_LAUNCHER",
+        CONTRACT,
+        "--wait-for",
+        str(proceed),
+        "--names",
+        "DATA_DIR",
+        "WANDB_API_KEY",
+        "FROM_FILE",
+        "FROM_LAUNCHER",
+    )
     out = Output(proc)
     out.wait_for("[rank1]: CONTRACT")
     out.wait_for("[rank0]: CONTRACT")
@@ -144,8 +205,11 @@ def test_env_and_env_file_reach_every_rank_and_no_command_line(ftrun, tmp_path, 
     config = json.loads((job_dir / "config.json").read_text())
     assert config["env"] == ["DATA_DIR", "WANDB_API_KEY", "FROM_FILE", "FROM_LAUNCHER"]
     # Only where the script itself printed it: its own logs, none of ftrun's files.
-    holders = sorted(p.name for p in job_dir.rglob("*")
-                     if p.is_file() and secret in p.read_text("utf-8", "replace"))
+    holders = sorted(
+        p.name
+        for p in job_dir.rglob("*")
+        if p.is_file() and secret in p.read_text("utf-8", "replace")
+    )
     assert holders == ["rank0.log", "rank1.log"]
 
 
@@ -159,11 +223,23 @@ def _cmdline(proc: psutil.Process) -> list[str]:
 def test_bad_env_input_is_one_clear_error(ftrun, tmp_path):
     env_file = tmp_path / "bad.env"
     env_file.write_text("OK=1\njust words\nRANK=3\n")
-    result = ftrun.run("launch", "--env-file", str(env_file), "--env", "MISSING_HERE",
-                       "--forward-signal", "TERM", CONTRACT)
+    result = ftrun.run(
+        "launch",
+        "--env-file",
+        str(env_file),
+        "--env",
+        "MISSING_HERE",
+        "--forward-signal",
+        "TERM",
+        CONTRACT,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("error:") == 1
-    for needle in (f"{env_file}, line 2: not NAME=VALUE", "line 3: RANK is set for each rank",
-                   "--env MISSING_HERE: MISSING_HERE is not set here",
-                   "--forward-signal cannot take SIGTERM", "hint:"):
+    for needle in (
+        f"{env_file}, line 2: not NAME=VALUE",
+        "line 3: RANK is set for each rank",
+        "--env MISSING_HERE: MISSING_HERE is not set here",
+        "--forward-signal cannot take SIGTERM",
+        "hint:",
+    ):
         assert needle in result.stderr, result.stderr

@@ -27,10 +27,18 @@ def test_malformed_messages_never_crash_controller_or_agent(ftrun):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
                 s.recv(16)  # the server's nonce
                 s.sendall(attack)
-        agent_sock = next(l.split("agent socket ", 1)[1].strip() for l in out.lines if "agent socket" in l)
+        agent_sock = next(
+            line.split("agent socket ", 1)[1].strip()
+            for line in out.lines
+            if "agent socket" in line
+        )
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            for datagram in (b"\xff\xfe garbage", b'{"e":"step"}', b'{"e":"step","g":99,"r":0,"s":5}',
-                             b"[]"):
+            for datagram in (
+                b"\xff\xfe garbage",
+                b'{"e":"step"}',
+                b'{"e":"step","g":99,"r":0,"s":5}',
+                b"[]",
+            ):
                 s.sendto(datagram, agent_sock)
         seen = len(out.lines)
         wait_for(lambda: len(out.lines) > seen + 5, 10, "the ranks to keep training")

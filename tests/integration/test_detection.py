@@ -22,8 +22,20 @@ def running_job(ftrun) -> str:
 
 
 def test_hung_rank_is_detected_with_stacks_and_restarted(ftrun, tmp_path):
-    proc = ftrun.start("launch", "--nproc-per-node", "2", "--hang-floor", "1", TOY, "--steps",
-                       "150", "--step-time", "0.02", "--ckpt-dir", str(tmp_path))
+    proc = ftrun.start(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--hang-floor",
+        "1",
+        TOY,
+        "--steps",
+        "150",
+        "--step-time",
+        "0.02",
+        "--ckpt-dir",
+        str(tmp_path),
+    )
     out = Output(proc)
     out.wait_for("[rank1]: STEP 10 ")
     job_id = running_job(ftrun)
@@ -31,7 +43,12 @@ def test_hung_rank_is_detected_with_stacks_and_restarted(ftrun, tmp_path):
     assert proc.wait(timeout=90) == 0, out.text()
     job = ftrun.status_json(job_id)
     [inc] = job["incidents"]
-    assert (inc["kind"], inc["tier"], inc["rank"], inc["injected"]) == ("hang", "restart-in-place", 1, "hang-rank")
+    assert (inc["kind"], inc["tier"], inc["rank"], inc["injected"]) == (
+        "hang",
+        "restart-in-place",
+        1,
+        "hang-rank",
+    )
     assert inc["allowance_s"] >= 1.0 and 0 <= inc["past_allowance_s"] <= 2.0
     assert inc["states"]["1"] == "stopped"
     # Rank 0 was blocked in a collective, waiting for rank 1: its own faulthandler dump says where.
@@ -42,9 +59,20 @@ def test_hung_rank_is_detected_with_stacks_and_restarted(ftrun, tmp_path):
 
 
 def test_progress_regex_detects_a_hang_in_a_script_that_knows_nothing_of_ftrun(ftrun, tmp_path):
-    result = ftrun.run("launch", "--progress-regex", r"^step (\d+)", "--hang-floor", "1",
-                       str(BIN / "plain_loop.py"), "--steps", "60", "--stop-at", "20",
-                       "--marker", str(tmp_path / "stopped"))
+    result = ftrun.run(
+        "launch",
+        "--progress-regex",
+        r"^step (\d+)",
+        "--hang-floor",
+        "1",
+        str(BIN / "plain_loop.py"),
+        "--steps",
+        "60",
+        "--stop-at",
+        "20",
+        "--marker",
+        str(tmp_path / "stopped"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job = ftrun.only_job()
     [inc] = job["incidents"]
@@ -59,16 +87,25 @@ def test_declared_sections_are_not_hangs(ftrun):
 
 
 def test_a_section_past_its_own_allowance_is_a_hang(ftrun):
-    result = ftrun.run("launch", "--max-restarts", "0", str(BIN / "sections.py"), "--section-s",
-                       "30", "--section-timeout", "1")
+    result = ftrun.run(
+        "launch",
+        "--max-restarts",
+        "0",
+        str(BIN / "sections.py"),
+        "--section-s",
+        "30",
+        "--section-timeout",
+        "1",
+    )
     assert result.returncode == 1
     [inc] = ftrun.only_job()["incidents"]
     assert inc["kind"] == "hang" and inc["section"] == "checkpoint" and inc["allowance_s"] == 1.0
 
 
 def test_startup_allowance_then_same_hang_twice_is_fatal(ftrun):
-    result = ftrun.run("launch", "--startup-timeout", "1", str(BIN / "plain_loop.py"),
-                       "--pre-sleep", "60")
+    result = ftrun.run(
+        "launch", "--startup-timeout", "1", str(BIN / "plain_loop.py"), "--pre-sleep", "60"
+    )
     assert result.returncode == 1
     job = ftrun.only_job()
     assert [i["kind"] for i in job["incidents"]] == ["hang", "hang"]
@@ -95,7 +132,9 @@ def test_lost_host_is_detected_fast_and_needs_replacement(ftrun, tmp_path, actio
 def test_policy_file_rules_and_quarantine(ftrun, tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text('[[rules]]\nname = "exit 7 is bad data"\nexit_codes = [7]\ntier = "fatal"\n')
-    result = ftrun.run("launch", "--policy", str(policy), TOY, "--fail-at", "2", "--fail-how", "exit")
+    result = ftrun.run(
+        "launch", "--policy", str(policy), TOY, "--fail-at", "2", "--fail-how", "exit"
+    )
     assert result.returncode == 1 and "exit 7 is bad data" in result.stderr
     assert ftrun.only_job()["incidents"][0]["rule"] == "exit 7 is bad data"
 
@@ -103,16 +142,25 @@ def test_policy_file_rules_and_quarantine(ftrun, tmp_path):
 def test_repeated_failures_quarantine_the_host(ftrun, tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text("[quarantine]\nfailures = 2\nwindow_s = 600\n")
-    proc = ftrun.start("launch", "--policy", str(policy), "--max-restarts", "5",
-                       str(BIN / "sleeper.py"))
+    proc = ftrun.start(
+        "launch", "--policy", str(policy), "--max-restarts", "5", str(BIN / "sleeper.py")
+    )
     out = Output(proc)
     out.wait_for("[rank0]: step 2")
     job_id = running_job(ftrun)
     chaos(ftrun, job_id, "kill-rank", "--rank", "0", "--at-step", "5")
     wait_for(lambda: ftrun.status_json(job_id)["generation"] == 2, 30, "generation 2")
     # A later step than the first failure: progress in between, so only the quarantine stops it.
-    wait_for(lambda: ftrun.run("chaos", job_id, "kill-rank", "--rank", "0", "--at-step", "10",
-                               timeout=30).returncode == 0, 30, "generation 2 to accept chaos")
+    wait_for(
+        lambda: (
+            ftrun.run(
+                "chaos", job_id, "kill-rank", "--rank", "0", "--at-step", "10", timeout=30
+            ).returncode
+            == 0
+        ),
+        30,
+        "generation 2 to accept chaos",
+    )
     assert proc.wait(timeout=30) == 1
     job = ftrun.status_json(job_id)
     assert "quarantined" in job["reason"] and "no spare host" in job["reason"]
@@ -137,8 +185,9 @@ def test_bad_policy_file_and_chaos_input(ftrun, tmp_path):
 def test_a_warm_rank_finalizing_after_its_last_step_is_not_a_hang(ftrun):
     """The warm start tells the agent when the script's code has returned; the seconds the
     interpreter then takes to finalize are not measured against the step allowance."""
-    result = ftrun.run("launch", "--progress-regex", r"^step (\d+)", "--hang-floor", "1",
-                       str(BIN / "slow_exit.py"))
+    result = ftrun.run(
+        "launch", "--progress-regex", r"^step (\d+)", "--hang-floor", "1", str(BIN / "slow_exit.py")
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job = ftrun.only_job()
     assert job["incidents"] == [] and job["generation"] == 1

@@ -20,21 +20,28 @@ def job_events(ftrun):
 
 
 def agent_pid(events) -> int:
-    return wait_for(lambda: next((e["pid"] for e in events() if e["kind"] == "agent_connected"),
-                                 None), 30, "the agent to connect")
+    return wait_for(
+        lambda: next((e["pid"] for e in events() if e["kind"] == "agent_connected"), None),
+        30,
+        "the agent to connect",
+    )
 
 
 def test_a_stopped_local_agent_is_slow_not_lost_and_the_job_finishes(ftrun):
-    proc = ftrun.start("launch", "--nproc-per-node", "2", *TIMEOUTS, TOY, "--steps", "120",
-                       "--step-time", "0.03")
+    proc = ftrun.start(
+        "launch", "--nproc-per-node", "2", *TIMEOUTS, TOY, "--steps", "120", "--step-time", "0.03"
+    )
     out = Output(proc)
     out.wait_for("[rank1]: STEP 10 ")
     events = job_events(ftrun)
     pid = agent_pid(events)
     os.kill(pid, signal.SIGSTOP)
     try:
-        slow = wait_for(lambda: [e for e in events() if e["kind"] == "agent_slow"], 10,
-                        "agent_slow in the journal")
+        slow = wait_for(
+            lambda: [e for e in events() if e["kind"] == "agent_slow"],
+            10,
+            "agent_slow in the journal",
+        )
         # Hold it past the fence timeout too: on SIGCONT it must read the controller's waiting
         # heartbeats before judging the silence (and a local agent does not fence on it).
         wait_for(lambda: time.time() > slow[0]["t"] + 1.0, 5, "the fence timeout to pass")

@@ -13,11 +13,18 @@ TOY = str(BIN / "train_toy.py")
 
 @pytest.mark.parametrize("start", ["--warm-start", "--cold-start"])
 def test_success_streams_rank_output_and_records_a_job(ftrun, start):
-    result = ftrun.run("launch", start, "--nproc-per-node", "2", "--job-name", "ok", TOY, "--steps", "3")
+    result = ftrun.run(
+        "launch", start, "--nproc-per-node", "2", "--job-name", "ok", TOY, "--steps", "3"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[rank0]: STEP 3" in result.stdout and "[rank1]: STEP 3" in result.stdout
     job = ftrun.only_job()
-    assert (job["name"], job["state"], job["generation"], job["restarts"]) == ("ok", "succeeded", 1, 0)
+    assert (job["name"], job["state"], job["generation"], job["restarts"]) == (
+        "ok",
+        "succeeded",
+        1,
+        0,
+    )
     assert job["incidents"] == []
     logs = ftrun.run_dir / job["job_id"] / "logs" / "g1"
     assert "STEP 3" in (logs / "rank1.log").read_text()
@@ -30,7 +37,11 @@ def test_success_streams_rank_output_and_records_a_job(ftrun, start):
 def test_ranks_see_torchrun_and_ftrun_environment(ftrun):
     result = ftrun.run("launch", "--nproc-per-node", "2", str(BIN / "env_dump.py"))
     assert result.returncode == 0, result.stderr
-    envs = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines() if "ENV " in line]
+    envs = [
+        json.loads(line.split("ENV ", 1)[1])
+        for line in result.stdout.splitlines()
+        if "ENV " in line
+    ]
     assert sorted(e["RANK"] for e in envs) == ["0", "1"]
     job_id = ftrun.only_job()["job_id"]
     for env in envs:
@@ -52,9 +63,22 @@ def test_module_and_no_python_run_like_torchrun(ftrun):
 def test_crash_restarts_in_place_and_finishes(ftrun, tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    result = ftrun.run("launch", "--nproc-per-node", "2", TOY, "--steps", "12", "--ckpt-dir",
-                       str(ckpt), "--fail-at", "7", "--fail-rank", "1", "--fail-once",
-                       str(ckpt / "failed-once"))
+    result = ftrun.run(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        TOY,
+        "--steps",
+        "12",
+        "--ckpt-dir",
+        str(ckpt),
+        "--fail-at",
+        "7",
+        "--fail-rank",
+        "1",
+        "--fail-once",
+        str(ckpt / "failed-once"),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[rank0]: resumed from step 5" in result.stdout
     job = ftrun.only_job()
@@ -67,14 +91,37 @@ def test_crash_restarts_in_place_and_finishes(ftrun, tmp_path):
     # Step 6 was done, the checkpoint was at 5, so step 6 had to be done again.
     assert incident["lost_steps"] == 1
     kinds = [e["kind"] for e in ftrun.events(job["job_id"])]
-    for kind in ("job_started", "generation_launched", "rank_exited", "fault_detected",
-                 "fault_classified", "torn_down", "restart", "first_step", "job_finished"):
+    for kind in (
+        "job_started",
+        "generation_launched",
+        "rank_exited",
+        "fault_detected",
+        "fault_classified",
+        "torn_down",
+        "restart",
+        "first_step",
+        "job_finished",
+    ):
         assert kind in kinds
 
 
 def test_same_failure_twice_without_progress_is_fatal_with_root_cause(ftrun):
-    result = ftrun.run("launch", "--nproc-per-node", "2", "--max-restarts", "5", TOY, "--steps",
-                       "10", "--fail-at", "3", "--fail-rank", "1", "--fail-how", "exception")
+    result = ftrun.run(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "5",
+        TOY,
+        "--steps",
+        "10",
+        "--fail-at",
+        "3",
+        "--fail-rank",
+        "1",
+        "--fail-how",
+        "exception",
+    )
     assert result.returncode == 1
     assert "the same failure twice" in result.stderr
     assert "RuntimeError: injected failure at step 3" in result.stderr  # the traceback
@@ -107,8 +154,18 @@ def test_bad_script_arguments_are_fatal_at_once(ftrun):
 
 def test_restart_budget_is_job_wide(ftrun):
     # Fails at a later step every generation: progress in between, so only the budget stops it.
-    result = ftrun.run("launch", "--max-restarts", "1", TOY, "--steps", "50", "--fail-at", "2",
-                       "--fail-how", "exit")
+    result = ftrun.run(
+        "launch",
+        "--max-restarts",
+        "1",
+        TOY,
+        "--steps",
+        "50",
+        "--fail-at",
+        "2",
+        "--fail-how",
+        "exit",
+    )
     job = ftrun.only_job()
     assert result.returncode == 1 and job["state"] == "failed"
     assert job["restarts"] <= 1

@@ -30,8 +30,11 @@ def bed(testbed: Testbed):
         testbed.heal(host)
         if not any(_is_sshd(pid) for pid in testbed.pids(host)):
             testbed.start(host)
-    wait_for(lambda: all(only_sshd(testbed, h) for h in testbed.hosts), 15,
-             "every host to be back to just its sshd")
+    wait_for(
+        lambda: all(only_sshd(testbed, h) for h in testbed.hosts),
+        15,
+        "every host to be back to just its sshd",
+    )
 
 
 def _is_sshd(pid: int) -> bool:
@@ -55,9 +58,21 @@ def only_sshd(bed: Testbed, host) -> bool:
 
 
 def launch(ftrun, bed: Testbed, *flags: str, steps: int = 60, ckpt: Path):
-    proc = ftrun.start("launch", "--ssh-config", str(bed.ssh_config), *flags, TOY,
-                       "--steps", str(steps), "--step-time", "0.05", "--ckpt-dir", str(ckpt),
-                       "--ckpt-every", "5")
+    proc = ftrun.start(
+        "launch",
+        "--ssh-config",
+        str(bed.ssh_config),
+        *flags,
+        TOY,
+        "--steps",
+        str(steps),
+        "--step-time",
+        "0.05",
+        "--ckpt-dir",
+        str(ckpt),
+        "--ckpt-every",
+        "5",
+    )
     return proc, Output(proc)
 
 
@@ -66,8 +81,9 @@ def kinds(events, kind):
 
 
 def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
-    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4",
-                       ckpt=tmp_path)
+    proc, out = launch(
+        ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4", ckpt=tmp_path
+    )
     out.wait_for("[rank2]: STEP 10 ", 120)
     fault_t = time.time()
     bed.kill("node3")
@@ -80,8 +96,10 @@ def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
     [change] = kinds(events, "hosts_changed")
     assert (change["how"], change["removed"], change["added"]) == ("replaced", ["node3"], ["node4"])
     launched = kinds(events, "generation_launched")
-    assert [g["hosts"] for g in launched] == [["node1", "node2", "node3"],
-                                              ["node1", "node2", "node4"]]
+    assert [g["hosts"] for g in launched] == [
+        ["node1", "node2", "node3"],
+        ["node1", "node2", "node4"],
+    ]
     assert [g["world_size"] for g in launched] == [3, 3]
     assert "resumed from step" in out.text()
     first_again = [e for e in kinds(events, "first_step") if e["gen"] == 2][0]
@@ -92,8 +110,9 @@ def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
 
 
 def test_without_a_spare_the_job_shrinks_then_grows_back(ftrun, bed, tmp_path):
-    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", "--min-nodes", "2",
-                       steps=100000, ckpt=tmp_path)
+    proc, out = launch(
+        ftrun, bed, "--hosts", "node1,node2,node3", "--min-nodes", "2", steps=100000, ckpt=tmp_path
+    )
     out.wait_for("[rank2]: STEP 10 ", 120)
     bed.kill("node3")
     out.wait_for("WORLD 2 rank 1 on node2", 60)
@@ -101,8 +120,11 @@ def test_without_a_spare_the_job_shrinks_then_grows_back(ftrun, bed, tmp_path):
     # The host powers on again: the controller's retries reach it, and the job grows back.
     bed.start("node3")
     out.wait_for("WORLD 3 rank 2 on node3", 90)
-    wait_for(lambda: any(e["kind"] == "first_step" and e["gen"] == 3
-                         for e in ftrun.events(job_id)), 60, "generation 3 to step")
+    wait_for(
+        lambda: any(e["kind"] == "first_step" and e["gen"] == 3 for e in ftrun.events(job_id)),
+        60,
+        "generation 3 to step",
+    )
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     events = ftrun.events(job_id)
@@ -124,25 +146,35 @@ def test_hosts_remove_and_add_from_the_command_line(ftrun, bed, tmp_path):
     again = ftrun.run("hosts", job_id, "remove", "node2")
     assert again.returncode == 2 and "not part of the job" in again.stderr
     assert ftrun.run("hosts", job_id, "add", "node2").returncode == 0
-    wait_for(lambda: len(kinds(ftrun.events(job_id), "generation_launched")) == 3, 60,
-             "the job to grow back onto node2")
+    wait_for(
+        lambda: len(kinds(ftrun.events(job_id), "generation_launched")) == 3,
+        60,
+        "the job to grow back onto node2",
+    )
     out.wait_for("WORLD 2 rank 1 on node2", 60)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     events = ftrun.events(job_id)
     assert [r["why"] for r in kinds(events, "reconfigure")] == ["remove", "grow"]
     assert [g["hosts"] for g in kinds(events, "generation_launched")] == [
-        ["node1", "node2"], ["node1"], ["node1", "node2"]]
+        ["node1", "node2"],
+        ["node1"],
+        ["node1", "node2"],
+    ]
     assert not kinds(events, "fault_detected")  # planned changes are not incidents
 
 
 def test_partitioned_host_fences_before_the_next_generation(ftrun, bed, tmp_path):
-    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4",
-                       ckpt=tmp_path, steps=150)
+    proc, out = launch(
+        ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4", ckpt=tmp_path, steps=150
+    )
     out.wait_for("[rank2]: STEP 10 ", 120)
     job_id = ftrun.only_job()["job_id"]
-    [victim] = [e["pid"] for e in ftrun.events(job_id)
-                if e["kind"] == "rank_started" and e["host"] == "node3"]
+    [victim] = [
+        e["pid"]
+        for e in ftrun.events(job_id)
+        if e["kind"] == "rank_started" and e["host"] == "node3"
+    ]
     died = DeathWatch(victim)
     bed.cut("node3")
     wait_for(lambda: kinds(ftrun.events(job_id), "fault_detected"), 10, "the host loss")
@@ -155,28 +187,42 @@ def test_partitioned_host_fences_before_the_next_generation(ftrun, bed, tmp_path
     assert died.t <= launched_t, f"rank died {died.t - launched_t:.3f} s after generation 2 began"
     assert proc.wait(timeout=120) == 0, out.text()
     events = ftrun.events(job_id)
-    assert not [e for e in events if e["t"] > launched_t and e.get("host") == "node3"
-                and e.get("gen") == 1]
+    assert not [
+        e for e in events if e["t"] > launched_t and e.get("host") == "node3" and e.get("gen") == 1
+    ]
     assert kinds(events, "fence_wait")[0]["hosts"] == ["node3"]
     # The old generation's rank log on the controller did not grow once the new one began.
     old_log = ftrun.run_dir / job_id / "logs" / "g1" / "rank2.log"
     assert old_log.stat().st_mtime <= launched_t
-    assert [g["hosts"] for g in kinds(events, "generation_launched")][1] == ["node1", "node2",
-                                                                             "node4"]
+    assert [g["hosts"] for g in kinds(events, "generation_launched")][1] == [
+        "node1",
+        "node2",
+        "node4",
+    ]
 
 
 def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, tmp_path):
     nowhere = bed.subnet.rsplit(".", 1)[0] + ".99"  # in the testbed's /24, no host there
-    proc, out = launch(ftrun, bed, "--hosts", f"node1,{nowhere}", "--spares", "node2",
-                       ckpt=tmp_path, steps=10)
+    proc, out = launch(
+        ftrun, bed, "--hosts", f"node1,{nowhere}", "--spares", "node2", ckpt=tmp_path, steps=10
+    )
     assert proc.wait(timeout=120) == 0, out.text()
     events = ftrun.events(ftrun.only_job()["job_id"])
     [unreachable] = [e for e in kinds(events, "host_unreachable") if not e["retry"]]
     assert unreachable["host"] == nowhere and "Unable to connect" in unreachable["error"]
     assert kinds(events, "generation_launched")[0]["hosts"] == ["node1", "node2"]
 
-    result = ftrun.run("launch", "--ssh-config", str(bed.ssh_config), "--hosts",
-                       f"node1,{nowhere}", "--min-nodes", "2", TOY, timeout=120)
+    result = ftrun.run(
+        "launch",
+        "--ssh-config",
+        str(bed.ssh_config),
+        "--hosts",
+        f"node1,{nowhere}",
+        "--min-nodes",
+        "2",
+        TOY,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert f"cannot reach {nowhere} over ssh" in result.stderr
     assert "fewer than --min-nodes 2" in result.stderr and "Traceback" not in result.stderr
@@ -193,8 +239,11 @@ def test_teardown_reaches_every_host(ftrun, bed, tmp_path, how):
     else:
         proc.kill()  # the remote agents see their stdin and connection close, and fence
         proc.wait(timeout=10)
-    wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2", "node3")), 15,
-             "no process of the job on any host")
+    wait_for(
+        lambda: all(only_sshd(bed, h) for h in ("node1", "node2", "node3")),
+        15,
+        "no process of the job on any host",
+    )
 
 
 class DeathWatch:
@@ -231,25 +280,50 @@ def test_contract_and_user_env_reach_the_ranks_of_every_host(ftrun, bed, tmp_pat
     env_file = tmp_path / "job.env"
     env_file.write_text(f"WANDB_API_KEY={secret}\nDATA_DIR='/data/odd path'\n")
     proceed = tmp_path / "proceed"
-    proc = ftrun.start("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
-                       "--nproc-per-node", "2", "--env-file", str(env_file), "--env", "X=1",
-                       str(BIN / "contract.py"), "--fail-once", str(tmp_path / "failed-once"),
-                       "--wait-for", str(proceed), "--names", "WANDB_API_KEY", "DATA_DIR", "X")
+    proc = ftrun.start(
+        "launch",
+        "--ssh-config",
+        str(bed.ssh_config),
+        "--hosts",
+        "node1,node2",
+        "--nproc-per-node",
+        "2",
+        "--env-file",
+        str(env_file),
+        "--env",
+        "X=1",
+        str(BIN / "contract.py"),
+        "--fail-once",
+        str(tmp_path / "failed-once"),
+        "--wait-for",
+        str(proceed),
+        "--names",
+        "WANDB_API_KEY",
+        "DATA_DIR",
+        "X",
+    )
     out = Output(proc)
     for rank in range(4):
         out.wait_for(f"[rank{rank}]: CONTRACT", 120)
     for rank in range(4):
-        wait_for(lambda: sum(f"[rank{rank}]: CONTRACT" in l for l in out.lines) == 2, 120,
-                 f"rank {rank} of generation 2")
+        wait_for(
+            lambda rank=rank: sum(f"[rank{rank}]: CONTRACT" in line for line in out.lines) == 2,
+            120,
+            f"rank {rank} of generation 2",
+        )
     try:
-        leaks = [pid for host in ("node1", "node2") for pid in bed.pids(host)
-                 if secret in " ".join(_cmdline(pid))]
+        leaks = [
+            pid
+            for host in ("node1", "node2")
+            for pid in bed.pids(host)
+            if secret in " ".join(_cmdline(pid))
+        ]
     finally:
         proceed.touch()
     assert proc.wait(timeout=120) == 0, out.text()
     assert leaks == []
     job_id = ftrun.only_job()["job_id"]
-    seen = [json.loads(l.split("CONTRACT ", 1)[1]) for l in out.lines if "CONTRACT " in l]
+    seen = [json.loads(line.split("CONTRACT ", 1)[1]) for line in out.lines if "CONTRACT " in line]
     assert len(seen) == 8
     for env in seen:
         assert env["GROUP_RANK"] == str(int(env["RANK"]) // 2) and env["LOCAL_WORLD_SIZE"] == "2"
@@ -260,10 +334,26 @@ def test_contract_and_user_env_reach_the_ranks_of_every_host(ftrun, bed, tmp_pat
 
 @pytest.mark.parametrize("sig", ["TERM", "USR1"])
 def test_signals_reach_the_ranks_of_every_host(ftrun, bed, tmp_path, sig):
-    proc = ftrun.start("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
-                       "--nproc-per-node", "2", "--term-timeout", "30", "--forward-signal", "USR1",
-                       str(BIN / "signals.py"), "--dir", str(tmp_path), "--save-s", "1",
-                       "--after-usr1", "10")
+    proc = ftrun.start(
+        "launch",
+        "--ssh-config",
+        str(bed.ssh_config),
+        "--hosts",
+        "node1,node2",
+        "--nproc-per-node",
+        "2",
+        "--term-timeout",
+        "30",
+        "--forward-signal",
+        "USR1",
+        str(BIN / "signals.py"),
+        "--dir",
+        str(tmp_path),
+        "--save-s",
+        "1",
+        "--after-usr1",
+        "10",
+    )
     out = Output(proc)
     for rank in range(4):
         out.wait_for(f"[rank{rank}]: step 3", 120)
@@ -271,9 +361,13 @@ def test_signals_reach_the_ranks_of_every_host(ftrun, bed, tmp_path, sig):
     assert proc.wait(timeout=60) == (130 if sig == "TERM" else 0), out.text()
     marker = "saved" if sig == "TERM" else "usr1"
     assert sorted(p.name for p in tmp_path.glob(f"{marker}-rank*")) == [
-        f"{marker}-rank{r}" for r in range(4)]
-    wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2")), 15,
-             "no process of the job on any host")
+        f"{marker}-rank{r}" for r in range(4)
+    ]
+    wait_for(
+        lambda: all(only_sshd(bed, h) for h in ("node1", "node2")),
+        15,
+        "no process of the job on any host",
+    )
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -281,6 +375,8 @@ def _cmdline(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+
+
 def _inspect(ftrun, job_id):
     import json
 
@@ -293,32 +389,59 @@ def test_exit_barrier_spans_hosts(ftrun, bed):
     """Rank 0 on node1 exits 0, rank 1 on node2 never exits: the deadline is the controller's,
     node2's agent sends the stacks, the job ends with exit 0 and an exit_hang incident, and
     nothing is left on either host."""
-    result = ftrun.run("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
-                       "--exit-timeout", "3", str(BIN / "exit_hang.py"), timeout=180)
+    result = ftrun.run(
+        "launch",
+        "--ssh-config",
+        str(bed.ssh_config),
+        "--hosts",
+        "node1,node2",
+        "--exit-timeout",
+        "3",
+        str(BIN / "exit_hang.py"),
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job = _inspect(ftrun, ftrun.status_json()[0]["job_id"])
     [inc] = job["incidents"]
-    assert (inc["kind"], inc["rank"], inc["host"], inc["clean_rank"]) == ("exit_hang", 1, "node2", 0)
+    assert (inc["kind"], inc["rank"], inc["host"], inc["clean_rank"]) == (
+        "exit_hang",
+        1,
+        "node2",
+        0,
+    )
     assert "exit_hang.py" in inc["stacks"]["1"] and inc["stacks_missing_from"] == []
     [asked] = kinds(job["events"], "stacks_requested")
     # node2 holds the live rank. node1 may be asked too: its rank is done, but its torchrun is
     # still in torchrun's own exit barrier, waiting for node2's.
     assert "node2" in asked["hosts"]
-    wait_for(lambda: all(only_sshd(bed, h) for h in ("node1", "node2")), 15,
-             "both hosts to be back to just their sshd")
+    wait_for(
+        lambda: all(only_sshd(bed, h) for h in ("node1", "node2")),
+        15,
+        "both hosts to be back to just their sshd",
+    )
 
 
 def test_idle_guard_needs_every_host(ftrun, bed):
     """One rank per host. Rank 0 on node1 burns CPU silently while rank 1 on node2 sleeps:
     node2 alone is idle, the job is not. Then both sleep: a hang, with both hosts' stacks."""
     common = ("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2")
-    result = ftrun.run(*common, "--idle-timeout", "1", str(BIN / "silent.py"), "--mode", "spin",
-                       "--seconds", "6", timeout=180)
+    result = ftrun.run(
+        *common,
+        "--idle-timeout",
+        "1",
+        str(BIN / "silent.py"),
+        "--mode",
+        "spin",
+        "--seconds",
+        "6",
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     busy = ftrun.only_job()
     assert busy["state"] == "succeeded" and busy["incidents"] == []
-    result = ftrun.run(*common, "--idle-timeout", "2", "--max-restarts", "0",
-                       str(BIN / "silent.py"), timeout=180)
+    result = ftrun.run(
+        *common, "--idle-timeout", "2", "--max-restarts", "0", str(BIN / "silent.py"), timeout=180
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     [idle_job] = [j for j in ftrun.status_json() if j["job_id"] != busy["job_id"]]
     [inc] = _inspect(ftrun, idle_job["job_id"])["incidents"]

@@ -8,9 +8,23 @@ from tests.conftest import BIN
 
 
 def test_huge_lines_bars_and_bursts_neither_stop_logs_nor_hide_a_later_hang(ftrun, tmp_path):
-    result = ftrun.run("launch", "--progress-regex", r"^step (\d+)", "--hang-floor", "1.5",
-                       str(BIN / "noisy.py"), "--marker", str(tmp_path / "done-once"),
-                       "--long-mb", "2", "--bar-kb", "700", "--burst-mb", "100", timeout=180)
+    result = ftrun.run(
+        "launch",
+        "--progress-regex",
+        r"^step (\d+)",
+        "--hang-floor",
+        "1.5",
+        str(BIN / "noisy.py"),
+        "--marker",
+        str(tmp_path / "done-once"),
+        "--long-mb",
+        "2",
+        "--bar-kb",
+        "700",
+        "--burst-mb",
+        "100",
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     job = ftrun.only_job()
     [inc] = job["incidents"]  # the hang after the burst, and nothing else

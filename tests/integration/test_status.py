@@ -15,12 +15,18 @@ def test_status_and_inspect_while_running_and_after(ftrun):
     try:
         out.wait_for("[rank0]: step 2")
         [listed] = ftrun.status_json()
-        assert (listed["name"], listed["state"], listed["generation"], listed["restarts"]) == \
-            ("live", "running", 1, 0)
+        assert (listed["name"], listed["state"], listed["generation"], listed["restarts"]) == (
+            "live",
+            "running",
+            1,
+            0,
+        )
         one = ftrun.status_json(listed["job_id"][:8])  # a unique prefix is enough
         assert one["job_id"] == listed["job_id"] and one["incidents"] == []
         table = ftrun.run("status")
-        assert table.returncode == 0 and listed["job_id"] in table.stdout and "running" in table.stdout
+        assert (
+            table.returncode == 0 and listed["job_id"] in table.stdout and "running" in table.stdout
+        )
         inspect = ftrun.run("inspect", listed["job_id"])
         assert inspect.returncode == 0 and "generation 1 launched" in inspect.stdout
     finally:
@@ -33,8 +39,16 @@ def test_status_and_inspect_while_running_and_after(ftrun):
 
 def test_inspect_shows_incident_phases(ftrun, tmp_path):
     marker = tmp_path / "once"
-    result = ftrun.run("launch", SLEEPER.replace("sleeper", "train_toy"), "--steps", "6",
-                       "--fail-at", "3", "--fail-once", str(marker))
+    result = ftrun.run(
+        "launch",
+        SLEEPER.replace("sleeper", "train_toy"),
+        "--steps",
+        "6",
+        "--fail-at",
+        "3",
+        "--fail-once",
+        str(marker),
+    )
     assert result.returncode == 0, result.stderr
     job_id = ftrun.only_job()["job_id"]
     text = ftrun.run("inspect", job_id).stdout

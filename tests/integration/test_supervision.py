@@ -39,13 +39,23 @@ def run_job(tmp_path, monkeypatch, test_id, *script_args: str):
     """The real supervisor in this process (so a test can plant a fault in it), with a real
     local agent and real ranks in subprocesses."""
     monkeypatch.setenv("FTRUN_TEST_ID", test_id)
-    config = LaunchConfig(job_id="sup-1", job_name="sup", run_dir=tmp_path / "runs",
-                          script=str(BIN / "plain_loop.py"), script_args=script_args,
-                          progress_regex=r"^step (\d+)")
+    config = LaunchConfig(
+        job_id="sup-1",
+        job_name="sup",
+        run_dir=tmp_path / "runs",
+        script=str(BIN / "plain_loop.py"),
+        script_args=script_args,
+        progress_regex=r"^step (\d+)",
+    )
     journal = Journal(config.job_dir)
     notes = Notes()
-    supervisor = Supervisor(config, policy=FaultPolicy(), journal=journal,
-                            transport=LocalTransport(config.python), reporter=notes)
+    supervisor = Supervisor(
+        config,
+        policy=FaultPolicy(),
+        journal=journal,
+        transport=LocalTransport(config.python),
+        reporter=notes,
+    )
     try:
         outcome = asyncio.run(asyncio.wait_for(supervisor.run(), 120))
     finally:
@@ -53,8 +63,9 @@ def run_job(tmp_path, monkeypatch, test_id, *script_args: str):
     return outcome, read_events(config.job_dir), notes
 
 
-def test_a_controller_loop_that_raises_is_journaled_and_restarted(tmp_path, monkeypatch,
-                                                                   test_id, no_survivors):
+def test_a_controller_loop_that_raises_is_journaled_and_restarted(
+    tmp_path, monkeypatch, test_id, no_survivors
+):
     original = ControlServer._heartbeat_loop
     calls = []
 
@@ -67,8 +78,9 @@ def test_a_controller_loop_that_raises_is_journaled_and_restarted(tmp_path, monk
     monkeypatch.setattr(ControlServer, "_heartbeat_loop", raises_once)
     # 5 s of steps: longer than the agents' fence timeout (3 s), so without the restart (no
     # heartbeats from the controller) the host would fence and the job fail.
-    outcome, events, notes = run_job(tmp_path, monkeypatch, test_id, "--steps", "100",
-                                     "--interval", "0.05")
+    outcome, events, notes = run_job(
+        tmp_path, monkeypatch, test_id, "--steps", "100", "--interval", "0.05"
+    )
     assert outcome.state == "succeeded", (outcome, notes.notices)
     [failed] = [e for e in events if e["kind"] == "task_failed"]
     assert failed["task"] == "heartbeat check" and failed["restarting"] and not failed["fatal"]
@@ -78,8 +90,9 @@ def test_a_controller_loop_that_raises_is_journaled_and_restarted(tmp_path, monk
     assert any("heartbeat check failed" in n and "restarting" in n for n in notes.notices)
 
 
-def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(tmp_path, monkeypatch,
-                                                                        test_id, no_survivors):
+def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(
+    tmp_path, monkeypatch, test_id, no_survivors
+):
     original = GenWatch.record_output
 
     def fails_on_progress(watch, host, msg):
@@ -89,11 +102,13 @@ def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(tmp_path
 
     monkeypatch.setattr(GenWatch, "record_output", fails_on_progress)
     # Ranks that would step for ever: the job must end by itself, and take them with it.
-    outcome, events, notes = run_job(tmp_path, monkeypatch, test_id, "--steps", "1000000",
-                                     "--interval", "0.05")
+    outcome, events, notes = run_job(
+        tmp_path, monkeypatch, test_id, "--steps", "1000000", "--interval", "0.05"
+    )
     assert (outcome.state, outcome.exit_code) == ("failed", EXIT_JOB_FAILED)
-    assert outcome.reason == ("internal error: supervise loop failed "
-                              "(KeyError: 'injected into the supervise loop')")
+    assert outcome.reason == (
+        "internal error: supervise loop failed (KeyError: 'injected into the supervise loop')"
+    )
     root = outcome.root_cause
     assert root["kind"] == "internal" and "fails_on_progress" in root["traceback"]
     [failed] = [e for e in events if e["kind"] == "task_failed"]
@@ -101,8 +116,9 @@ def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(tmp_path
     assert events[-1]["kind"] == "job_finished" and events[-1]["root_cause"]["kind"] == "internal"
 
 
-def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(tmp_path, test_id,
-                                                                         no_survivors):
+def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(
+    tmp_path, test_id, no_survivors
+):
     secret = protocol.new_secret()
     log_path = tmp_path / "agent.log"
 
@@ -113,10 +129,17 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(tmp_pat
             await connected.put(await protocol.accept_channel(reader, writer, secret))
 
         server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-        boot = {"controller_host": "127.0.0.1", "controller_port":
-                server.sockets[0].getsockname()[1], "secret": secret, "job_id": "j",
-                "agent_id": f"a#{test_id}", "host": "a", "heartbeat_interval_s": 0.1,
-                "fence_timeout_s": 5.0, "warm_start": False}
+        boot = {
+            "controller_host": "127.0.0.1",
+            "controller_port": server.sockets[0].getsockname()[1],
+            "secret": secret,
+            "job_id": "j",
+            "agent_id": f"a#{test_id}",
+            "host": "a",
+            "heartbeat_interval_s": 0.1,
+            "fence_timeout_s": 5.0,
+            "warm_start": False,
+        }
         agent = await spawn_agent(boot, log_path, test_id)
         chan = await asyncio.wait_for(connected.get(), 10)
         assert (await asyncio.wait_for(chan.receive(), 10))["kind"] == "hello"
@@ -141,7 +164,9 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(tmp_pat
     assert code == 0
     errors = [m for m in said if m["kind"] == "agent_error"]
     assert [(e["task"], e["restarting"], e["fatal"]) for e in errors] == [
-        ("receive loop", True, False), ("launch", False, False)]
+        ("receive loop", True, False),
+        ("launch", False, False),
+    ]
     assert errors[0]["error"].startswith("TypeError") and "_receive_loop" in errors[0]["traceback"]
     [gen_exited] = [m for m in said if m["kind"] == "gen_exited"]
     assert gen_exited["gen"] == 7 and "could not launch" in gen_exited["tail"][0]

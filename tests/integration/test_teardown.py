@@ -43,8 +43,9 @@ def test_signal_stops_everything_gracefully(ftrun, tmp_path, sig):
 
 
 def test_second_ctrl_c_kills_at_once(ftrun, tmp_path):
-    proc = ftrun.start("launch", "--grace-period", "60", SLEEPER, "--ignore-sigterm",
-                       "--pid-dir", str(tmp_path))
+    proc = ftrun.start(
+        "launch", "--grace-period", "60", SLEEPER, "--ignore-sigterm", "--pid-dir", str(tmp_path)
+    )
     out = Output(proc)
     out.wait_for("[rank0]: step 3")
     proc.send_signal(signal.SIGINT)
@@ -85,8 +86,11 @@ def test_a_job_ending_beside_another_leaves_it_running(ftrun, tmp_path):
     short = ftrun.run("launch", "--max-restarts", "1", str(BIN / "bad_import.py"), timeout=60)
     assert short.returncode == 1, short.stderr
     last_line = len(out.lines)
-    wait_for(lambda: any("[rank1]: step" in line for line in out.lines[last_line:]), 10,
-             "a step after the other job's teardown")
+    wait_for(
+        lambda: any("[rank1]: step" in line for line in out.lines[last_line:]),
+        10,
+        "a step after the other job's teardown",
+    )
     assert all(alive(p) for p in pids), "the other job's teardown killed this job's ranks"
     assert long_job.poll() is None and "lost" not in "".join(out.lines[last_line:])
     long_job.send_signal(signal.SIGINT)

@@ -42,8 +42,7 @@ def processes_using(state_dir: Path) -> list[psutil.Process]:
     for proc in psutil.process_iter():
         try:
             # sshd rewrites its title into one string, so join before looking for the path
-            if (proc.status() != psutil.STATUS_ZOMBIE
-                    and str(state_dir) in " ".join(proc.cmdline())):
+            if proc.status() != psutil.STATUS_ZOMBIE and str(state_dir) in " ".join(proc.cmdline()):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -58,24 +57,31 @@ def test_up_prints_the_addresses_and_writes_an_ssh_config(testbed: Testbed):
     assert f'IdentityFile "{testbed.key}"' in config
     assert "StrictHostKeyChecking no" in config and "UserKnownHostsFile /dev/null" in config
     status = testbed.script("status").stdout.splitlines()
-    assert status == [f"{h.name} {h.address} link=up sshd=running processes=1"
-                      for h in testbed.hosts]
+    assert status == [
+        f"{h.name} {h.address} link=up sshd=running processes=1" for h in testbed.hosts
+    ]
 
 
 def test_ssh_into_each_host_by_alias_and_by_address(testbed: Testbed):
     last = testbed.hosts[-1]
     for h, target in [*((h, h.name) for h in testbed.hosts), (last, last.address)]:
-        r = subprocess.run(["ssh", "-F", str(testbed.ssh_config), target,
-                            "hostname; hostname -I; whoami"], capture_output=True, text=True,
-                           timeout=15, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["ssh", "-F", str(testbed.ssh_config), target, "hostname; hostname -I; whoami"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == [h.name, h.address, "root"]
 
 
 def test_hosts_share_the_filesystem_and_the_python(testbed: Testbed, tmp_path: Path):
     (tmp_path / "shared.txt").write_text("written in the root namespace\n")
-    probe = ("import socket, sys; n = socket.gethostname(); "
-             "print(n, socket.gethostbyname(n), sys.executable)")
+    probe = (
+        "import socket, sys; n = socket.gethostname(); "
+        "print(n, socket.gethostbyname(n), sys.executable)"
+    )
     for h in testbed.hosts:
         r = testbed.ssh(h, f"cat '{tmp_path}/shared.txt' && '{sys.executable}' -c '{probe}'")
         assert r.returncode == 0, r.stderr
@@ -92,7 +98,9 @@ def test_hosts_reach_each_other_and_the_bridge(testbed: Testbed):
         for h in testbed.hosts:
             others = [o.address for o in testbed.hosts if o != h]
             script = " && ".join(f"timeout 3 bash -c 'echo > /dev/tcp/{a}/22'" for a in others)
-            script += f" && timeout 3 bash -c 'echo {h.name} > /dev/tcp/{testbed.bridge_address}/{port}'"
+            script += (
+                f" && timeout 3 bash -c 'echo {h.name} > /dev/tcp/{testbed.bridge_address}/{port}'"
+            )
             r = testbed.ssh(h, script)
             assert r.returncode == 0, r.stderr
             conn, (peer, _) = server.accept()
@@ -107,8 +115,17 @@ def test_hosts_have_no_route_outside_the_subnet(testbed: Testbed):
         r = testbed.ssh(h, "ip -4 route; echo --; ip -6 addr; echo --; ip -o link | wc -l")
         assert r.returncode == 0, r.stderr
         routes, v6, links = r.stdout.split("--\n")
-        assert routes.split() == ["10.213.48.0/24", "dev", "eth0", "proto", "kernel", "scope",
-                                  "link", "src", h.address]
+        assert routes.split() == [
+            "10.213.48.0/24",
+            "dev",
+            "eth0",
+            "proto",
+            "kernel",
+            "scope",
+            "link",
+            "src",
+            h.address,
+        ]
         assert v6.strip() == ""
         assert links.strip() == "2"  # lo and eth0
 
@@ -127,10 +144,22 @@ def test_kill_is_a_power_loss_and_start_powers_the_host_on(testbed: Testbed):
     started = testbed.ssh(victim, "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!")
     sleeper = int(started.stdout)
     session = subprocess.Popen(
-        testbed.ssh_argv(victim, "echo ready; exec sleep 600", "-o", "LogLevel=INFO",
-                         "-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=2"),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        testbed.ssh_argv(
+            victim,
+            "echo ready; exec sleep 600",
+            "-o",
+            "LogLevel=INFO",
+            "-o",
+            "ServerAliveInterval=1",
+            "-o",
+            "ServerAliveCountMax=2",
+        ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     out = Output(session)
     try:
         out.wait_for("ready", 15)
@@ -155,15 +184,24 @@ def test_kill_is_a_power_loss_and_start_powers_the_host_on(testbed: Testbed):
         testbed.start(victim)
 
     assert testbed.ssh(victim, "hostname").stdout.strip() == victim.name
-    assert testbed.ssh(witness, f"timeout 3 bash -c 'echo > /dev/tcp/{victim.address}/22'").returncode == 0
+    assert (
+        testbed.ssh(witness, f"timeout 3 bash -c 'echo > /dev/tcp/{victim.address}/22'").returncode
+        == 0
+    )
 
 
 def test_cut_partitions_a_host_and_heal_restores_it(testbed: Testbed):
     victim, witness = testbed.hosts[1], testbed.hosts[0]
     echo = subprocess.Popen(
-        testbed.ssh_argv(victim, 'while read l; do echo "got:$l"; done', "-o", "ServerAliveInterval=5"),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        testbed.ssh_argv(
+            victim, 'while read l; do echo "got:$l"; done', "-o", "ServerAliveInterval=5"
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     out = Output(echo)
     assert echo.stdin is not None
     try:
@@ -174,8 +212,11 @@ def test_cut_partitions_a_host_and_heal_restores_it(testbed: Testbed):
 
         testbed.cut(victim)
         try:
-            assert testbed.script("status").stdout.splitlines()[1].startswith(
-                f"{victim.name} {victim.address} link=down sshd=running")
+            assert (
+                testbed.script("status")
+                .stdout.splitlines()[1]
+                .startswith(f"{victim.name} {victim.address} link=down sshd=running")
+            )
             assert not tcp_connects(victim.address, timeout=1.0)
             r = testbed.ssh(witness, f"timeout 1 bash -c 'echo > /dev/tcp/{victim.address}/22'")
             assert r.returncode != 0
@@ -205,8 +246,10 @@ def namespaces() -> list[str]:
 
 
 def link_exists(name: str) -> bool:
-    return subprocess.run(["ip", "link", "show", name], capture_output=True,
-                          timeout=10).returncode == 0
+    return (
+        subprocess.run(["ip", "link", "show", name], capture_output=True, timeout=10).returncode
+        == 0
+    )
 
 
 def test_up_is_idempotent_and_down_leaves_nothing(tmp_path: Path):
@@ -238,14 +281,27 @@ def test_an_interrupted_up_leaves_nothing(tmp_path: Path):
     if reason := unavailable_reason():
         pytest.skip(reason)
     state = tmp_path / "state"
-    env = {**os.environ, "FTRUN_TESTBED_DIR": str(state), "FTRUN_TESTBED_PREFIX": "fttbi",
-           "FTRUN_TESTBED_SUBNET": "10.213.51.0/24"}
-    proc = subprocess.Popen(["bash", str(SCRIPT), "up", "3"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "FTRUN_TESTBED_DIR": str(state),
+        "FTRUN_TESTBED_PREFIX": "fttbi",
+        "FTRUN_TESTBED_SUBNET": "10.213.51.0/24",
+    }
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "up", "3"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # Interrupt half-way: hosts made, sshd configured, not yet known to be ready.
-        wait_for(lambda: (state / "ssh_config").exists() or proc.poll() is not None, 30,
-                 "up to write its ssh config")
+        wait_for(
+            lambda: (state / "ssh_config").exists() or proc.poll() is not None,
+            30,
+            "up to write its ssh config",
+        )
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     finally:
@@ -260,25 +316,36 @@ def test_an_interrupted_up_leaves_nothing(tmp_path: Path):
     assert processes_using(state) == []
 
 
-def run_script(*args: str, env: dict[str, str] | None = None,
-               prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*(prefix or []), "bash", str(SCRIPT), *args], capture_output=True,
-                          text=True, timeout=30, env={**os.environ, **(env or {})})
+def run_script(
+    *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*(prefix or []), "bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["kill", "node9"], {"FTRUN_TESTBED_PREFIX": "fttbt"}, "no testbed host 'node9'"),
-    (["up", "0"], {}, "usage: testbed.sh up N"),
-    (["up", "3", "4"], {}, "usage: testbed.sh up N"),
-    (["up", "1"], {"FTRUN_TESTBED_SUBNET": "8.8.8.0/24"}, "is not private"),
-    (["up", "1"], {"FTRUN_TESTBED_SUBNET": "10.213.47.5/24"}, "must look like"),
-    (["up", "1"], {"FTRUN_TESTBED_PREFIX": "Bad-Prefix"}, "FTRUN_TESTBED_PREFIX"),
-    (["frobnicate"], {}, "unknown command 'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["kill", "node9"], {"FTRUN_TESTBED_PREFIX": "fttbt"}, "no testbed host 'node9'"),
+        (["up", "0"], {}, "usage: testbed.sh up N"),
+        (["up", "3", "4"], {}, "usage: testbed.sh up N"),
+        (["up", "1"], {"FTRUN_TESTBED_SUBNET": "8.8.8.0/24"}, "is not private"),
+        (["up", "1"], {"FTRUN_TESTBED_SUBNET": "10.213.47.5/24"}, "must look like"),
+        (["up", "1"], {"FTRUN_TESTBED_PREFIX": "Bad-Prefix"}, "FTRUN_TESTBED_PREFIX"),
+        (["frobnicate"], {}, "unknown command 'frobnicate'"),
+    ],
+)
 def test_bad_input_is_one_clear_line(testbed: Testbed, tmp_path: Path, args, env, message):
     # Its own prefix and dir: a refused `up` must not be able to touch any testbed that is up.
-    r = run_script(*args, env={"FTRUN_TESTBED_DIR": str(tmp_path / "state"),
-                               "FTRUN_TESTBED_PREFIX": "fttbx", **env})
+    r = run_script(
+        *args,
+        env={"FTRUN_TESTBED_DIR": str(tmp_path / "state"), "FTRUN_TESTBED_PREFIX": "fttbx", **env},
+    )
     assert r.returncode != 0
     assert r.stderr.startswith("testbed.sh: error: ") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -286,19 +353,36 @@ def test_bad_input_is_one_clear_line(testbed: Testbed, tmp_path: Path, args, env
 
 
 def test_a_subnet_in_use_is_refused_without_touching_it(testbed: Testbed, tmp_path: Path):
-    r = run_script("up", "1", env={"FTRUN_TESTBED_DIR": str(tmp_path / "other"),
-                                   "FTRUN_TESTBED_PREFIX": "fttbc", "FTRUN_TESTBED_SUBNET": SUBNET})
+    r = run_script(
+        "up",
+        "1",
+        env={
+            "FTRUN_TESTBED_DIR": str(tmp_path / "other"),
+            "FTRUN_TESTBED_PREFIX": "fttbc",
+            "FTRUN_TESTBED_SUBNET": SUBNET,
+        },
+    )
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines()[-1].startswith(
-        f"testbed.sh: error: subnet {SUBNET} is already in use here")
-    assert not [ns for ns in namespaces() if ns.startswith("fttbc-")] and not link_exists("fttbc-br")
+    assert (
+        r.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"testbed.sh: error: subnet {SUBNET} is already in use here")
+    )
+    assert not [ns for ns in namespaces() if ns.startswith("fttbc-")] and not link_exists(
+        "fttbc-br"
+    )
     assert testbed.ssh("node1", "true").returncode == 0
 
 
 def test_not_root_is_refused(testbed: Testbed):
-    r = run_script("down", env={"FTRUN_TESTBED_DIR": str(testbed.state_dir)},
-                   prefix=["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+    r = run_script(
+        "down",
+        env={"FTRUN_TESTBED_DIR": str(testbed.state_dir)},
+        prefix=["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"],
+    )
     assert r.returncode != 0
-    assert r.stderr.strip() == ("testbed.sh: error: must run as root (network namespaces need "
-                                "CAP_NET_ADMIN and CAP_SYS_ADMIN)")
+    assert r.stderr.strip() == (
+        "testbed.sh: error: must run as root (network namespaces need "
+        "CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+    )
     assert testbed.ssh("node1", "true").returncode == 0

@@ -55,8 +55,10 @@ def _local_leftovers(tag: str) -> list[str]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if (proc.environ().get("FTRUN_AGENT_ID") == tag
-                    and proc.status() != psutil.STATUS_ZOMBIE):
+            if (
+                proc.environ().get("FTRUN_AGENT_ID") == tag
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(f"{proc.pid} {' '.join(proc.cmdline())[:100]}")
         except (psutil.Error, OSError):
             continue
@@ -64,20 +66,37 @@ def _local_leftovers(tag: str) -> list[str]:
 
 
 def boot_for(host: str, *, python: str = sys.executable, test_id: str = "") -> Bootstrap:
-    return Bootstrap(controller_host="", controller_port=0, secret=new_secret(),
-                     job_id=f"contract-{uuid.uuid4().hex[:8]}", agent_id=f"{host}#0", host=host,
-                     heartbeat_interval_s=0.25, fence_timeout_s=3.0, warm_start=False,
-                     python=python, env={"FTRUN_TEST_ID": test_id} if test_id else {})
+    return Bootstrap(
+        controller_host="",
+        controller_port=0,
+        secret=new_secret(),
+        job_id=f"contract-{uuid.uuid4().hex[:8]}",
+        agent_id=f"{host}#0",
+        host=host,
+        heartbeat_interval_s=0.25,
+        fence_timeout_s=3.0,
+        warm_start=False,
+        python=python,
+        env={"FTRUN_TEST_ID": test_id} if test_id else {},
+    )
 
 
 @pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.testbed)])
-def case(request: pytest.FixtureRequest, test_id: str, no_survivors: None,
-         monkeypatch: pytest.MonkeyPatch) -> Iterator[Case]:
+def case(
+    request: pytest.FixtureRequest,
+    test_id: str,
+    no_survivors: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Case]:
     if request.param == "local":
         monkeypatch.setenv("FTRUN_TEST_ID", test_id)  # what no_survivors looks for
-        yield Case(LocalTransport(), "localhost",
-                   (LocalTransport(python="/nonexistent/bin/python3"), boot_for("localhost")),
-                   kill=lambda pid: os.kill(pid, signal.SIGKILL), leftovers=_local_leftovers)
+        yield Case(
+            LocalTransport(),
+            "localhost",
+            (LocalTransport(python="/nonexistent/bin/python3"), boot_for("localhost")),
+            kill=lambda pid: os.kill(pid, signal.SIGKILL),
+            leftovers=_local_leftovers,
+        )
         return
     bed: Testbed = request.getfixturevalue("testbed")
     host = bed.hosts[0].name
@@ -87,21 +106,33 @@ def case(request: pytest.FixtureRequest, test_id: str, no_survivors: None,
         return [line for line in out.stdout.split() if line.startswith("/proc/")]
 
     transport = SshTransport(python=sys.executable, ssh_config=bed.ssh_config)
-    yield Case(transport, host, (transport, boot_for("no-such-host.invalid")),
-               kill=lambda pid: bed.ssh(host, f"kill -9 {pid}"), leftovers=leftovers)
+    yield Case(
+        transport,
+        host,
+        (transport, boot_for("no-such-host.invalid")),
+        kill=lambda pid: bed.ssh(host, f"kill -9 {pid}"),
+        leftovers=leftovers,
+    )
 
 
 def run(coro: Awaitable[Any], timeout_s: float = 120.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout_s))  # type: ignore[arg-type]
 
 
-async def start(case: Case, tmp_path: Path, test_id: str) -> tuple[ControlServer, Any, dict[str, Any],
-                                                                  Bootstrap]:
+async def start(
+    case: Case, tmp_path: Path, test_id: str
+) -> tuple[ControlServer, Any, dict[str, Any], Bootstrap]:
     """Start one agent through the transport and wait for its hello on a real control server."""
     boot = boot_for(case.host, test_id=test_id)
-    server = ControlServer(boot.secret, expected_agents={boot.agent_id}, heartbeat_interval_s=0.25,
-                           host_lost_timeout_s=30.0)
-    boot = dataclasses.replace(boot, controller_port=await server.start(case.transport.bind_address()))
+    server = ControlServer(
+        boot.secret,
+        expected_agents={boot.agent_id},
+        heartbeat_interval_s=0.25,
+        host_lost_timeout_s=30.0,
+    )
+    boot = dataclasses.replace(
+        boot, controller_port=await server.start(case.transport.bind_address())
+    )
     handle = await case.transport.start_agent(boot, log_path=tmp_path / "agent.log")
     try:
         agent_id, hello = await asyncio.wait_for(server.inbox.get(), HELLO_TIMEOUT_S)
@@ -121,8 +152,9 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str)
         await asyncio.sleep(0.05)
 
 
-def test_agent_dials_back_says_hello_and_is_not_called_dead(case: Case, tmp_path: Path,
-                                                            test_id: str) -> None:
+def test_agent_dials_back_says_hello_and_is_not_called_dead(
+    case: Case, tmp_path: Path, test_id: str
+) -> None:
     async def scenario() -> None:
         server, handle, hello, boot = await start(case, tmp_path, test_id)
         try:
@@ -137,8 +169,9 @@ def test_agent_dials_back_says_hello_and_is_not_called_dead(case: Case, tmp_path
     run(scenario())
 
 
-def test_terminate_leaves_nothing_on_the_host_and_can_be_repeated(case: Case, tmp_path: Path,
-                                                                  test_id: str) -> None:
+def test_terminate_leaves_nothing_on_the_host_and_can_be_repeated(
+    case: Case, tmp_path: Path, test_id: str
+) -> None:
     async def scenario() -> None:
         server, handle, _, boot = await start(case, tmp_path, test_id)
         try:
@@ -157,8 +190,11 @@ def test_an_agent_that_dies_is_seen_gone(case: Case, tmp_path: Path, test_id: st
         server, handle, hello, boot = await start(case, tmp_path, test_id)
         try:
             case.kill(hello["pid"])
-            await wait_until(lambda: handle.returncode is not None, GONE_TIMEOUT_S,
-                             "the transport to see the agent gone")
+            await wait_until(
+                lambda: handle.returncode is not None,
+                GONE_TIMEOUT_S,
+                "the transport to see the agent gone",
+            )
             assert handle.alive() is not True
         finally:
             await handle.terminate(5.0)

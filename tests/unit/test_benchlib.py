@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-import benchlib  # noqa: E402
-from benchlib import Column, Table  # noqa: E402
+import benchlib
+from benchlib import Column, Table
 
 
 def test_median_leaves_failed_trials_out() -> None:
@@ -23,12 +23,18 @@ def test_median_leaves_failed_trials_out() -> None:
     assert benchlib.median([]) is None
 
 
-@pytest.mark.parametrize(("p", "expected"), [
-    (0, 10.0), (50, 50.0), (99, 100.0), (100, 100.0),
-    (25, 30.0),   # index 0.25 * 9 = 2.25 -> 2
-    (75, 80.0),   # 6.75 -> 7
-    (90, 90.0),   # 8.1 -> 8
-])
+@pytest.mark.parametrize(
+    ("p", "expected"),
+    [
+        (0, 10.0),
+        (50, 50.0),
+        (99, 100.0),
+        (100, 100.0),
+        (25, 30.0),  # index 0.25 * 9 = 2.25 -> 2
+        (75, 80.0),  # 6.75 -> 7
+        (90, 90.0),  # 8.1 -> 8
+    ],
+)
 def test_percentile_is_nearest_rank_of_the_sorted_values(p: float, expected: float) -> None:
     values = [100.0, 10.0, 90.0, 20.0, None, 80.0, 30.0, 70.0, 40.0, 60.0, 50.0]
     assert benchlib.percentile(values, p) == expected
@@ -56,8 +62,15 @@ def test_summarize_counts_failures_and_spreads_the_rest() -> None:
     assert (s.trials, s.ok, s.failed) == (4, 3, 1)
     assert (s.median, s.min, s.max) == (4.0, 2.0, 6.0)
     assert s.stdev == pytest.approx(2.0)
-    assert s.as_dict() == {"trials": 4, "ok": 3, "failed": 1, "median_s": 4.0, "min_s": 2.0,
-                           "max_s": 6.0, "stdev_s": pytest.approx(2.0)}
+    assert s.as_dict() == {
+        "trials": 4,
+        "ok": 3,
+        "failed": 1,
+        "median_s": 4.0,
+        "min_s": 2.0,
+        "max_s": 6.0,
+        "stdev_s": pytest.approx(2.0),
+    }
     one = benchlib.summarize([1.25])
     assert (one.median, one.stdev) == (1.25, 0.0)
     none = benchlib.summarize([None, None])
@@ -74,17 +87,24 @@ def test_cell() -> None:
     assert benchlib.cell("3/5", ".3f") == "3/5"
 
 
-RESTART = Table([Column(key="launcher", header="launcher", align="<"),
-                 Column(key="trials", header="trials"),
-                 Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
-                 Column(key="max_s", header="max s", spec=".2f")],
-                name="launcher", anchor="torchrun")
+RESTART = Table(
+    [
+        Column(key="launcher", header="launcher", align="<"),
+        Column(key="trials", header="trials"),
+        Column(key="median_s", header="median s", spec=".3f", ratio=".3f"),
+        Column(key="max_s", header="max s", spec=".2f"),
+    ],
+    name="launcher",
+    anchor="torchrun",
+)
 
 
 def test_table_renders_a_ratio_to_the_anchor_row() -> None:
-    rows = [{"launcher": "torchrun", "trials": 5, "median_s": 4.0, "max_s": 5.0},
-            {"launcher": "ftrun", "trials": 5, "median_s": 1.0, "max_s": 1.5},
-            {"launcher": "ftrun-cold", "trials": 5, "median_s": None}]
+    rows = [
+        {"launcher": "torchrun", "trials": 5, "median_s": 4.0, "max_s": 5.0},
+        {"launcher": "ftrun", "trials": 5, "median_s": 1.0, "max_s": 1.5},
+        {"launcher": "ftrun-cold", "trials": 5, "median_s": None},
+    ]
     assert RESTART.render(rows) == textwrap.dedent("""\
         launcher    trials  median s  ratio  max s
         torchrun         5     4.000  1.000   5.00
@@ -99,35 +119,55 @@ def test_table_without_the_anchor_row_shows_no_ratio() -> None:
 
 
 def test_table_ratio_within_a_group() -> None:
-    table = Table([Column(key="fault", header="fault", align="<"),
-                   Column(key="launcher", header="launcher", align="<"),
-                   Column(key="median_s", header="median s", spec=".3f", ratio=".2f")],
-                  name="launcher", anchor="torchrun", group="fault")
-    rows: list[dict[str, Any]] = [{"fault": "crash", "launcher": "ftrun", "median_s": 0.02},
-                                  {"fault": "crash", "launcher": "torchrun", "median_s": 0.16},
-                                  {"fault": "hang", "launcher": "ftrun", "median_s": 1.5},
-                                  {"fault": "hang", "launcher": "torchrun", "median_s": None}]
+    table = Table(
+        [
+            Column(key="fault", header="fault", align="<"),
+            Column(key="launcher", header="launcher", align="<"),
+            Column(key="median_s", header="median s", spec=".3f", ratio=".2f"),
+        ],
+        name="launcher",
+        anchor="torchrun",
+        group="fault",
+    )
+    rows: list[dict[str, Any]] = [
+        {"fault": "crash", "launcher": "ftrun", "median_s": 0.02},
+        {"fault": "crash", "launcher": "torchrun", "median_s": 0.16},
+        {"fault": "hang", "launcher": "ftrun", "median_s": 1.5},
+        {"fault": "hang", "launcher": "torchrun", "median_s": None},
+    ]
     lines = table.render(rows).splitlines()
     assert [line.split() for line in lines[1:5]] == [
-        ["crash", "ftrun", "0.020", "0.12"], ["crash", "torchrun", "0.160", "1.00"],
-        ["hang", "ftrun", "1.500", "-"], ["hang", "torchrun", "-", "-"]]
+        ["crash", "ftrun", "0.020", "0.12"],
+        ["crash", "torchrun", "0.160", "1.00"],
+        ["hang", "ftrun", "1.500", "-"],
+        ["hang", "torchrun", "-", "-"],
+    ]
     assert lines[5] == "ratio: the row's value / torchrun's, same fault"
 
 
 def test_table_without_an_anchor_is_a_plain_table() -> None:
-    table = Table([Column(key="agents", header="agents"),
-                   Column(key="p99_s", header="p99 s", spec=".3f")])
-    assert table.render([{"agents": 256, "p99_s": 1.0}, {"agents": 4096, "p99_s": 1.23456}]) \
+    table = Table(
+        [Column(key="agents", header="agents"), Column(key="p99_s", header="p99 s", spec=".3f")]
+    )
+    assert (
+        table.render([{"agents": 256, "p99_s": 1.0}, {"agents": 4096, "p99_s": 1.23456}])
         == "agents  p99 s\n   256  1.000\n  4096  1.235"
+    )
 
 
 def test_table_row_by_row_keeps_the_given_widths() -> None:
-    table = Table([Column(key="script", header="script", width=12, align="<"),
-                   Column(key="hangs", header="hangs", width=8),
-                   Column(key="s", header="s/run", spec=".1f")])
+    table = Table(
+        [
+            Column(key="script", header="script", width=12, align="<"),
+            Column(key="hangs", header="hangs", width=8),
+            Column(key="s", header="s/run", spec=".1f"),
+        ]
+    )
     assert table.header() == "script           hangs  s/run"
-    assert table.line({"script": "ddp", "hangs": "w0/c0", "s": 3.14159}) \
+    assert (
+        table.line({"script": "ddp", "hangs": "w0/c0", "s": 3.14159})
         == "ddp              w0/c0    3.1"
+    )
 
 
 def test_anchor_needs_a_name_key() -> None:

@@ -25,18 +25,30 @@ S, E, P = SlotPhase, Event, PersistPhase
 
 # Written out again on purpose: a change to the module's table must be a change here too.
 SLOT = {
-    (S.EMPTY, E.WRITE): S.COPYING, (S.HELD, E.WRITE): S.COPYING,
-    (S.EMPTY, E.WRITE_PINNED): S.COPYING_PINNED, (S.HELD, E.WRITE_PINNED): S.COPYING_PINNED,
-    (S.COPYING, E.FILL): S.HELD, (S.COPYING_PINNED, E.FILL): S.PINNED,
-    (S.COPYING, E.FAIL): S.EMPTY, (S.COPYING_PINNED, E.FAIL): S.EMPTY,
+    (S.EMPTY, E.WRITE): S.COPYING,
+    (S.HELD, E.WRITE): S.COPYING,
+    (S.EMPTY, E.WRITE_PINNED): S.COPYING_PINNED,
+    (S.HELD, E.WRITE_PINNED): S.COPYING_PINNED,
+    (S.COPYING, E.FILL): S.HELD,
+    (S.COPYING_PINNED, E.FILL): S.PINNED,
+    (S.COPYING, E.FAIL): S.EMPTY,
+    (S.COPYING_PINNED, E.FAIL): S.EMPTY,
     (S.HELD, E.PIN): S.PINNED,
-    (S.PINNED, E.RELEASE): S.HELD, (S.PINNED_STALE, E.RELEASE): S.EMPTY,
-    (S.EMPTY, E.WORKER_EXIT): S.EMPTY, (S.COPYING, E.WORKER_EXIT): S.COPYING,
-    (S.COPYING_PINNED, E.WORKER_EXIT): S.COPYING, (S.HELD, E.WORKER_EXIT): S.HELD,
-    (S.PINNED, E.WORKER_EXIT): S.HELD, (S.PINNED_STALE, E.WORKER_EXIT): S.EMPTY,
-    (S.EMPTY, E.LOAD): S.HELD, (S.HELD, E.LOAD): S.HELD, (S.PINNED, E.LOAD): S.PINNED,
-    (S.EMPTY, E.DROP): S.EMPTY, (S.HELD, E.DROP): S.EMPTY,
-    (S.PINNED, E.DROP): S.PINNED_STALE, (S.PINNED_STALE, E.DROP): S.PINNED_STALE,
+    (S.PINNED, E.RELEASE): S.HELD,
+    (S.PINNED_STALE, E.RELEASE): S.EMPTY,
+    (S.EMPTY, E.WORKER_EXIT): S.EMPTY,
+    (S.COPYING, E.WORKER_EXIT): S.COPYING,
+    (S.COPYING_PINNED, E.WORKER_EXIT): S.COPYING,
+    (S.HELD, E.WORKER_EXIT): S.HELD,
+    (S.PINNED, E.WORKER_EXIT): S.HELD,
+    (S.PINNED_STALE, E.WORKER_EXIT): S.EMPTY,
+    (S.EMPTY, E.LOAD): S.HELD,
+    (S.HELD, E.LOAD): S.HELD,
+    (S.PINNED, E.LOAD): S.PINNED,
+    (S.EMPTY, E.DROP): S.EMPTY,
+    (S.HELD, E.DROP): S.EMPTY,
+    (S.PINNED, E.DROP): S.PINNED_STALE,
+    (S.PINNED_STALE, E.DROP): S.PINNED_STALE,
 }
 PERSIST = {
     (P.IDLE, E.RESERVE): P.IN_FLIGHT,
@@ -48,18 +60,22 @@ PERSIST = {
 }
 
 
-@pytest.mark.parametrize(("phase", "event"), list(itertools.product(SlotPhase, Event)),
-                         ids=lambda v: v.value)
+@pytest.mark.parametrize(
+    ("phase", "event"), list(itertools.product(SlotPhase, Event)), ids=lambda v: v.value
+)
 def test_every_slot_transition_is_written_down_or_refused(phase, event):
     if (phase, event) in SLOT:
         assert next_slot_phase(phase, event) is SLOT[phase, event]
     else:
-        with pytest.raises(InvalidTransition, match=f"{event.value} is not allowed when {phase.value}"):
+        with pytest.raises(
+            InvalidTransition, match=f"{event.value} is not allowed when {phase.value}"
+        ):
             next_slot_phase(phase, event)
 
 
-@pytest.mark.parametrize(("phase", "event"), list(itertools.product(PersistPhase, Event)),
-                         ids=lambda v: v.value)
+@pytest.mark.parametrize(
+    ("phase", "event"), list(itertools.product(PersistPhase, Event)), ids=lambda v: v.value
+)
 def test_every_persist_transition_is_written_down_or_refused(phase, event):
     if (phase, event) in PERSIST:
         assert next_persist_phase(phase, event) is PERSIST[phase, event]
@@ -70,13 +86,15 @@ def test_every_persist_transition_is_written_down_or_refused(phase, event):
 
 # -- the table as the Manager drives it ---------------------------------------------------------
 
+
 def phases(table: SlotTable) -> list[SlotPhase]:
     return [table.phase(i) for i in range(len(table))]
 
 
 def check_invariants(table: SlotTable) -> None:
-    pinned = [i for i, p in enumerate(phases(table))
-              if p in (S.COPYING_PINNED, S.PINNED, S.PINNED_STALE)]
+    pinned = [
+        i for i, p in enumerate(phases(table)) if p in (S.COPYING_PINNED, S.PINNED, S.PINNED_STALE)
+    ]
     assert len(pinned) <= 1
     if pinned:
         assert table.persisting
@@ -142,7 +160,11 @@ def test_a_dead_worker_unpins_everything_and_refuses_new_persists():
     table = SlotTable(2)
     saved(table, 1, persist=True)
     table.worker_exited()
-    assert (phases(table), table.persist, table.worker_gone) == ([S.HELD, S.EMPTY], P.WORKER_GONE, True)
+    assert (phases(table), table.persist, table.worker_gone) == (
+        [S.HELD, S.EMPTY],
+        P.WORKER_GONE,
+        True,
+    )
     with pytest.raises(InvalidTransition):
         table.start_snapshot(persist=True)
     with pytest.raises(InvalidTransition):
@@ -184,7 +206,11 @@ def test_a_restore_that_drops_a_pinned_snapshot_frees_it_only_once_read():
     table = SlotTable(2)
     saved(table, 5, persist=True)
     table.restored([None, None], latest=None)  # restored an older step from storage
-    assert (phases(table), table.latest, table.persist) == ([S.PINNED_STALE, S.EMPTY], None, P.IN_FLIGHT)
+    assert (phases(table), table.latest, table.persist) == (
+        [S.PINNED_STALE, S.EMPTY],
+        None,
+        P.IN_FLIGHT,
+    )
     assert table.start_snapshot(persist=False) == 1  # never into the slot the worker reads
     table.filled(1, 3)
     table.released()
@@ -209,22 +235,31 @@ def _persisting() -> SlotTable:
     return table
 
 
-@pytest.mark.parametrize(("make", "call", "match"), [
-    (_fresh, lambda t: t.filled(0, 1), "fill is not allowed when empty"),
-    (_fresh, lambda t: t.copy_failed(0), "fail is not allowed when empty"),
-    (_fresh, lambda t: t.released(), "no slot is pinned"),
-    (_fresh, lambda t: t.persist_done(), "done is not allowed when idle"),
-    (_fresh, lambda t: t.pin_latest(), "no latest snapshot"),
-    (_fresh, lambda t: t.restored([1], latest=None), "restore reported 1 slots"),
-    (_fresh, lambda t: t.restored([None, 3], latest=0), "slot 0, which holds no snapshot"),
-    (_copying, lambda t: t.filled(1, 1), "fill is not allowed when empty"),
-    (_copying, lambda t: t.restored([None, None], latest=None), "while a snapshot copy runs"),
-    (_persisting, lambda t: t.start_snapshot(persist=True), "reserve is not allowed when in-flight"),
-    (_persisting, lambda t: t.pin_latest(), "reserve is not allowed when in-flight"),
-    (_persisting, lambda t: t.filled(0, 2), "fill is not allowed when pinned"),
-], ids=lambda v: v if isinstance(v, str) else "")
-def test_invalid_calls_raise_and_change_nothing(make: Callable[[], SlotTable],
-                                                call: Callable[[SlotTable], object], match: str):
+@pytest.mark.parametrize(
+    ("make", "call", "match"),
+    [
+        (_fresh, lambda t: t.filled(0, 1), "fill is not allowed when empty"),
+        (_fresh, lambda t: t.copy_failed(0), "fail is not allowed when empty"),
+        (_fresh, lambda t: t.released(), "no slot is pinned"),
+        (_fresh, lambda t: t.persist_done(), "done is not allowed when idle"),
+        (_fresh, lambda t: t.pin_latest(), "no latest snapshot"),
+        (_fresh, lambda t: t.restored([1], latest=None), "restore reported 1 slots"),
+        (_fresh, lambda t: t.restored([None, 3], latest=0), "slot 0, which holds no snapshot"),
+        (_copying, lambda t: t.filled(1, 1), "fill is not allowed when empty"),
+        (_copying, lambda t: t.restored([None, None], latest=None), "while a snapshot copy runs"),
+        (
+            _persisting,
+            lambda t: t.start_snapshot(persist=True),
+            "reserve is not allowed when in-flight",
+        ),
+        (_persisting, lambda t: t.pin_latest(), "reserve is not allowed when in-flight"),
+        (_persisting, lambda t: t.filled(0, 2), "fill is not allowed when pinned"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_invalid_calls_raise_and_change_nothing(
+    make: Callable[[], SlotTable], call: Callable[[SlotTable], object], match: str
+):
     table = make()
     before = (phases(table), table.latest, table.persist)
     with pytest.raises(InvalidTransition, match=match):

@@ -18,8 +18,12 @@ def test_names_are_fully_qualified_and_optimizer_state_is_keyed_by_parameter():
     toy.step()  # optimizer state exists
     flat = flatten(toy.state)
     tensors = {leaf.key for leaf in flat.tensors}
-    assert {"train.model.0.weight", "train.model.2.bias", "train.optim.state.0.weight.exp_avg",
-            "train.optim.state.2.bias.step"} <= tensors
+    assert {
+        "train.model.0.weight",
+        "train.model.2.bias",
+        "train.optim.state.0.weight.exp_avg",
+        "train.optim.state.2.bias.step",
+    } <= tensors
     objects = {leaf.key: leaf for leaf in flat.objects}
     assert objects["train.optim.param_groups.0.weight.lr"].value == 0.05
     assert objects["extra.epoch"].value == 1 and not objects["extra.epoch"].local
@@ -48,7 +52,11 @@ def test_rng_round_trip_covers_python_and_torch():
 
 
 def test_slot_layout_is_aligned_and_the_signature_tracks_shapes():
-    tensors = [("a", torch.zeros(3)), ("b", torch.zeros(5, dtype=torch.float64)), ("c", torch.zeros(0))]
+    tensors = [
+        ("a", torch.zeros(3)),
+        ("b", torch.zeros(5, dtype=torch.float64)),
+        ("c", torch.zeros(0)),
+    ]
     entries, size = slots.layout(tensors)
     assert [e.offset % slots.ALIGN for e in entries] == [0, 0, 0]
     assert entries[1].nbytes == 40 and size % slots.ALIGN == 0 and size >= entries[1].offset + 40

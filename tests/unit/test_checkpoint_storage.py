@@ -23,8 +23,10 @@ def make_checkpoint(root: Path, step: int, payload: bytes = b"x" * 5000) -> Path
     files = {}
     for name, data in ((storage.data_file_name(0), payload), (storage.METADATA, b"meta")):
         files[name] = {"size": len(data), "crc32": storage.write_file(tmp / name, data)}
-    storage.write_json_atomic(tmp / storage.MANIFEST, {
-        "format": storage.FORMAT, "step": step, "generation": 1, "world_size": 1, "files": files})
+    storage.write_json_atomic(
+        tmp / storage.MANIFEST,
+        {"format": storage.FORMAT, "step": step, "generation": 1, "world_size": 1, "files": files},
+    )
     final = root / storage.step_dir_name(step)
     storage.commit_dir(tmp, final)
     return final
@@ -49,20 +51,25 @@ def test_json_round_trip_and_tampering_is_detected(tmp_path):
 def test_candidates_are_newest_first_and_only_committed(tmp_path):
     for step in (5, 20, 10):
         make_checkpoint(tmp_path, step)
-    (tmp_path / storage.tmp_dir_name(30, 1, "abc")).mkdir()     # in progress: invisible
-    (tmp_path / storage.step_dir_name(40)).mkdir()              # no manifest: reported as bad
+    (tmp_path / storage.tmp_dir_name(30, 1, "abc")).mkdir()  # in progress: invisible
+    (tmp_path / storage.step_dir_name(40)).mkdir()  # no manifest: reported as bad
     (tmp_path / "notes.txt").write_text("unrelated")
     good, bad = storage.list_candidates(tmp_path)
     assert [c.step for c in good] == [20, 10, 5]
-    assert [(p.name, why) for p, why in bad] == [(storage.step_dir_name(40), "manifest.json is missing")]
+    assert [(p.name, why) for p, why in bad] == [
+        (storage.step_dir_name(40), "manifest.json is missing")
+    ]
     assert storage.list_candidates(tmp_path / "missing") == ([], [])
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda p: p.write_bytes(p.read_bytes()[:-1]), "has 4999 bytes"),
-    (lambda p: p.write_bytes(b"y" + p.read_bytes()[1:]), "CRC32"),
-    (lambda p: p.unlink(), "missing"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-1]), "has 4999 bytes"),
+        (lambda p: p.write_bytes(b"y" + p.read_bytes()[1:]), "CRC32"),
+        (lambda p: p.unlink(), "missing"),
+    ],
+)
 def test_verify_catches_torn_and_corrupt_files(tmp_path, damage, reason):
     ckpt = make_checkpoint(tmp_path, 7)
     manifest = storage.read_manifest(ckpt)
@@ -98,12 +105,14 @@ def test_prune_keeps_the_newest_k_and_removes_stale_temp_dirs(tmp_path):
     current.mkdir()
     storage.prune(tmp_path, 2, current_tmp=current)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [storage.step_dir_name(5), storage.step_dir_name(4), current.name])
+        [storage.step_dir_name(5), storage.step_dir_name(4), current.name]
+    )
 
 
 def test_memory_tier_dir_and_job_id_validation():
     assert memory_tier_dir("job-1.a_b") == Path("/dev/shm/ftrun-job-1.a_b")
     from ftrun.agent import workdir  # the agent deletes this directory at job end
+
     assert workdir.memory_tier("job-1.a_b") == memory_tier_dir("job-1.a_b")
     assert memory_tier_dir("j", root="/x") == Path("/x/ftrun-j")
     for bad in ("", "../etc", "a/b", "-x"):
@@ -112,10 +121,18 @@ def test_memory_tier_dir_and_job_id_validation():
 
 
 def test_config_precedence_explicit_then_ftrun_env_then_cwd(tmp_path):
-    env = {"FTRUN_JOB_DIR": str(tmp_path / "job"), "FTRUN_JOB_ID": "j1", "FTRUN_GENERATION": "3",
-           "TORCHELASTIC_RESTART_COUNT": "1"}
+    env = {
+        "FTRUN_JOB_DIR": str(tmp_path / "job"),
+        "FTRUN_JOB_ID": "j1",
+        "FTRUN_GENERATION": "3",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+    }
     cfg = resolve_config(environ=env)
-    assert (cfg.directory, cfg.job_id, cfg.generation) == (tmp_path / "job" / "checkpoints", "j1", 3)
+    assert (cfg.directory, cfg.job_id, cfg.generation) == (
+        tmp_path / "job" / "checkpoints",
+        "j1",
+        3,
+    )
     # Under plain torchrun --max-restarts, its restart count tells the runs apart.
     assert resolve_config(environ={"TORCHELASTIC_RESTART_COUNT": "2"}).generation == 2
     assert cfg.memory_dir == Path("/dev/shm/ftrun-j1")
@@ -136,16 +153,20 @@ def test_config_reports_every_problem_at_once():
 
 def test_imports_stay_light():
     """ftrun.checkpoint pulls in neither the CLI nor the controller; the worker not even torch."""
-    code = ("import sys, ftrun.checkpoint as c; c.Manager; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('typer', 'rich') "
-            "or m.startswith(('ftrun.cli', 'ftrun.controller', 'ftrun.agent'))]; "
-            "assert not bad, bad; "
-            "import ftrun.checkpoint.worker; print('ok')")
+    code = (
+        "import sys, ftrun.checkpoint as c; c.Manager; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('typer', 'rich') "
+        "or m.startswith(('ftrun.cli', 'ftrun.controller', 'ftrun.agent'))]; "
+        "assert not bad, bad; "
+        "import ftrun.checkpoint.worker; print('ok')"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
     code = "import sys, ftrun.checkpoint.worker; assert 'torch' not in sys.modules; print('ok')"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr

@@ -36,16 +36,27 @@ def test_entrypoint_matches_torchrun():
 def test_forward_signals_are_names_of_signals_that_can_be_passed_on():
     from ftrun.config import signal_name
 
-    assert [signal_name(s) for s in ("usr1", "SIGUSR2", " hup ")] == ["SIGUSR1", "SIGUSR2", "SIGHUP"]
+    assert [signal_name(s) for s in ("usr1", "SIGUSR2", " hup ")] == [
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGHUP",
+    ]
     assert make(forward_signals=("SIGUSR1", "SIGUSR2")).forward_signals == ("SIGUSR1", "SIGUSR2")
     with pytest.raises(UsageError) as e:
         make(forward_signals=("SIGTERM", "SIGKILL", "SIGNOPE"))
     assert "cannot take SIGTERM: it stops the job" in e.value.message
     assert "cannot take SIGKILL" in e.value.message and "no signal 'SIGNOPE'" in e.value.message
-@pytest.mark.parametrize("exit_s, idle_s, problems", [
-    (60.0, 1800.0, []), (0.5, 0.0, []),
-    (0.0, 1800.0, ["--exit-timeout"]), (60.0, -1.0, ["--idle-timeout"]),
-])
+
+
+@pytest.mark.parametrize(
+    "exit_s, idle_s, problems",
+    [
+        (60.0, 1800.0, []),
+        (0.5, 0.0, []),
+        (0.0, 1800.0, ["--exit-timeout"]),
+        (60.0, -1.0, ["--idle-timeout"]),
+    ],
+)
 def test_exit_and_idle_timeouts(exit_s, idle_s, problems):
     if not problems:
         config = make(exit_timeout_s=exit_s, idle_timeout_s=idle_s)

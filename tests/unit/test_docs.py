@@ -19,6 +19,7 @@ def _listed(text: str, lead: str) -> set[str]:
 
 def test_multihost_doc_lists_the_forwarded_variables_fleet_forwards():
     text = (DOCS / "multihost.md").read_text()
-    assert _listed(text, "by default, the launching machine's variables with names starting "
-                         "with:") == set(FORWARD_PREFIXES)
+    assert _listed(
+        text, "by default, the launching machine's variables with names starting with:"
+    ) == set(FORWARD_PREFIXES)
     assert _listed(text, "and these names:") == set(FORWARD_NAMES)

@@ -16,16 +16,21 @@ NAME = re.compile(r"^FTRUN_[A-Z0-9_]+$")
 
 def name_literals(path: Path) -> set[str]:
     """String constants that are exactly an FTRUN_* name (docstrings and prose are not)."""
-    return {node.value for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and NAME.match(node.value)}
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.match(node.value)
+    }
 
 
 def test_every_name_is_in_the_table_once() -> None:
     names = [var.name for var in envcontract.CONTRACT]
     assert len(names) == len(set(names))
-    constants = {value for key, value in vars(envcontract).items()
-                 if key.isupper() and isinstance(value, str) and NAME.match(value)}
+    constants = {
+        value
+        for key, value in vars(envcontract).items()
+        if key.isupper() and isinstance(value, str) and NAME.match(value)
+    }
     assert constants == set(names)
 
 
@@ -52,7 +57,16 @@ def test_the_rank_shims_copy_matches_the_table() -> None:
 
 
 def test_forwarded_takes_the_prefixes_and_names_and_nothing_else() -> None:
-    environ = {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "0",
-               "HOME": "/root", "FTRUN_RUN_DIR": "/runs", "PYTHONHOME": "/usr"}
-    assert envcontract.forwarded(environ) == {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/x",
-                                              "FTRUN_RUN_DIR": "/runs"}
+    environ = {
+        "NCCL_DEBUG": "INFO",
+        "PYTHONPATH": "/x",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "HOME": "/root",
+        "FTRUN_RUN_DIR": "/runs",
+        "PYTHONHOME": "/usr",
+    }
+    assert envcontract.forwarded(environ) == {
+        "NCCL_DEBUG": "INFO",
+        "PYTHONPATH": "/x",
+        "FTRUN_RUN_DIR": "/runs",
+    }

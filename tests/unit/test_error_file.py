@@ -23,19 +23,25 @@ def test_reads_what_torch_writes(tmp_path, monkeypatch):
     got = error_file.read(path)
     assert got["exception"] == "ValueError: bad shape"
     assert got["message"] == "ValueError: bad shape\nsecond line"
-    assert got["traceback"].startswith("Traceback") and "test_reads_what_torch_writes" in got["traceback"]
+    assert (
+        got["traceback"].startswith("Traceback")
+        and "test_reads_what_torch_writes" in got["traceback"]
+    )
 
 
-@pytest.mark.parametrize("content, expected", [
-    ('{"message": "RuntimeError: plain"}', "RuntimeError: plain"),  # the bare-string shape
-    ('{"message": {"message": "OSError: x", "extraInfo": 3}}', "OSError: x"),
-    ('{"message": {"message": "", "extraInfo": {}}}', None),
-    ('{"message": {"extraInfo": {}}}', "not an error file"),
-    ('{"message": 5}', "not an error file"),
-    ('[1, 2]', "not an error file"),
-    ('{"message": {"mess', "not an error file"),  # cut short by a kill
-    ("", "not an error file"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ('{"message": "RuntimeError: plain"}', "RuntimeError: plain"),  # the bare-string shape
+        ('{"message": {"message": "OSError: x", "extraInfo": 3}}', "OSError: x"),
+        ('{"message": {"message": "", "extraInfo": {}}}', None),
+        ('{"message": {"extraInfo": {}}}', "not an error file"),
+        ('{"message": 5}', "not an error file"),
+        ("[1, 2]", "not an error file"),
+        ('{"message": {"mess', "not an error file"),  # cut short by a kill
+        ("", "not an error file"),
+    ],
+)
 def test_malformed_files_are_not_errors(tmp_path, content, expected):
     path = tmp_path / "error.json"
     path.write_text(content)

@@ -59,23 +59,44 @@ class Notes:
 
 
 def make_fleet(tmp_path: Path, transport, **overrides) -> Fleet:
-    environ = {"PYTHONPATH": "/x", "PYTHONHOME": "/y", "CUDA_VISIBLE_DEVICES": "0",
-               "NCCL_DEBUG": "INFO", "HOME": "/root"}
-    options = dict(job_id="j-1", job_name="j", run_dir=tmp_path, script="t.py", ssh=True,
-                   hosts=("a", "b", "c"), spares=("s",), agent_start_timeout_s=0.2,
-                   forward_env=tuple(forwarded(environ).items()))
+    environ = {
+        "PYTHONPATH": "/x",
+        "PYTHONHOME": "/y",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "NCCL_DEBUG": "INFO",
+        "HOME": "/root",
+    }
+    options = dict(
+        job_id="j-1",
+        job_name="j",
+        run_dir=tmp_path,
+        script="t.py",
+        ssh=True,
+        hosts=("a", "b", "c"),
+        spares=("s",),
+        agent_start_timeout_s=0.2,
+        forward_env=tuple(forwarded(environ).items()),
+    )
     options.update(overrides)
     config = LaunchConfig(**options)
-    server = ControlServer("secret", expected_agents=set(), heartbeat_interval_s=0.25,
-                           host_lost_timeout_s=1.0)
-    return Fleet(config, transport=transport, server=server, journal=Journal(config.job_dir),
-                 reporter=Notes(), secret="secret")
+    server = ControlServer(
+        "secret", expected_agents=set(), heartbeat_interval_s=0.25, host_lost_timeout_s=1.0
+    )
+    return Fleet(
+        config,
+        transport=transport,
+        server=server,
+        journal=Journal(config.job_dir),
+        reporter=Notes(),
+        secret="secret",
+    )
 
 
 def hello(fleet: Fleet, host: str) -> None:
     agent_id = fleet.agent_of(host)
-    assert fleet.on_message(agent_id, {"kind": "hello", "addr": f"10.0.0.{ord(host[0])}",
-                                       "port": 4000})
+    assert fleet.on_message(
+        agent_id, {"kind": "hello", "addr": f"10.0.0.{ord(host[0])}", "port": 4000}
+    )
 
 
 def test_unreachable_host_is_journaled_lost_and_the_rest_start(tmp_path):
@@ -161,11 +182,14 @@ def test_a_host_removed_while_its_agent_starts_gets_that_agent_stopped(tmp_path)
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("request_, message", [
-    ({"action": "add", "host": "a"}, "already part of the job"),
-    ({"action": "frob", "host": "a"}, "unknown hosts action"),
-    ({"action": "add"}, "name a host"),
-])
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        ({"action": "add", "host": "a"}, "already part of the job"),
+        ({"action": "frob", "host": "a"}, "unknown hosts action"),
+        ({"action": "add"}, "name a host"),
+    ],
+)
 def test_bad_hosts_requests(tmp_path, request_, message):
     async def scenario():
         fleet = make_fleet(tmp_path, StandInTransport())

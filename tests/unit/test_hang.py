@@ -31,10 +31,15 @@ def test_no_startup_allowance_when_progress_is_not_expected():
     assert t.overdue(10_000.0) == []
 
 
-@pytest.mark.parametrize("interval, silent, hung", [
-    (0.01, 1.9, False), (0.01, 2.1, True),    # the floor
-    (1.0, 4.9, False), (1.0, 5.1, True),      # factor x median step time
-])
+@pytest.mark.parametrize(
+    "interval, silent, hung",
+    [
+        (0.01, 1.9, False),
+        (0.01, 2.1, True),  # the floor
+        (1.0, 4.9, False),
+        (1.0, 5.1, True),  # factor x median step time
+    ],
+)
 def test_allowance_after_steps(interval, silent, hung):
     t = tracker()
     times = [10.0 + i * interval for i in range(10)]
@@ -48,7 +53,7 @@ def test_sections_have_their_own_allowance():
     t.on_section(0, "checkpoint", 60.0, True, 1.3)
     assert t.overdue(50.0) == []
     assert t.overdue(61.4)[0].section == "checkpoint"
-    t.on_section(0, "eval", None, True, 62.0)   # no limit
+    t.on_section(0, "eval", None, True, 62.0)  # no limit
     assert t.overdue(10_000.0) == []
 
 

@@ -31,7 +31,9 @@ def test_a_lost_host_is_benched_and_fatal_or_hostless_failures_do_not_count():
     replace = Decision(Tier.REPLACE_NODE, "lost", "host lost")
     lost = Evidence(kind="host-lost", host="b")
     assert h.judge(lost, replace, now=0.0, wall_t=0.0) == (
-        replace, [{"host": "b", "until": "its agent is back", "failures": 1}])
+        replace,
+        [{"host": "b", "until": "its agent is back", "failures": 1}],
+    )
     fatal = Decision(Tier.FATAL, "bad", "before first step")
     assert h.judge(CRASH, fatal, now=1.0, wall_t=1.0) == (fatal, [])
     assert h.judge(Evidence(kind="crash"), RESTART, now=1.0, wall_t=1.0) == (RESTART, [])

@@ -5,16 +5,26 @@ from __future__ import annotations
 import pytest
 
 from ftrun.errors import UsageError
-from ftrun.hostlist import (HostEntry, SshTarget, check_roles, parse_host_list, read_hostfile,
-                            split_target, uniform_slots)
+from ftrun.hostlist import (
+    HostEntry,
+    SshTarget,
+    check_roles,
+    parse_host_list,
+    read_hostfile,
+    split_target,
+    uniform_slots,
+)
 
 
-@pytest.mark.parametrize("text, target", [
-    ("node1", SshTarget("node1")),
-    ("alice@node1", SshTarget("node1", "alice")),
-    ("alice@10.0.0.5:2222", SshTarget("10.0.0.5", "alice", 2222)),
-    ("[fe80::1]:22", SshTarget("fe80::1", None, 22)),
-])
+@pytest.mark.parametrize(
+    "text, target",
+    [
+        ("node1", SshTarget("node1")),
+        ("alice@node1", SshTarget("node1", "alice")),
+        ("alice@10.0.0.5:2222", SshTarget("10.0.0.5", "alice", 2222)),
+        ("[fe80::1]:22", SshTarget("fe80::1", None, 22)),
+    ],
+)
 def test_split_target(text, target):
     assert split_target(text) == target
 

@@ -16,19 +16,40 @@ ME = psutil.Process()
 
 
 def test_incident_phases_and_costs(tmp_path):
-    view = fold(tmp_path / "j", events(
-        (100.0, "job_started", {"name": "n", "controller_pid": os.getpid(),
-                                "controller_create_time": ME.create_time()}),
-        (100.5, "generation_launched", {"gen": 1, "hosts": ["a"], "world_size": 2}),
-        (102.0, "first_step", {"gen": 1, "step": 1}),
-        (110.1, "fault_detected", {"incident": 1, "gen": 1, "fault": "crash", "rank": 1,
-                                   "fault_t": 110.0, "signal": "SIGKILL", "step": 57}),
-        (110.1, "fault_classified", {"incident": 1, "tier": "restart-in-place"}),
-        (110.2, "torn_down", {"incident": 1, "gen": 1}),
-        (110.2, "restart", {"incident": 1, "next_gen": 2}),
-        (110.3, "generation_launched", {"gen": 2, "hosts": ["a"], "world_size": 2}),
-        (111.0, "first_step", {"gen": 2, "step": 51}),
-    ))
+    view = fold(
+        tmp_path / "j",
+        events(
+            (
+                100.0,
+                "job_started",
+                {
+                    "name": "n",
+                    "controller_pid": os.getpid(),
+                    "controller_create_time": ME.create_time(),
+                },
+            ),
+            (100.5, "generation_launched", {"gen": 1, "hosts": ["a"], "world_size": 2}),
+            (102.0, "first_step", {"gen": 1, "step": 1}),
+            (
+                110.1,
+                "fault_detected",
+                {
+                    "incident": 1,
+                    "gen": 1,
+                    "fault": "crash",
+                    "rank": 1,
+                    "fault_t": 110.0,
+                    "signal": "SIGKILL",
+                    "step": 57,
+                },
+            ),
+            (110.1, "fault_classified", {"incident": 1, "tier": "restart-in-place"}),
+            (110.2, "torn_down", {"incident": 1, "gen": 1}),
+            (110.2, "restart", {"incident": 1, "next_gen": 2}),
+            (110.3, "generation_launched", {"gen": 2, "hosts": ["a"], "world_size": 2}),
+            (111.0, "first_step", {"gen": 2, "step": 51}),
+        ),
+    )
     assert (view.state, view.generation, view.restarts) == ("running", 2, 1)
     [inc] = view.incidents
     assert abs(inc.detected_s - 0.1) < 1e-9 and abs(inc.recovered_s - 1.0) < 1e-9
@@ -37,13 +58,17 @@ def test_incident_phases_and_costs(tmp_path):
 
 
 def test_a_job_whose_controller_is_gone_is_failed(tmp_path):
-    view = fold(tmp_path / "j", events((1.0, "job_started", {"controller_pid": 2 ** 22 + 1})))
+    view = fold(tmp_path / "j", events((1.0, "job_started", {"controller_pid": 2**22 + 1})))
     assert view.state == "failed" and "controller died" in view.reason
 
 
 def test_finished_job_keeps_its_state(tmp_path):
-    view = fold(tmp_path / "j", events((1.0, "job_started", {}),
-                                       (2.0, "job_finished", {"state": "succeeded", "exit_code": 0})))
+    view = fold(
+        tmp_path / "j",
+        events(
+            (1.0, "job_started", {}), (2.0, "job_finished", {"state": "succeeded", "exit_code": 0})
+        ),
+    )
     assert view.state == "succeeded" and view.to_json()["exit_code"] == 0
 
 
@@ -51,14 +76,18 @@ def _restarted_job(tmp_path, restore_lines):
     """A journal with one crash at step 57 and a relaunch whose ranks print restore_lines."""
     journal = Journal(tmp_path / "j")
     for kind, fields in (
-            ("job_started", {"controller_pid": os.getpid(), "controller_create_time": ME.create_time()}),
-            ("generation_launched", {"gen": 1, "hosts": ["a"], "world_size": 2}),
-            ("first_step", {"gen": 1, "step": 1}),
-            ("fault_detected", {"incident": 1, "gen": 1, "fault": "crash", "rank": 1, "step": 57}),
-            ("fault_classified", {"incident": 1, "tier": "restart-in-place"}),
-            ("restart", {"incident": 1, "next_gen": 2}),
-            ("generation_launched", {"gen": 2, "hosts": ["a"], "world_size": 2}),
-            ("first_step", {"gen": 2, "step": 56})):
+        (
+            "job_started",
+            {"controller_pid": os.getpid(), "controller_create_time": ME.create_time()},
+        ),
+        ("generation_launched", {"gen": 1, "hosts": ["a"], "world_size": 2}),
+        ("first_step", {"gen": 1, "step": 1}),
+        ("fault_detected", {"incident": 1, "gen": 1, "fault": "crash", "rank": 1, "step": 57}),
+        ("fault_classified", {"incident": 1, "tier": "restart-in-place"}),
+        ("restart", {"incident": 1, "next_gen": 2}),
+        ("generation_launched", {"gen": 2, "hosts": ["a"], "world_size": 2}),
+        ("first_step", {"gen": 2, "step": 56}),
+    ):
         journal.record(kind, **fields)
     for rank, lines in restore_lines.items():
         journal.append_log(2, f"rank{rank}", lines)
@@ -67,7 +96,9 @@ def _restarted_job(tmp_path, restore_lines):
 
 
 def test_inspect_learns_the_restored_step_and_tier_from_the_rank_logs(tmp_path):
-    view = _restarted_job(tmp_path, {1: ["hello", "ftrun-checkpoint: restored step 55 from memory"]})
+    view = _restarted_job(
+        tmp_path, {1: ["hello", "ftrun-checkpoint: restored step 55 from memory"]}
+    )
     [inc] = view.incidents
     assert (inc.restored_step, inc.restored_tier, inc.lost_steps) == (55, "memory", 2)
     out = inc.to_json()
@@ -75,8 +106,9 @@ def test_inspect_learns_the_restored_step_and_tier_from_the_rank_logs(tmp_path):
 
 
 def test_no_checkpoint_and_no_restore_line(tmp_path):
-    [inc] = _restarted_job(tmp_path / "a", {
-        0: ["ftrun-checkpoint: no checkpoint found, starting from step 0"]}).incidents
+    [inc] = _restarted_job(
+        tmp_path / "a", {0: ["ftrun-checkpoint: no checkpoint found, starting from step 0"]}
+    ).incidents
     assert (inc.restored_step, inc.restored_tier, inc.lost_steps) == (0, "none", 57)
     [inc] = _restarted_job(tmp_path / "b", {0: ["a script without ftrun.checkpoint"]}).incidents
     assert (inc.restored_step, inc.restored_tier) == (None, None)
@@ -88,8 +120,11 @@ def test_the_restore_line_ftrun_checkpoint_prints_is_the_one_inspect_reads(capsy
     from ftrun.checkpoint.restore import Restored, _done
 
     comm = Comm(timeout_s=10)
-    for restored, want in ((Restored(40, "memory"), (40, "memory")),
-                           (Restored(7, "storage"), (7, "storage")), (Restored(0, "none"), None)):
+    for restored, want in (
+        (Restored(40, "memory"), (40, "memory")),
+        (Restored(7, "storage"), (7, "storage")),
+        (Restored(0, "none"), None),
+    ):
         _done(restored, comm)
         m = RESTORE_LINE.match(capsys.readouterr().out.strip())
         assert m and (m.groups()[:2] == (str(want[0]), want[1]) if want else m.group(3) == "0")

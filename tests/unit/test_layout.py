@@ -44,7 +44,9 @@ def part_of(module: str) -> str:
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+    return {
+        module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts
+    }
 
 
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
@@ -86,8 +88,10 @@ def test_imports_point_one_way() -> None:
 def test_no_import_loop() -> None:
     """Tarjan's strongly connected components: any component of more than one module is a loop.
     A package's __init__ that re-exports its own submodules is not a loop to report."""
-    edges = {m: {t for t in ts if not (m.startswith(t + ".") and t != "ftrun")}
-             for m, ts in graph().items()}
+    edges = {
+        m: {t for t in ts if not (m.startswith(t + ".") and t != "ftrun")}
+        for m, ts in graph().items()
+    }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -131,13 +135,24 @@ def test_the_rules_cover_the_tree() -> None:
     assert "agent" not in FORBIDDEN["controller"] and "ground" not in FORBIDDEN["agent"]
 
 
-@pytest.mark.parametrize("module", ["ftrun.controller.supervisor", "ftrun.agent.agent",
-                                    "ftrun.agent.__main__", "ftrun.jobview", "ftrun"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "ftrun.controller.supervisor",
+        "ftrun.agent.agent",
+        "ftrun.agent.__main__",
+        "ftrun.jobview",
+        "ftrun",
+    ],
+)
 def test_core_modules_import_no_torch_or_ui(module: str) -> None:
-    code = (f"import sys, {module}; bad = [m for m in ('torch', 'typer', 'rich') if m in sys.modules];"
-            "print(','.join(bad))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=60)
+    code = (
+        f"import sys, {module}; bad = [m for m in ('torch', 'typer', 'rich') if m in sys.modules];"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     assert out.stdout.strip() == ""
 
 
@@ -148,7 +163,12 @@ def test_only_the_cli_imports_typer_or_rich() -> None:
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{module}: {n}" for n in names if n.split(".")[0] in ("typer", "rich")]
     assert offenders == []

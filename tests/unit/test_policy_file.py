@@ -38,17 +38,25 @@ def test_user_rules_come_first(tmp_path):
     decision = classify(ev, History(ever_progressed=True), max_restarts=3, rules=policy.rules)
     assert decision.tier is Tier.FATAL and decision.rule == "exit 7 means bad data"
     ev = Evidence(kind="crash", rank=0, exit_code=1, log_tail=("OSError: Stale file handle",))
-    assert classify(ev, History(ever_progressed=True), max_restarts=3,
-                    rules=policy.rules).rule == "flaky storage"
+    assert (
+        classify(ev, History(ever_progressed=True), max_restarts=3, rules=policy.rules).rule
+        == "flaky storage"
+    )
 
 
-@pytest.mark.parametrize("text, needles", [
-    ("[[rules]]\ntier = 'sometimes'\n", ["tier must be one of"]),
-    ("[[rules]]\ntier = 'fatal'\nlog = '('\nkinds = ['meteor']\n", ["not a valid regex", "kinds"]),
-    ("[quarantine]\nfailures = -1\nbogus = 1\n", ["non-negative", "unknown key"]),
-    ("[surprise]\n", ["unknown section"]),
-    ("this is = not toml =", ["not valid TOML"]),
-])
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        ("[[rules]]\ntier = 'sometimes'\n", ["tier must be one of"]),
+        (
+            "[[rules]]\ntier = 'fatal'\nlog = '('\nkinds = ['meteor']\n",
+            ["not a valid regex", "kinds"],
+        ),
+        ("[quarantine]\nfailures = -1\nbogus = 1\n", ["non-negative", "unknown key"]),
+        ("[surprise]\n", ["unknown section"]),
+        ("this is = not toml =", ["not valid TOML"]),
+    ],
+)
 def test_bad_policy_files_report_every_problem(tmp_path, text, needles):
     path = tmp_path / "p.toml"
     path.write_text(text)

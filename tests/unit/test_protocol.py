@@ -21,11 +21,14 @@ def test_round_trip():
     assert protocol.decode(frame_body(frame), KEY)["gen"] == 3
 
 
-@pytest.mark.parametrize("mutate, why", [
-    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "bad authentication tag"),
-    (lambda b: b[:10], "frame too short"),
-    (lambda b: b[:40], "bad authentication tag"),
-])
+@pytest.mark.parametrize(
+    "mutate, why",
+    [
+        (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "bad authentication tag"),
+        (lambda b: b[:10], "frame too short"),
+        (lambda b: b[:40], "bad authentication tag"),
+    ],
+)
 def test_tampered_or_truncated_frames_are_refused(mutate, why):
     body = frame_body(protocol.encode({"v": 1, "kind": "x", "seq": 1}, KEY))
     with pytest.raises(ProtocolError, match=why):
@@ -39,11 +42,14 @@ def test_wrong_key_is_refused():
         protocol.decode(body, KEY)
 
 
-@pytest.mark.parametrize("body, why", [
-    ({"v": 2, "kind": "x", "seq": 1}, "version"),
-    ({"v": 1, "seq": 1}, "kind"),
-    ({"v": 1, "kind": "x"}, "seq"),
-])
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ({"v": 2, "kind": "x", "seq": 1}, "version"),
+        ({"v": 1, "seq": 1}, "kind"),
+        ({"v": 1, "kind": "x"}, "seq"),
+    ],
+)
 def test_malformed_bodies_are_refused(body, why):
     with pytest.raises(ProtocolError, match=why):
         protocol.decode(frame_body(protocol.encode(body, KEY)), KEY)

@@ -29,11 +29,14 @@ def test_a_spare_at_start_fills_in_for_an_unreachable_host():
     assert roster.plan() == ["a", "s"]
 
 
-@pytest.mark.parametrize("lost, spares, expected", [
-    ("b", ["s"], ["a", "c", "s"]),       # survivors keep their order, the spare comes last
-    ("a", ["s"], ["b", "c", "s"]),       # node rank 0 gone: the next survivor takes it
-    ("b", [], ["a", "c"]),               # no spare: shrink
-])
+@pytest.mark.parametrize(
+    "lost, spares, expected",
+    [
+        ("b", ["s"], ["a", "c", "s"]),  # survivors keep their order, the spare comes last
+        ("a", ["s"], ["b", "c", "s"]),  # node rank 0 gone: the next survivor takes it
+        ("b", [], ["a", "c"]),  # no spare: shrink
+    ],
+)
 def test_replan_after_a_lost_host(lost, spares, expected):
     roster = ready_roster(["a", "b", "c"], spares)
     roster.plan()
@@ -62,7 +65,7 @@ def test_a_returning_host_grows_a_shrunken_job_but_never_beyond_its_size():
     roster.lost("c")
     assert roster.plan() == ["a", "b"] and roster.can_grow() == []
     agent = roster.new_agent("c")
-    assert roster.can_grow() == []          # still starting
+    assert roster.can_grow() == []  # still starting
     assert roster.ready(agent)
     assert roster.can_grow() == ["c"]
     assert roster.plan() == ["a", "b", "c"] and roster.can_grow() == []
@@ -95,7 +98,7 @@ def test_a_host_back_right_after_its_loss_comes_after_the_spares():
     assert roster.ready(roster.new_agent("c"))  # a partition that healed at once
     assert roster.plan() == ["a", "b", "s"]
     roster.lost("s")
-    assert roster.plan() == ["a", "b", "c"]     # no spare left: better than shrinking
+    assert roster.plan() == ["a", "b", "c"]  # no spare left: better than shrinking
 
 
 def test_without_a_spare_a_host_back_at_once_keeps_the_job_whole():

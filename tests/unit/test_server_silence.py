@@ -32,10 +32,15 @@ class Agent:
 
 async def start(alive: dict[str, bool | None], stall_s: float = 0.0):
     events: list[tuple[str, dict[str, Any]]] = []
-    server = ControlServer(protocol.new_secret(), expected_agents={"a#1"}, heartbeat_interval_s=HB,
-                           host_lost_timeout_s=LOST, local_stall_timeout_s=stall_s,
-                           alive=lambda agent_id: alive.get(agent_id),
-                           on_event=lambda kind, **f: events.append((kind, f)))
+    server = ControlServer(
+        protocol.new_secret(),
+        expected_agents={"a#1"},
+        heartbeat_interval_s=HB,
+        host_lost_timeout_s=LOST,
+        local_stall_timeout_s=stall_s,
+        alive=lambda agent_id: alive.get(agent_id),
+        on_event=lambda kind, **f: events.append((kind, f)),
+    )
     port = await server.start()
     chan = await protocol.open_channel("127.0.0.1", port, server.secret, timeout_s=5)
     chan.send("hello", agent_id="a#1", host="a", pid=1)
@@ -85,8 +90,10 @@ def test_silent_but_alive_is_slow_then_recovers_then_is_lost_when_its_process_ex
 
 def test_remote_agent_is_lost_on_silence_and_a_local_one_after_the_stall_timeout():
     async def scenario():
-        for liveness, stall_s, needle in ((None, 0.0, "no heartbeat"),
-                                          (True, 0.6, "local stall timeout")):
+        for liveness, stall_s, needle in (
+            (None, 0.0, "no heartbeat"),
+            (True, 0.6, "local stall timeout"),
+        ):
             server, agent, events = await start({"a#1": liveness}, stall_s=stall_s)
             agent.beating = False
             t0 = time.monotonic()
@@ -125,8 +132,13 @@ def test_histogram_percentiles():
     assert h.percentile_ms(0.5) is None
     for ms in [1] * 98 + [40, 900]:
         h.add(ms / 1000)
-    assert h.summary() == {"n": 100, "p50_ms": 1, "p99_ms": 40, "max_ms": 900.0,
-                           "hist": {"1": 98, "40": 1, "900": 1}}
+    assert h.summary() == {
+        "n": 100,
+        "p50_ms": 1,
+        "p99_ms": 40,
+        "max_ms": 900.0,
+        "hist": {"1": 98, "40": 1, "900": 1},
+    }
     both = Histogram.merged([h.summary()["hist"], {"1": 100}])
     assert (both.n, both.percentile_ms(0.5), both.percentile_ms(0.995)) == (200, 1, 40)
     h.add(99.0)

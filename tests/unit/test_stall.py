@@ -11,8 +11,9 @@ A, B = "agent-a", "agent-b"
 
 
 def watch(exit_s=60.0, idle_s=0.0, stacks_s=10.0, agents=(A, B)) -> StallWatch:
-    return StallWatch(set(agents), exit_timeout_s=exit_s, idle_timeout_s=idle_s,
-                      stacks_timeout_s=stacks_s)
+    return StallWatch(
+        set(agents), exit_timeout_s=exit_s, idle_timeout_s=idle_s, stacks_timeout_s=stacks_s
+    )
 
 
 # ---- exit barrier ---------------------------------------------------------------------------
@@ -23,13 +24,25 @@ BARRIER = [
     ("nothing exited: no deadline", [], 10_000.0, None),
     ("before the deadline", [("clean", 100.0, 0)], 159.9, None),
     ("at the deadline: ask every agent", [("clean", 100.0, 0)], 160.0, {A, B}),
-    ("a second clean exit does not move it", [("clean", 100.0, 0), ("clean", 150.0, 1)], 160.0,
-     {A, B}),
-    ("a step after the exit: counted from the step", [("clean", 100.0, 0), ("progress", 130.0)],
-     189.9, None),
+    (
+        "a second clean exit does not move it",
+        [("clean", 100.0, 0), ("clean", 150.0, 1)],
+        160.0,
+        {A, B},
+    ),
+    (
+        "a step after the exit: counted from the step",
+        [("clean", 100.0, 0), ("progress", 130.0)],
+        189.9,
+        None,
+    ),
     ("... and due after that", [("clean", 100.0, 0), ("progress", 130.0)], 190.0, {A, B}),
-    ("a host whose torchrun exited 0 holds no live rank",
-     [("clean", 100.0, 0), ("done", A)], 160.0, {B}),
+    (
+        "a host whose torchrun exited 0 holds no live rank",
+        [("clean", 100.0, 0), ("done", A)],
+        160.0,
+        {B},
+    ),
 ]
 
 
@@ -55,14 +68,20 @@ def test_exit_hang_carries_the_stacks_of_the_live_ranks_once_every_agent_answere
     assert w.on_clean_exit(0, "host-a", 10.0) and not w.on_clean_exit(2, "host-a", 11.0)
     assert w.finishing and w.wakeup() == 15.0
     assert isinstance(w.poll(15.0), AskStacks)
-    w.on_stacks(A, {"stacks": {"1": "stack of 1"}, "states": {"1": "sleeping"},
-                    "tails": {"1": ["x"] * 50}})
+    w.on_stacks(
+        A, {"stacks": {"1": "stack of 1"}, "states": {"1": "sleeping"}, "tails": {"1": ["x"] * 50}}
+    )
     assert w.poll(16.0) is None  # B has not answered yet
     assert w.wakeup() == 25.0  # ... and has until then
     w.on_stacks(B, {"stacks": {"3": "stack of 3"}, "states": {"3": "disk-sleep"}, "tails": {}})
     hang = w.poll(16.0)
     assert isinstance(hang, ExitHang)
-    assert (hang.clean_rank, hang.clean_host, hang.timeout_s, hang.waited_s) == (0, "host-a", 5.0, 5.0)
+    assert (hang.clean_rank, hang.clean_host, hang.timeout_s, hang.waited_s) == (
+        0,
+        "host-a",
+        5.0,
+        5.0,
+    )
     assert hang.hung == {1: A, 3: B} and hang.unanswered == frozenset()
     assert hang.stacks == {"1": "stack of 1", "3": "stack of 3"}
     assert hang.states == {"1": "sleeping", "3": "disk-sleep"} and len(hang.tails["1"]) == 20
@@ -95,14 +114,30 @@ def test_a_host_that_finishes_while_asked_is_not_waited_for():
 IDLE = [
     ("no report: not idle", [], 1_000.0, False),
     ("one host idle, the other never said", [(100.0, A, {0: 50.0})], 1_000.0, False),
-    ("both idle, the later one for 29.9 s", [(100.0, A, {0: 50.0}), (100.0, B, {1: 20.0})],
-     109.9, False),
-    ("both idle, the later one for 30 s", [(100.0, A, {0: 50.0}), (100.0, B, {1: 20.0})],
-     110.0, True),
-    ("the latest rank of a host counts", [(100.0, A, {0: 50.0, 1: 5.0}), (100.0, B, {2: 50.0})],
-     124.9, False),
-    ("one host busy again", [(100.0, A, {0: 50.0}), (100.0, B, {1: 50.0}), (101.0, B, None)],
-     1_000.0, False),
+    (
+        "both idle, the later one for 29.9 s",
+        [(100.0, A, {0: 50.0}), (100.0, B, {1: 20.0})],
+        109.9,
+        False,
+    ),
+    (
+        "both idle, the later one for 30 s",
+        [(100.0, A, {0: 50.0}), (100.0, B, {1: 20.0})],
+        110.0,
+        True,
+    ),
+    (
+        "the latest rank of a host counts",
+        [(100.0, A, {0: 50.0, 1: 5.0}), (100.0, B, {2: 50.0})],
+        124.9,
+        False,
+    ),
+    (
+        "one host busy again",
+        [(100.0, A, {0: 50.0}), (100.0, B, {1: 50.0}), (101.0, B, None)],
+        1_000.0,
+        False,
+    ),
     ("an empty report is not idle", [(100.0, A, {0: 50.0}), (100.0, B, {})], 1_000.0, False),
 ]
 
@@ -133,11 +168,14 @@ def test_idle_hang_names_every_rank_and_how_long_it_was_idle():
     assert found.rank_agents == {0: A, 1: A, 2: B} and set(found.stacks) == {"0", "1", "2"}
 
 
-@pytest.mark.parametrize("name, setup", [
-    ("the guard is off (0)", lambda w: setattr(w, "idle_timeout_s", 0.0)),
-    ("a rank exited 0: the exit barrier rules", lambda w: w.on_clean_exit(0, "h", 0.0)),
-    ("a host's torchrun exited 0, the other is idle", lambda w: w.on_agent_done(A)),
-])
+@pytest.mark.parametrize(
+    "name, setup",
+    [
+        ("the guard is off (0)", lambda w: setattr(w, "idle_timeout_s", 0.0)),
+        ("a rank exited 0: the exit barrier rules", lambda w: w.on_clean_exit(0, "h", 0.0)),
+        ("a host's torchrun exited 0, the other is idle", lambda w: w.on_agent_done(A)),
+    ],
+)
 def test_idle_does_not_fire(name, setup):
     w = watch(idle_s=30.0, exit_s=1e9)
     w.on_idle(A, {0: 100.0}, 100.0)

@@ -40,8 +40,9 @@ def test_a_long_line_is_cut_with_a_marker_as_soon_as_it_is_long(tmp_path):
     while logs.behind():
         got += logs.poll().get(0, tail_mod.RankNews([], None)).lines
     [cut] = got  # shown at once, though the line has not ended
-    assert cut.startswith("x" * 100) and cut.endswith(f"line cut at 16384 bytes; the whole line "
-                                                      f"is in h1:{path}]")
+    assert cut.startswith("x" * 100) and cut.endswith(
+        f"line cut at 16384 bytes; the whole line is in h1:{path}]"
+    )
     assert len(cut) < lines_mod.MAX_LINE_BYTES + 200
     with open(path, "ab") as f:
         f.write(b"y" * 1000 + b"\nstep 3\n")
@@ -52,10 +53,10 @@ def test_a_long_line_is_cut_with_a_marker_as_soon_as_it_is_long(tmp_path):
 def test_carriage_returns_end_lines_for_progress_and_forward_the_latest_bar_state():
     split = LineSplitter(bar_interval_s=1.0)
     bar = b"".join(b"\rstep %d |" % i + b"#" * 60 for i in range(1, 10001))  # ~700 KB, no \n
-    out = split.feed(bar[:len(bar) // 2], now=0.0)
+    out = split.feed(bar[: len(bar) // 2], now=0.0)
     assert max(int(p.split()[1]) for p in out.progress if p.startswith("step")) >= 4900
     assert len(out.forward) == 1 and out.forward[0].startswith("step ")  # one snapshot, not 5,000
-    assert split.feed(bar[len(bar) // 2:], now=0.5).forward == []  # within the interval
+    assert split.feed(bar[len(bar) // 2 :], now=0.5).forward == []  # within the interval
     later = split.feed(b"\rstep 10001 |", now=1.6)
     assert later.forward == ["step 10000 |" + "#" * 60]  # the newest complete state
     end = split.feed(b"done\n", now=1.7)
@@ -81,7 +82,7 @@ def test_a_rank_far_behind_is_skipped_to_its_recent_end(tmp_path):
     skipped = size - tail_mod.SKIP_KEEP_BYTES
     assert marker.startswith(f"[ftrun: skipped {skipped} bytes") and f"h1:{path}" in marker
     numbers = [int(line.split()[1]) for line in news.lines[1:]]  # whole lines only, no torn one
-    assert all(line == f"step {n}" for line, n in zip(news.lines[1:], numbers))
+    assert all(line == f"step {n}" for line, n in zip(news.lines[1:], numbers, strict=True))
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) and numbers[0] > 500_000
     steps = [news.step]
     while logs.behind():
@@ -126,14 +127,19 @@ def test_batches_fit_a_frame_even_for_the_worst_text():
     groups = list(batches(worst))
     assert [line for g in groups for line in g] == worst and len(groups) > 1
     for group in groups:
-        frame = encode({"v": 1, "kind": "log", "seq": 10**9, "gen": 1, "rank": 1, "lines": group},
-                       b"k" * 32)
+        frame = encode(
+            {"v": 1, "kind": "log", "seq": 10**9, "gen": 1, "rank": 1, "lines": group}, b"k" * 32
+        )
         assert len(frame) < MAX_FRAME_BYTES
 
 
 def test_a_report_too_big_for_a_frame_is_shrunk_to_fit():
-    huge = {"gen": 1, "stacks": {str(r): "\x01" * 100_000 for r in range(64)},
-            "tail": ["\ufffd" * 10_000] * 200, "traceback": "x" * 5_000_000}
+    huge = {
+        "gen": 1,
+        "stacks": {str(r): "\x01" * 100_000 for r in range(64)},
+        "tail": ["\ufffd" * 10_000] * 200,
+        "traceback": "x" * 5_000_000,
+    }
     frame = encode({"v": 1, "kind": "rank_hung", "seq": 1, **shrunk(huge)}, b"k" * 32)
     assert len(frame) < MAX_FRAME_BYTES
 
@@ -145,9 +151,17 @@ def test_clip_keeps_the_end():
 
 
 def test_extracts_the_last_traceback():
-    lines = ["noise", "Traceback (most recent call last):", '  File "a.py", line 1, in <module>',
-             "    f()", "ValueError: first", "Traceback (most recent call last):",
-             '  File "b.py", line 2, in <module>', "KeyError: 'k'", "after"]
+    lines = [
+        "noise",
+        "Traceback (most recent call last):",
+        '  File "a.py", line 1, in <module>',
+        "    f()",
+        "ValueError: first",
+        "Traceback (most recent call last):",
+        '  File "b.py", line 2, in <module>',
+        "KeyError: 'k'",
+        "after",
+    ]
     tb = extract_traceback(lines)
     assert tb.startswith("Traceback") and "b.py" in tb and "a.py" not in tb
     assert exception_line(tb) == "KeyError: 'k'"
@@ -156,9 +170,13 @@ def test_extracts_the_last_traceback():
 
 def test_traceback_with_torch_distributed_rank_prefix():
     # After init_process_group, torch's excepthook prefixes each line with "[rankN]: ".
-    lines = ["step 3", "[rank1]: Traceback (most recent call last):",
-             '[rank1]:   File "train.py", line 60, in <module>',
-             '[rank1]:     raise RuntimeError("injected")', "[rank1]: RuntimeError: injected"]
+    lines = [
+        "step 3",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "train.py", line 60, in <module>',
+        '[rank1]:     raise RuntimeError("injected")',
+        "[rank1]: RuntimeError: injected",
+    ]
     text = extract_traceback(lines)
     assert text is not None and text.splitlines()[0] == "Traceback (most recent call last):"
     assert exception_line(text) == "RuntimeError: injected"

@@ -19,8 +19,9 @@ def test_a_failing_loop_is_reported_and_restarted_until_the_limit(caplog):
 
     async def scenario():
         done = asyncio.Event()
-        sup = TaskSupervisor(on_failure=failures.append,
-                             on_fatal=lambda f: (fatal.append(f), done.set()))
+        sup = TaskSupervisor(
+            on_failure=failures.append, on_fatal=lambda f: (fatal.append(f), done.set())
+        )
 
         async def loop():
             starts.append(1)

@@ -20,21 +20,31 @@ def test_file_then_flags_later_wins(tmp_path: Path):
         "QUOTE='it''s'\n"
         "EMPTY=\n"
         "HF_TOKEN\n"
-        "OVERRIDDEN=file\n")
+        "OVERRIDDEN=file\n"
+    )
     pairs, problems = user_env([env_file], ["OVERRIDDEN=flag", "HOME", "X=a=b"], HERE)
     assert problems == []
-    assert dict(pairs) == {"DATA_DIR": "/mnt/data", "WANDB_PROJECT": "llm",
-                           "WANDB_API_KEY": "k=1 2", "QUOTE": "it''s", "EMPTY": "",
-                           "HF_TOKEN": "from-launcher", "OVERRIDDEN": "flag", "HOME": "/root",
-                           "X": "a=b"}
+    assert dict(pairs) == {
+        "DATA_DIR": "/mnt/data",
+        "WANDB_PROJECT": "llm",
+        "WANDB_API_KEY": "k=1 2",
+        "QUOTE": "it''s",
+        "EMPTY": "",
+        "HF_TOKEN": "from-launcher",
+        "OVERRIDDEN": "flag",
+        "HOME": "/root",
+        "X": "a=b",
+    }
 
 
 def test_every_problem_at_once_and_never_a_value(tmp_path: Path):
     env_file = tmp_path / "bad.env"
     env_file.write_text("GOOD=1\nthis is not a pair\n2FAST=secret-value-1\nRANK=3\nNOT_HERE\n")
-    pairs, problems = user_env([env_file, tmp_path / "missing.env"],
-                               ["TORCHELASTIC_RUN_ID=x", "bad name=secret-value-2", "ALSO_NOT_HERE",
-                                "FTRUN_JOB_ID=y"], HERE)
+    pairs, problems = user_env(
+        [env_file, tmp_path / "missing.env"],
+        ["TORCHELASTIC_RUN_ID=x", "bad name=secret-value-2", "ALSO_NOT_HERE", "FTRUN_JOB_ID=y"],
+        HERE,
+    )
     text = "\n".join(problems)
     assert len(problems) == 9, text
     assert f"--env-file {env_file}, line 2: not NAME=VALUE" in text

@@ -10,8 +10,12 @@ from ftrun.agent import workdir
 
 
 def test_sweep_removes_only_dirs_of_dead_agents(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead_dir = tmp_path / f"{workdir.PREFIX}{dead.stdout.strip()}-x1"
     live_dir = tmp_path / f"{workdir.PREFIX}{os.getpid()}-x2"
     other = tmp_path / f"{workdir.PREFIX}legacy"
