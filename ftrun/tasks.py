@@ -82,7 +82,7 @@ class TaskSupervisor:
     ) -> asyncio.Task[Any]:
         """Start `work` (a coroutine, or for restart=True a function that makes one)."""
         assert not (restart and asyncio.iscoroutine(work)), "a restartable task needs a factory"
-        coro = work if asyncio.iscoroutine(work) else work()  # type: ignore[operator]
+        coro = work if asyncio.iscoroutine(work) else work()
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(lambda t: self._done(name, work, restart, t))
@@ -119,14 +119,14 @@ class TaskSupervisor:
 
     def _done(self, name: str, work: Any, restart: bool, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
             return
         restarting = restart and not self.closing and self._may_restart(name)
         failure = self.report(
-            name,
-            task.exception(),
-            restarting=restarting,  # type: ignore[arg-type]
-            fatal=not restarting and not self.closing,
+            name, error, restarting=restarting, fatal=not restarting and not self.closing
         )
         if restarting:
             asyncio.get_running_loop().call_later(RESTART_DELAY_S, self._respawn, name, work)

@@ -190,7 +190,8 @@ def _open_stdio() -> None:
         raw = open(fd, "wb", buffering=0, closefd=False)
         streams.append(
             io.TextIOWrapper(
-                raw,
+                # Unbuffered, as `python -u` wraps it; typeshed only admits a buffered stream.
+                raw,  # type: ignore[arg-type]
                 encoding=previous.encoding,
                 errors=previous.errors,
                 newline="\n",

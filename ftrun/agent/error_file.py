@@ -35,7 +35,8 @@ def read(path: Path) -> dict[str, Any] | None:
     if isinstance(message, str):  # the format's other shape: a bare message
         text, stack, when = message, None, None
     elif isinstance(message, dict) and isinstance(message.get("message"), str):
-        extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
+        extra = message.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
         text, stack, when = message["message"], extra.get("py_callstack"), extra.get("timestamp")
     else:
         return None

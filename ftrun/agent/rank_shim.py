@@ -238,7 +238,7 @@ def main(argv: list[str]) -> None:
     zygote = os.environ.get("FTRUN_ZYGOTE_SOCK")
     if MODE == "torchrun":
         request = warm_request("torchrun", argv)
-        status = run_warm(zygote, request, [0, 1, 2]) if zygote else None
+        status = run_warm(zygote, request, [0, 1, 2]) if zygote and request else None
         if status is None:
             os.execv(sys.executable, [sys.executable, "-u", "-m", "torch.distributed.run", *argv])
         exit_like(status)
@@ -253,7 +253,7 @@ def main(argv: list[str]) -> None:
         )
     request = warm_request("rank", argv) if zygote else None
     out = log_fd if log_fd is not None else 1
-    status = run_warm(zygote, request, [0, out, out]) if request else None
+    status = run_warm(zygote, request, [0, out, out]) if zygote and request else None
     if status is None:
         status = run_cold(argv, stdout=log_fd)
     tell_agent(

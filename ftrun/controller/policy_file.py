@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,10 @@ from ftrun.controller.policy import Rule, Tier
 from ftrun.errors import UsageError
 from ftrun.timeouts import FLAGS as TIMEOUT_KEYS
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 RULE_KEYS = {"name", "tier", "kinds", "exit_codes", "signals", "exception", "log"}
 
