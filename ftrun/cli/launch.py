@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import socket
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import typer
@@ -21,6 +22,7 @@ from ftrun.envcontract import forwarded
 from ftrun.errors import UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
+from ftrun.timeouts import ControlTimeouts
 from ftrun.userenv import user_env
 
 console = make_console(stderr=True)
@@ -170,20 +172,13 @@ def launch(
     problems.extend(env_problems)
     if term_timeout is not None and grace_period is not None:
         problems.append("--grace-period is the old name of --term-timeout: give one of them")
-    # Timeouts: a flag beats the policy file's [timeouts] beats the default.
-    timeouts = {
-        **fault_policy.timeouts,
-        **{
-            k: v
-            for k, v in (
-                ("heartbeat_interval_s", heartbeat_interval),
-                ("host_lost_timeout_s", host_lost_timeout),
-                ("fence_timeout_s", fence_timeout),
-                ("local_stall_timeout_s", local_stall_timeout),
-            )
-            if v is not None
-        },
-    }
+    timeouts = _control_timeouts(
+        fault_policy.timeouts,
+        heartbeat_interval=heartbeat_interval,
+        host_lost_timeout=host_lost_timeout,
+        fence_timeout=fence_timeout,
+        local_stall_timeout=local_stall_timeout,
+    )
     try:
         config = LaunchConfig(
             job_id=new_job_id(name),
@@ -212,7 +207,10 @@ def launch(
             remote_python=remote_python,
             ssh_config=str(ssh_config) if ssh_config else None,
             controller_addr=controller_addr,
-            **timeouts,
+            heartbeat_interval_s=timeouts.heartbeat_interval_s,
+            host_lost_timeout_s=timeouts.host_lost_timeout_s,
+            fence_timeout_s=timeouts.fence_timeout_s,
+            local_stall_timeout_s=timeouts.local_stall_timeout_s,
         )
     except UsageError as e:
         problems.insert(0, e.message)
@@ -356,7 +354,40 @@ def _fault_policy(
     return dataclasses.replace(policy, hang=hang)
 
 
-def _signal_names(values: list[str]) -> tuple[str, ...]:
+def _control_timeouts(
+    file: Mapping[str, float],
+    *,
+    heartbeat_interval: float | None,
+    host_lost_timeout: float | None,
+    fence_timeout: float | None,
+    local_stall_timeout: float | None,
+) -> ControlTimeouts:
+    """The control plane's timing: a flag beats the policy file's [timeouts] beats the default
+    (checked by LaunchConfig)."""
+    default = ControlTimeouts()
+    return ControlTimeouts(
+        heartbeat_interval_s=_first(
+            heartbeat_interval,
+            file.get("heartbeat_interval_s"),
+            default=default.heartbeat_interval_s,
+        ),
+        host_lost_timeout_s=_first(
+            host_lost_timeout,
+            file.get("host_lost_timeout_s"),
+            default=default.host_lost_timeout_s,
+        ),
+        fence_timeout_s=_first(
+            fence_timeout, file.get("fence_timeout_s"), default=default.fence_timeout_s
+        ),
+        local_stall_timeout_s=_first(
+            local_stall_timeout,
+            file.get("local_stall_timeout_s"),
+            default=default.local_stall_timeout_s,
+        ),
+    )
+
+
+def _signal_names(values: Iterable[str]) -> tuple[str, ...]:
     """--forward-signal USR1,USR2 --forward-signal hup → SIGUSR1, SIGUSR2, SIGHUP (checked by
     LaunchConfig)."""
     return tuple(dict.fromkeys(signal_name(s) for v in values for s in v.split(",") if s.strip()))
