@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import logging
 import os
-import shutil
-import socket
 from pathlib import Path
 
 import typer
 
 from ftrun import envcontract
+from ftrun.cli import launch_inputs as inputs
 from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
-from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
-from ftrun.controller.policy_file import FaultPolicy, load_policy
+from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
+from ftrun.controller.policy_file import FaultPolicy
 from ftrun.envcontract import forwarded
 from ftrun.errors import UsageError
-from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
-from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.userenv import user_env
 
 console = make_console(stderr=True)
@@ -157,33 +153,26 @@ def launch(
 ) -> None:
     """Run SCRIPT under torchrun on this host or on --hosts over ssh; restart it in place when
     a rank fails, replace or shrink around a lost host."""
-    problems = _check_entrypoint(script, module=module, no_python=no_python)
-    host_list = _host_options(hosts, hostfile, spares, ssh_config, problems)
+    problems = inputs.check_entrypoint(script, module=module, no_python=no_python)
+    host_list = inputs.host_options(hosts, hostfile, spares, ssh_config, problems)
     if host_list.slots is not None:
         nproc_per_node = host_list.slots
-    if master_port is not None and 0 < master_port < 65536 and _port_busy(master_port):
+    if master_port is not None and 0 < master_port < 65536 and inputs.port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
-    fault_policy = _fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
+    fault_policy = inputs.fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
     rank_env, env_problems = user_env(env_file or (), env or (), os.environ)
     problems.extend(env_problems)
     if term_timeout is not None and grace_period is not None:
         problems.append("--grace-period is the old name of --term-timeout: give one of them")
-    # Timeouts: a flag beats the policy file's [timeouts] beats the default.
-    timeouts = {
-        **fault_policy.timeouts,
-        **{
-            k: v
-            for k, v in (
-                ("heartbeat_interval_s", heartbeat_interval),
-                ("host_lost_timeout_s", host_lost_timeout),
-                ("fence_timeout_s", fence_timeout),
-                ("local_stall_timeout_s", local_stall_timeout),
-            )
-            if v is not None
-        },
-    }
+    timeouts = inputs.control_timeouts(
+        fault_policy.timeouts,
+        heartbeat_interval=heartbeat_interval,
+        host_lost_timeout=host_lost_timeout,
+        fence_timeout=fence_timeout,
+        local_stall_timeout=local_stall_timeout,
+    )
     try:
         config = LaunchConfig(
             job_id=new_job_id(name),
@@ -197,8 +186,8 @@ def launch(
             max_restarts=max_restarts,
             master_port=master_port,
             progress_regex=progress_regex,
-            term_timeout_s=_first(term_timeout, grace_period, default=5.0),
-            forward_signals=_signal_names(forward_signal or ()),
+            term_timeout_s=inputs.first(term_timeout, grace_period, default=5.0),
+            forward_signals=inputs.signal_names(forward_signal or ()),
             env=rank_env,
             forward_env=tuple(forwarded(os.environ).items()),
             zygote_preload=os.environ.get(envcontract.ZYGOTE_PRELOAD, ""),
@@ -212,13 +201,16 @@ def launch(
             remote_python=remote_python,
             ssh_config=str(ssh_config) if ssh_config else None,
             controller_addr=controller_addr,
-            **timeouts,
+            heartbeat_interval_s=timeouts.heartbeat_interval_s,
+            host_lost_timeout_s=timeouts.host_lost_timeout_s,
+            fence_timeout_s=timeouts.fence_timeout_s,
+            local_stall_timeout_s=timeouts.local_stall_timeout_s,
         )
     except UsageError as e:
         problems.insert(0, e.message)
     if problems:
-        raise UsageError("; ".join(problems), hint=_hint(problems))
-    _check_run_dir(resolved_run_dir)
+        raise UsageError("; ".join(problems), hint=inputs.hint(problems))
+    inputs.check_run_dir(resolved_run_dir)
     code = run(config, fault_policy)
     if code:  # typer.Exit carries the job's exit code through typer's standalone mode
         raise typer.Exit(code)
@@ -265,166 +257,6 @@ def run(config: LaunchConfig, policy: FaultPolicy) -> int:
         )
         reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
     return outcome.exit_code
-
-
-@dataclasses.dataclass(frozen=True)
-class _Hosts:
-    hosts: tuple[str, ...] = (LOCALHOST,)
-    spares: tuple[str, ...] = ()
-    ssh: bool = False
-    slots: int | None = None
-
-
-def _host_options(
-    hosts: str | None,
-    hostfile: Path | None,
-    spares: str | None,
-    ssh_config: Path | None,
-    problems: list[str],
-) -> _Hosts:
-    """--hosts / --hostfile / --spares → host targets; problems are collected, not raised."""
-    if hosts is not None and hostfile is not None:
-        problems.append("--hosts and --hostfile cannot be used together")
-        return _Hosts()
-    if ssh_config is not None:
-        problems.extend(_ssh_config_problems(ssh_config))
-    try:
-        entries = (
-            read_hostfile(hostfile)
-            if hostfile is not None
-            else parse_host_list(hosts)
-            if hosts is not None
-            else []
-        )
-        spare_entries = parse_host_list(spares, what="--spares") if spares else []
-        if hosts is not None and not entries:
-            problems.append("--hosts names no host")
-        if not entries:
-            return _Hosts(spares=tuple(e.target for e in spare_entries))
-        check_roles(entries, spare_entries, None)
-        return _Hosts(
-            tuple(e.target for e in entries),
-            tuple(e.target for e in spare_entries),
-            ssh=True,
-            slots=uniform_slots(entries),
-        )  # spares run as many
-    except UsageError as e:
-        problems.append(e.message)
-        return _Hosts()
-
-
-def _ssh_config_problems(path: Path) -> list[str]:
-    if not path.is_file():
-        return [f"--ssh-config {str(path)!r} is not a file"]
-    import paramiko  # what Fabric parses it with
-
-    try:
-        paramiko.SSHConfig.from_path(str(path))
-    except Exception as e:  # noqa: BLE001 - ConfigParseError, or an unreadable file
-        return [f"--ssh-config {str(path)!r} cannot be parsed: {e}"]
-    return []
-
-
-def _fault_policy(
-    path: Path | None,
-    startup_timeout: float | None,
-    hang_floor: float | None,
-    hang_factor: float | None,
-    problems: list[str],
-) -> FaultPolicy:
-    """The policy file (if any) with the hang flags on top: a flag beats the file."""
-    policy = FaultPolicy()
-    if path is not None:
-        try:
-            policy = load_policy(path)
-        except UsageError as e:
-            problems.append(e.message)
-    hang = policy.hang
-    for name, value in (
-        ("--startup-timeout", startup_timeout),
-        ("--hang-floor", hang_floor),
-        ("--hang-factor", hang_factor),
-    ):
-        if value is not None and value < 0:
-            problems.append(f"{name} must be 0 or more (got {value:g})")
-    if startup_timeout is not None:
-        hang = dataclasses.replace(hang, startup_timeout_s=startup_timeout, expect_progress=True)
-    if hang_floor is not None:
-        hang = dataclasses.replace(hang, floor_s=hang_floor)
-    if hang_factor is not None:
-        hang = dataclasses.replace(hang, factor=hang_factor)
-    return dataclasses.replace(policy, hang=hang)
-
-
-def _signal_names(values: list[str]) -> tuple[str, ...]:
-    """--forward-signal USR1,USR2 --forward-signal hup → SIGUSR1, SIGUSR2, SIGHUP (checked by
-    LaunchConfig)."""
-    return tuple(dict.fromkeys(signal_name(s) for v in values for s in v.split(",") if s.strip()))
-
-
-def _first(*values: float | None, default: float) -> float:
-    return next((v for v in values if v is not None), default)
-
-
-def _check_entrypoint(script: str, *, module: bool, no_python: bool) -> list[str]:
-    if module and no_python:
-        return ["-m and --no-python cannot be used together"]
-    if module:
-        return []
-    if no_python:
-        if os.sep in script:
-            ok = os.path.isfile(script) and os.access(script, os.X_OK)
-        else:
-            ok = shutil.which(script) is not None
-        return [] if ok else [f"{script!r} is not an executable file"]
-    if not os.path.isfile(script):
-        return [f"no such script: {script!r}"]
-    return []
-
-
-def _port_busy(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE or e.errno == errno.EACCES
-    return False
-
-
-def _check_run_dir(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".ftrun-write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(
-            f"the run directory {run_dir} is not writable: {e.strerror or e}",
-            hint="pass a writable --run-dir or set FTRUN_RUN_DIR",
-        ) from None
-
-
-def _hint(problems: list[str]) -> str:
-    if any("--env" in p or "env-file" in p for p in problems):
-        return (
-            "--env NAME=VALUE or --env NAME (its value here); an --env-file has NAME=VALUE "
-            "lines and # comments; see docs/multihost.md"
-        )
-    if any("in use" in p for p in problems):
-        return "pick another --master-port, or leave it out to get a free port per generation"
-    if any(flag in p for p in problems for flag in TIMEOUT_FLAGS.values()):
-        return "see docs/timeouts.md for how to choose the heartbeat, lost and fence timeouts"
-    if any("policy" in p for p in problems):
-        return "see docs/policy.md for the policy file format"
-    if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):
-        return (
-            "hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "
-            "line in a --hostfile); see `ftrun launch --help`"
-        )
-    if any("script" in p or "executable" in p for p in problems):
-        return "check the path; use -m for a module or --no-python for an executable"
-    return "see `ftrun launch --help`"
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
     cli ─▶ controller ─▶ transport ─▶ agent ─▶ ground floor (ftrun/*.py: config, errors, protocol…)
     checkpoint, parallel, planner stand alone: they run inside ranks or stay pure
+    jobview stands alone too: the journal read back for status/inspect, imported by cli only
 
 No module-level import loop anywhere; the controller and agent never import torch, typer or
 rich; only ftrun.cli imports typer and rich; `import ftrun` does no work.
@@ -21,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ftrun"
 # Where each part of the tree may not reach. A module's part is its subpackage under ftrun/,
 # or "ground" for the modules directly in ftrun/ (ftrun/__main__.py is the entry point: exempt).
 LAYERS = ["cli", "controller", "transport", "agent", "ground"]  # each imports only rightwards
-STANDALONE = {"checkpoint", "parallel", "planner"}  # import only the ground floor
+STANDALONE = {"checkpoint", "parallel", "planner", "jobview"}  # import only the ground floor
 FORBIDDEN: dict[str, set[str]] = {
     part: set(LAYERS[: LAYERS.index(part)]) | STANDALONE for part in LAYERS
 }

@@ -1,0 +1,217 @@
+"""What `ftrun launch` checks and resolves from its flags before a LaunchConfig exists.
+
+Every check collects its problems into one list instead of raising, so that a user sees all that
+is wrong with a command line in one message (STYLE.md), with one hint chosen from them. What the
+flags mean and how they combine (a flag beats the policy file beats the default) lives here;
+`launch.py` only wires flags → LaunchConfig → Supervisor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import shutil
+import socket
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from ftrun.config import signal_name
+from ftrun.controller.policy_file import FaultPolicy, load_policy
+from ftrun.errors import UsageError
+from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
+from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
+from ftrun.timeouts import ControlTimeouts
+
+
+@dataclasses.dataclass(frozen=True)
+class HostOptions:
+    hosts: tuple[str, ...] = (LOCALHOST,)
+    spares: tuple[str, ...] = ()
+    ssh: bool = False
+    slots: int | None = None
+
+
+def host_options(
+    hosts: str | None,
+    hostfile: Path | None,
+    spares: str | None,
+    ssh_config: Path | None,
+    problems: list[str],
+) -> HostOptions:
+    """--hosts / --hostfile / --spares → host targets; problems are collected, not raised."""
+    if hosts is not None and hostfile is not None:
+        problems.append("--hosts and --hostfile cannot be used together")
+        return HostOptions()
+    if ssh_config is not None:
+        problems.extend(ssh_config_problems(ssh_config))
+    try:
+        entries = (
+            read_hostfile(hostfile)
+            if hostfile is not None
+            else parse_host_list(hosts)
+            if hosts is not None
+            else []
+        )
+        spare_entries = parse_host_list(spares, what="--spares") if spares else []
+        if hosts is not None and not entries:
+            problems.append("--hosts names no host")
+        if not entries:
+            return HostOptions(spares=tuple(e.target for e in spare_entries))
+        check_roles(entries, spare_entries, None)
+        return HostOptions(
+            tuple(e.target for e in entries),
+            tuple(e.target for e in spare_entries),
+            ssh=True,
+            slots=uniform_slots(entries),
+        )  # spares run as many
+    except UsageError as e:
+        problems.append(e.message)
+        return HostOptions()
+
+
+def ssh_config_problems(path: Path) -> list[str]:
+    if not path.is_file():
+        return [f"--ssh-config {str(path)!r} is not a file"]
+    import paramiko  # what Fabric parses it with
+
+    try:
+        paramiko.SSHConfig.from_path(str(path))
+    except Exception as e:  # noqa: BLE001 - ConfigParseError, or an unreadable file
+        return [f"--ssh-config {str(path)!r} cannot be parsed: {e}"]
+    return []
+
+
+def fault_policy(
+    path: Path | None,
+    startup_timeout: float | None,
+    hang_floor: float | None,
+    hang_factor: float | None,
+    problems: list[str],
+) -> FaultPolicy:
+    """The policy file (if any) with the hang flags on top: a flag beats the file."""
+    policy = FaultPolicy()
+    if path is not None:
+        try:
+            policy = load_policy(path)
+        except UsageError as e:
+            problems.append(e.message)
+    hang = policy.hang
+    for name, value in (
+        ("--startup-timeout", startup_timeout),
+        ("--hang-floor", hang_floor),
+        ("--hang-factor", hang_factor),
+    ):
+        if value is not None and value < 0:
+            problems.append(f"{name} must be 0 or more (got {value:g})")
+    if startup_timeout is not None:
+        hang = dataclasses.replace(hang, startup_timeout_s=startup_timeout, expect_progress=True)
+    if hang_floor is not None:
+        hang = dataclasses.replace(hang, floor_s=hang_floor)
+    if hang_factor is not None:
+        hang = dataclasses.replace(hang, factor=hang_factor)
+    return dataclasses.replace(policy, hang=hang)
+
+
+def control_timeouts(
+    file: Mapping[str, float],
+    *,
+    heartbeat_interval: float | None,
+    host_lost_timeout: float | None,
+    fence_timeout: float | None,
+    local_stall_timeout: float | None,
+) -> ControlTimeouts:
+    """The control plane's timing: a flag beats the policy file's [timeouts] beats the default
+    (checked by LaunchConfig)."""
+    default = ControlTimeouts()
+    return ControlTimeouts(
+        heartbeat_interval_s=first(
+            heartbeat_interval,
+            file.get("heartbeat_interval_s"),
+            default=default.heartbeat_interval_s,
+        ),
+        host_lost_timeout_s=first(
+            host_lost_timeout,
+            file.get("host_lost_timeout_s"),
+            default=default.host_lost_timeout_s,
+        ),
+        fence_timeout_s=first(
+            fence_timeout, file.get("fence_timeout_s"), default=default.fence_timeout_s
+        ),
+        local_stall_timeout_s=first(
+            local_stall_timeout,
+            file.get("local_stall_timeout_s"),
+            default=default.local_stall_timeout_s,
+        ),
+    )
+
+
+def signal_names(values: Iterable[str]) -> tuple[str, ...]:
+    """--forward-signal USR1,USR2 --forward-signal hup → SIGUSR1, SIGUSR2, SIGHUP (checked by
+    LaunchConfig)."""
+    return tuple(dict.fromkeys(signal_name(s) for v in values for s in v.split(",") if s.strip()))
+
+
+def first(*values: float | None, default: float) -> float:
+    return next((v for v in values if v is not None), default)
+
+
+def check_entrypoint(script: str, *, module: bool, no_python: bool) -> list[str]:
+    if module and no_python:
+        return ["-m and --no-python cannot be used together"]
+    if module:
+        return []
+    if no_python:
+        if os.sep in script:
+            ok = os.path.isfile(script) and os.access(script, os.X_OK)
+        else:
+            ok = shutil.which(script) is not None
+        return [] if ok else [f"{script!r} is not an executable file"]
+    if not os.path.isfile(script):
+        return [f"no such script: {script!r}"]
+    return []
+
+
+def port_busy(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE or e.errno == errno.EACCES
+    return False
+
+
+def check_run_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".ftrun-write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(
+            f"the run directory {run_dir} is not writable: {e.strerror or e}",
+            hint="pass a writable --run-dir or set FTRUN_RUN_DIR",
+        ) from None
+
+
+def hint(problems: list[str]) -> str:
+    if any("--env" in p or "env-file" in p for p in problems):
+        return (
+            "--env NAME=VALUE or --env NAME (its value here); an --env-file has NAME=VALUE "
+            "lines and # comments; see docs/multihost.md"
+        )
+    if any("in use" in p for p in problems):
+        return "pick another --master-port, or leave it out to get a free port per generation"
+    if any(flag in p for p in problems for flag in TIMEOUT_FLAGS.values()):
+        return "see docs/timeouts.md for how to choose the heartbeat, lost and fence timeouts"
+    if any("policy" in p for p in problems):
+        return "see docs/policy.md for the policy file format"
+    if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):
+        return (
+            "hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "
+            "line in a --hostfile); see `ftrun launch --help`"
+        )
+    if any("script" in p or "executable" in p for p in problems):
+        return "check the path; use -m for a module or --no-python for an executable"
+    return "see `ftrun launch --help`"

@@ -1,0 +1,158 @@
+"""Replaying a job's events into a JobView: the journal is the only source (STYLE.md).
+
+`fold` is pure except for `controller_alive`, which asks the OS whether the recorded controller
+still runs (pid plus start time, so a recycled pid is not mistaken for it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ftrun.jobview.views import Generation, Incident, JobView
+
+
+def controller_alive(pid: int | None, create_time: float | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return create_time is None or abs(proc.create_time() - create_time) < 1.0
+    except psutil.Error:
+        return False
+
+
+def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
+    view = JobView(job_id=job_dir.name, job_dir=job_dir, events=events)
+    gens: dict[int, Generation] = {}
+    incidents: dict[int, Incident] = {}
+    pending_recovery: Incident | None = None
+    g: Generation | None
+    inc: Incident | None
+    create_time = None
+    for ev in events:
+        kind, t = ev["kind"], ev.get("t", 0.0)
+        if kind == "job_started":
+            view.name = ev.get("name", "")
+            view.started_t = t
+            view.controller_pid = ev.get("controller_pid")
+            create_time = ev.get("controller_create_time")
+        elif kind == "generation_launched":
+            g = Generation(ev["gen"], t, ev.get("hosts", []), ev.get("world_size", 0))
+            gens[g.number] = g
+            view.generation = g.number
+            if pending_recovery is not None:
+                pending_recovery.relaunched_t = t
+                pending_recovery.next_generation = g.number
+        elif kind in ("first_step", "progress"):
+            g = gens.get(ev.get("gen", -1))
+            step = ev.get("step")
+            if g is not None and step is not None:
+                if kind == "first_step" and g.first_step_t is None:
+                    g.first_step_t = t
+                g.last_step = step if g.last_step is None else max(g.last_step, step)
+                view.step = g.last_step
+            if (
+                kind == "first_step"
+                and pending_recovery is not None
+                and pending_recovery.next_generation == ev.get("gen")
+            ):
+                pending_recovery.first_step_t = t
+                pending_recovery.step_resumed = step
+                pending_recovery = None
+        elif kind == "fault_detected":
+            inc = Incident(
+                id=ev["incident"],
+                generation=ev.get("gen", 0),
+                kind=ev.get("fault", "crash"),
+                host=ev.get("host"),
+                rank=ev.get("rank"),
+                fault_t=ev.get("fault_t"),
+                detected_t=ev.get("detected_t") or t,
+                exit_code=ev.get("exit_code"),
+                signal=ev.get("signal"),
+                step_at_fault=ev.get("step"),
+                exception=ev.get("exception"),
+                traceback=ev.get("traceback"),
+                traceback_source=ev.get("traceback_source"),
+                tail=ev.get("tail") or [],
+                injected=ev.get("injected"),
+                allowance_s=ev.get("allowance_s"),
+                past_allowance_s=ev.get("past_allowance_s"),
+                section=ev.get("section"),
+                stacks=ev.get("stacks"),
+                states=ev.get("states"),
+                idle_s=ev.get("idle_s"),
+                clean_rank=ev.get("clean_rank"),
+                stacks_missing_from=ev.get("stacks_missing_from") or [],
+            )
+            incidents[inc.id] = inc
+            g = gens.get(inc.generation)
+            if g is not None and inc.step_at_fault is not None:
+                g.last_step = max(g.last_step or 0, inc.step_at_fault)
+        elif kind == "fault_classified":
+            inc = incidents.get(ev.get("incident", -1))
+            if inc is not None:
+                inc.tier, inc.decision, inc.reason = (
+                    ev.get("tier"),
+                    ev.get("decision"),
+                    ev.get("reason"),
+                )
+                inc.rule = ev.get("rule")
+        elif kind == "torn_down":
+            inc = incidents.get(ev.get("incident", -1))
+            if inc is not None:
+                inc.torn_down_t = t
+        elif kind == "restart":
+            view.restarts += 1
+            pending_recovery = incidents.get(ev.get("incident", -1))
+        elif kind == "generation_ended":
+            g = gens.get(ev.get("gen", -1))
+            if g is not None:
+                g.ended_t, g.outcome = t, ev.get("outcome")
+                if ev.get("step") is not None:
+                    g.last_step = max(g.last_step or 0, ev["step"])
+                    view.step = g.last_step
+        elif kind == "job_finished":
+            view.state = ev.get("state", "failed")
+            view.reason = ev.get("reason")
+            view.exit_code = ev.get("exit_code")
+            view.root_cause = ev.get("root_cause")
+            view.ended_t = t
+    view.generations = [gens[k] for k in sorted(gens)]
+    view.incidents = [incidents[k] for k in sorted(incidents)]
+    if view.ended_t is None and not controller_alive(view.controller_pid, create_time):
+        view.state = "failed"
+        view.reason = "the controller died without finishing the job (killed, or its host was lost)"
+    view.hosts = fold_hosts(events)
+    return view
+
+
+def fold_hosts(events: list[dict[str, Any]]) -> dict[str, str]:
+    """Each host's state as the journal tells it: active (in the current generation), spare
+    (connected, waiting), starting, unreachable, lost, removed."""
+    hosts: dict[str, str] = {}
+    for ev in events:
+        kind, host = ev.get("kind"), ev.get("host")
+        if kind == "job_started":
+            for h in [*ev.get("hosts", []), *ev.get("spares", [])]:
+                hosts[h] = "starting"
+        elif kind == "agent_connected" and host is not None:
+            hosts[host] = "spare" if hosts.get(host) != "active" else "active"
+        elif kind == "host_unreachable" and host is not None and hosts.get(host) != "removed":
+            hosts[host] = "unreachable"
+        elif kind == "fault_detected" and ev.get("fault") == "host-lost" and host is not None:
+            hosts[host] = "lost"
+        elif kind == "host_removed" and host is not None:
+            hosts[host] = "removed"
+        elif kind == "host_added" and host is not None:
+            hosts[host] = "starting"
+        elif kind == "generation_launched":
+            for h, state in hosts.items():
+                if state == "active":
+                    hosts[h] = "spare"
+            for h in ev.get("hosts", []):
+                hosts[h] = "active"
+    return hosts

@@ -1,0 +1,181 @@
+"""What `status` and `inspect` show of a job: its generations and incidents, as plain dataclasses.
+
+Filled in by `ftrun.jobview.fold` from the journal and by `ftrun.jobview.load` from the rank logs;
+read by the CLI's renderers. Derived numbers (time to detect and recover, steps lost) are
+computed here, from the times folded in, so that tables and `--json` agree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATES = ("running", "succeeded", "failed", "stopped")
+
+
+@dataclass
+class Incident:
+    id: int
+    generation: int
+    kind: str
+    host: str | None
+    rank: int | None
+    fault_t: float | None
+    detected_t: float
+    tier: str | None = None
+    decision: str | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    step_at_fault: int | None = None
+    exception: str | None = None
+    traceback: str | None = None
+    traceback_source: str | None = None  # "error file" (torch's @record) or "log"
+    tail: list[str] = field(default_factory=list)
+    rule: str | None = None
+    injected: str | None = None
+    allowance_s: float | None = None
+    past_allowance_s: float | None = None
+    section: str | None = None
+    stacks: dict[str, str] | None = None
+    states: dict[str, str] | None = None
+    idle_s: float | None = None  # a hang found by the idle guard: how long all were idle
+    clean_rank: int | None = None  # exit_hang: the rank that exited 0 first
+    stacks_missing_from: list[str] = field(default_factory=list)  # hosts that sent no stacks
+    torn_down_t: float | None = None
+    relaunched_t: float | None = None
+    next_generation: int | None = None
+    first_step_t: float | None = None
+    step_resumed: int | None = None
+    restored_step: int | None = None  # what the relaunched ranks restored (from their logs)
+    restored_tier: str | None = None  # "memory", "storage" or "none"
+
+    @property
+    def detected_s(self) -> float | None:
+        return None if self.fault_t is None else max(0.0, self.detected_t - self.fault_t)
+
+    @property
+    def recovered_s(self) -> float | None:
+        if self.first_step_t is None:
+            return None
+        start = self.fault_t if self.fault_t is not None else self.detected_t
+        return max(0.0, self.first_step_t - start)
+
+    @property
+    def lost_steps(self) -> int | None:
+        # Steps done again: the run reached step_at_fault and restarts after the step it restored
+        # (else, for scripts without ftrun.checkpoint, at the first step it reported again).
+        if self.step_at_fault is None:
+            return None
+        if self.restored_step is not None:
+            return max(0, self.step_at_fault - self.restored_step)
+        if self.step_resumed is None:
+            return None
+        return max(0, self.step_at_fault - self.step_resumed + 1)
+
+    def phases(self) -> list[tuple[str, float | None]]:
+        return [
+            ("fault", self.fault_t),
+            ("detected", self.detected_t),
+            ("torn down", self.torn_down_t),
+            ("relaunched", self.relaunched_t),
+            ("first step again", self.first_step_t),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "generation": self.generation,
+            "kind": self.kind,
+            "tier": self.tier,
+            "decision": self.decision,
+            "reason": self.reason,
+            "host": self.host,
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "detected_s": _round(self.detected_s),
+            "recovered_s": _round(self.recovered_s),
+            "lost_steps": self.lost_steps,
+            "step_at_fault": self.step_at_fault,
+            "step_resumed": self.step_resumed,
+            "restored_step": self.restored_step,
+            "restored_tier": self.restored_tier,
+            "exception": self.exception,
+            "traceback": self.traceback,
+            "traceback_source": self.traceback_source,
+            "rule": self.rule,
+            "injected": self.injected,
+            "allowance_s": self.allowance_s,
+            "past_allowance_s": self.past_allowance_s,
+            "section": self.section,
+            "stacks": self.stacks,
+            "states": self.states,
+            "idle_s": self.idle_s,
+            "clean_rank": self.clean_rank,
+            "stacks_missing_from": self.stacks_missing_from,
+            "phases": {name: t for name, t in self.phases()},
+        }
+
+
+@dataclass
+class Generation:
+    number: int
+    launched_t: float
+    hosts: list[str]
+    world_size: int
+    first_step_t: float | None = None
+    last_step: int | None = None
+    ended_t: float | None = None
+    outcome: str | None = None
+
+
+@dataclass
+class JobView:
+    job_id: str
+    job_dir: Path
+    name: str = ""
+    state: str = "running"
+    reason: str | None = None
+    started_t: float | None = None
+    ended_t: float | None = None
+    exit_code: int | None = None
+    controller_pid: int | None = None
+    generation: int = 0
+    restarts: int = 0
+    step: int | None = None
+    root_cause: dict[str, Any] | None = None
+    generations: list[Generation] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    hosts: dict[str, str] = field(default_factory=dict)  # host → active, spare, lost, ...
+
+    def age_s(self, now: float | None = None) -> float:
+        return (now or time.time()) - (self.started_t or time.time())
+
+    def to_json(self, *, detail: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "job_id": self.job_id,
+            "name": self.name,
+            "state": self.state,
+            "reason": self.reason,
+            "generation": self.generation,
+            "restarts": self.restarts,
+            "step": self.step,
+            "started_t": self.started_t,
+            "ended_t": self.ended_t,
+            "exit_code": self.exit_code,
+            "job_dir": str(self.job_dir),
+            "hosts": self.hosts,
+        }
+        if detail:
+            out["root_cause"] = self.root_cause
+            out["incidents"] = [i.to_json() for i in self.incidents]
+            out["generations"] = [vars(g) for g in self.generations]
+        return out
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
