@@ -37,7 +37,7 @@ from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.persist_client import PersistClient, persist_message
 from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
-from ftrun.checkpoint.state import apply, flatten, pickle_objects, storage_key
+from ftrun.checkpoint.state import apply, flatten, keyed_tensors, pickle_objects
 
 
 @dataclass
@@ -137,9 +137,7 @@ class Manager:
         with self._cond:
             self._slots.restored(self._tier.keep_until(restored.step), latest=slot_index)
             self._touched_slots = True
-        size = slots.layout([(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors])[
-            1
-        ]  # type: ignore[misc]
+        _, size = slots.layout(keyed_tensors(flat, self.rank))
         self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
         self._snapshotter.submit(self._job)  # ready the buffers while training starts
         self.restored = restored
@@ -161,8 +159,8 @@ class Manager:
             raise _worker_died()
         flat = flatten(state)
         self.attach(*flat.optimizers())
-        keyed = [(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors]
-        entries, size = slots.layout(keyed)  # type: ignore[arg-type]
+        keyed = keyed_tensors(flat, self.rank)
+        entries, size = slots.layout(keyed)
         sig = slots.signature(entries, self.world_size)
         objects = pickle_objects(flat)
         persist = False
@@ -175,7 +173,7 @@ class Manager:
             )
             persist = not busy
             if persist and replan:
-                self._plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)  # type: ignore[arg-type]
+                self._plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)
         with self._cond:
             if not self._touched_slots:  # saving without a restore: old snapshots are stale
                 self._tier.invalidate_all()
@@ -209,7 +207,7 @@ class Manager:
             self._tier.slots[index],
             size,
             copies,
-            finish,  # type: ignore[arg-type]
+            finish,
             prepare=others,
             on_failure=partial(self._snapshot_failed, index),
         )
