@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ftrun.checkpoint.config import CheckpointConfig, memory_tier_dir
     from ftrun.checkpoint.errors import CheckpointDirError, CheckpointError, StateError
-    from ftrun.checkpoint.manager import Manager, Stats
+    from ftrun.checkpoint.manager import Manager
     from ftrun.checkpoint.restore import Restored
     from ftrun.checkpoint.state import PerRank, TrainState
+    from ftrun.checkpoint.stats import Stats
 
 __all__ = [
     "Manager",
@@ -42,7 +43,7 @@ __all__ = [
 
 _HOME = {
     "Manager": "manager",
-    "Stats": "manager",
+    "Stats": "stats",
     "TrainState": "state",
     "PerRank": "state",
     "Restored": "restore",

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ftrun import envcontract
 from ftrun.checkpoint.errors import CheckpointDirError
@@ -89,9 +90,11 @@ def resolve_config(
     environ: Mapping[str, str] | None = None,
     memory: bool | None = None,
     job_id: str | None = None,
-    **options: object,
+    **options: Any,
 ) -> CheckpointConfig:
-    """Build the config from arguments and the FTRUN_* environment (read here, once)."""
+    """Build the config from arguments and the FTRUN_* environment (read here, once).
+
+    `options` are CheckpointConfig fields, checked by its __post_init__."""
     env = os.environ if environ is None else environ
     if directory is not None:
         chosen = Path(directory)
@@ -109,7 +112,7 @@ def resolve_config(
             )
     return CheckpointConfig(
         directory=chosen.absolute(), job_id=job, generation=_generation(env), **options
-    )  # type: ignore[arg-type]
+    )
 
 
 def _generation(env: Mapping[str, str]) -> int:

@@ -51,7 +51,7 @@ def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str
     planner.set_up_planner(tensors, storage_meta=None, is_coordinator=comm.rank == 0)
     local = planner.create_local_plan()
     plans = comm.all_gather(local)
-    payload = None
+    payload: tuple[list[list[tuple[str, int, int]]], bytes] | None = None
     if comm.rank == 0:
         global_plans, metadata = planner.create_global_plan(plans)
         per_rank, storage_data = [], {}
@@ -75,7 +75,9 @@ def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str
         metadata.version = DCP_VERSION
         metadata.storage_meta = StorageMeta()
         payload = (per_rank, pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
-    per_rank, blob = comm.broadcast(payload)
+    received = comm.broadcast(payload)
+    assert received is not None  # rank 0 sent it
+    per_rank, blob = received
     return StoragePlan(signature, per_rank[comm.rank], blob if comm.rank == 0 else None)
 
 
@@ -150,7 +152,7 @@ def load_storage(path: Path, tensors: dict[str, torch.Tensor], *, comm: Comm) ->
         ) from None
 
 
-def _first_failure(exc: Exception) -> str:
+def _first_failure(exc: BaseException) -> str:  # dcp's CheckpointException is a BaseException
     failures = getattr(exc, "failures", None) or {}
     for err in failures.values():
         inner = getattr(err, "exception", err)

@@ -3,7 +3,8 @@
 This module is the public API and the order of things in one rank. The rules live elsewhere:
 which slot a save writes into, which one the worker reads and when a persist may start are the
 pure `slot_table.SlotTable`; the copy is `snapshot.py`; the worker and its messages are
-`persist_client.py`; the tier choice is `restore.py`. Per rank: a snapshot thread (copies tensors
+`persist_client.py`; which saves are persisted, agreed by all ranks, is `persister.py`; the tier
+choice is `restore.py`. Per rank: a snapshot thread (copies tensors
 into a slot while the next forward/backward runs), a persist worker process (writes a slot to
 storage at idle priority) and its reply-reader thread; they meet in the slot table, under `_cond`.
 
@@ -23,7 +24,6 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -34,23 +34,12 @@ from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
 from ftrun.checkpoint.errors import CheckpointError
-from ftrun.checkpoint.persist_client import PersistClient, persist_message
+from ftrun.checkpoint.persist_client import PersistClient
+from ftrun.checkpoint.persister import Persister, worker_died
 from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
-from ftrun.checkpoint.state import apply, flatten, pickle_objects, storage_key
-
-
-@dataclass
-class Stats:
-    """Counters for benchmarks and logs (seconds are wall time in the training thread)."""
-
-    saves: int = 0
-    save_s: float = 0.0  # inside save()
-    blocked_s: float = 0.0  # inside wait_snapshot() (optimizer pre-step hook, next save)
-    persists: int = 0  # persists started
-    persisted: int = 0  # persists this rank finished (rank 0: committed)
-    persist_failures: int = 0
-    last_persisted_step: int | None = None
+from ftrun.checkpoint.state import apply, flatten, keyed_tensors, pickle_objects
+from ftrun.checkpoint.stats import Stats
 
 
 class Manager:
@@ -77,7 +66,7 @@ class Manager:
         storage.prepare_directory(self.config.directory)
         self._comm = Comm(timeout_s=self.config.collective_timeout)
         rank, world = self._comm.rank, self._comm.world
-        self._nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
+        nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
         mem = self.config.memory_dir
         self._tier = slots.MemoryTier(
             directory=mem / f"rank{rank}" if mem else None,
@@ -88,17 +77,21 @@ class Manager:
         self._cond = threading.Condition()
         self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
         self._job: SnapshotJob | None = None
-        self._plan: dcp_layout.StoragePlan | None = None
         self._last_saved: int | None = None
-        self._last_persist_started: int | None = None
         self._hooks: dict[int, Any] = {}
         self._touched_slots = False
         self.restored: restore_mod.Restored | None = None
         self.stats = Stats()
         self._snapshotter = Snapshotter(timeout_s=self.config.snapshot_timeout)
         try:
-            self._client = PersistClient(
-                priority=self.config.persist_priority, on_message=self._on_worker
+            self._persister = Persister(
+                self.config,
+                comm=self._comm,
+                tier=self._tier,
+                table=self._slots,
+                cond=self._cond,
+                stats=self.stats,
+                nonce=nonce,
             )
         except BaseException:
             self._snapshotter.close(timeout=10.0)
@@ -119,6 +112,10 @@ class Manager:
     def _worker_gone(self) -> bool:  # read by tests
         return self._slots.worker_gone
 
+    @property
+    def _client(self) -> PersistClient:  # read by tests
+        return self._persister.client
+
     # -- restore -------------------------------------------------------------------------------
 
     def restore(self, state: Mapping[str, Any]) -> int:
@@ -137,9 +134,7 @@ class Manager:
         with self._cond:
             self._slots.restored(self._tier.keep_until(restored.step), latest=slot_index)
             self._touched_slots = True
-        size = slots.layout([(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors])[
-            1
-        ]  # type: ignore[misc]
+        _, size = slots.layout(keyed_tensors(flat, self.rank))
         self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
         self._snapshotter.submit(self._job)  # ready the buffers while training starts
         self.restored = restored
@@ -158,24 +153,14 @@ class Manager:
         self._check_open()
         self._wait_done()
         if self._slots.worker_gone:
-            raise _worker_died()
+            raise worker_died()
         flat = flatten(state)
         self.attach(*flat.optimizers())
-        keyed = [(storage_key(leaf, self.rank), leaf.tensor) for leaf in flat.tensors]
-        entries, size = slots.layout(keyed)  # type: ignore[arg-type]
+        keyed = keyed_tensors(flat, self.rank)
+        entries, size = slots.layout(keyed)
         sig = slots.signature(entries, self.world_size)
         objects = pickle_objects(flat)
-        persist = False
-        if step % self.config.persist_every == 0:
-            busy, replan = self._comm.max_ints(
-                [
-                    int(self._slots.persisting),
-                    int(self._plan is None or self._plan.signature != sig),
-                ]
-            )
-            persist = not busy
-            if persist and replan:
-                self._plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)  # type: ignore[arg-type]
+        persist = self._persister.wanted(step, keyed, sig)  # collective
         with self._cond:
             if not self._touched_slots:  # saving without a restore: old snapshots are stale
                 self._tier.invalidate_all()
@@ -184,8 +169,7 @@ class Manager:
             index = self._slots.start_snapshot(persist=persist)
             self._tier.invalidate(index)
             if persist:
-                self._last_persist_started = step
-                self.stats.persists += 1
+                self._persister.started(step)
         small = self.config.small_tensor_bytes
         copies = [
             (t.clone() if e.nbytes <= small else t, e)
@@ -199,7 +183,7 @@ class Manager:
             entries,
             objects,
             size,
-            self._plan if persist else None,
+            self._persister.plan if persist else None,
         )
         others = [
             s for s in self._tier.slots if s.index != index and (s.size < size or not s.populated)
@@ -209,7 +193,7 @@ class Manager:
             self._tier.slots[index],
             size,
             copies,
-            finish,  # type: ignore[arg-type]
+            finish,
             prepare=others,
             on_failure=partial(self._snapshot_failed, index),
         )
@@ -242,56 +226,15 @@ class Manager:
             send = self._slots.filled(index, step)
         if send:
             assert plan is not None
-            self._send_persist(step, index, entries, objects, plan)
+            self._persister.send(step, index, entries, objects, plan)
         elif plan is not None:  # the worker exited during the copy
-            raise _worker_died()
+            raise worker_died()
 
     def _snapshot_failed(self, index: int) -> None:
         """Runs on the snapshot thread when the copy into `index` or its commit failed."""
         with self._cond:
             if self._slots.phase(index) in COPYING_PHASES:  # not when only the persist send failed
                 self._slots.copy_failed(index)
-            self._cond.notify_all()
-
-    def _send_persist(
-        self,
-        step: int,
-        index: int,
-        entries: list[slots.TensorEntry],
-        objects: bytes,
-        plan: dcp_layout.StoragePlan,
-    ) -> None:
-        self._client.send(
-            persist_message(
-                step=step,
-                rank=self.rank,
-                world_size=self.world_size,
-                slot_path=self._tier.slots[index].path,
-                entries=entries,
-                objects=objects,
-                plan=plan,
-                config=self.config,
-                nonce=self._nonce,
-            )
-        )
-
-    def _on_worker(self, msg: dict[str, Any]) -> None:
-        """Runs on the reply-reader thread."""
-        with self._cond:
-            if msg["op"] == "released":
-                self._slots.released()
-            elif msg["op"] == "done":
-                self._slots.persist_done()
-                if msg["ok"]:
-                    self.stats.persisted += 1
-                    self.stats.last_persisted_step = msg["step"]
-                else:
-                    self.stats.persist_failures += 1
-                    restore_mod.warn(f"persisting step {msg['step']} failed: {msg['error']}")
-            elif msg["op"] == "exited":
-                self._slots.worker_exited()
-                if not self._closed:
-                    restore_mod.warn(f"the persist worker exited (code {msg['code']})")
             self._cond.notify_all()
 
     # -- waiting -------------------------------------------------------------------------------
@@ -343,9 +286,9 @@ class Manager:
     def wait_persist(self, timeout: float | None = None) -> bool:
         """Wait until no persist is in flight on this rank; False on timeout."""
         self._wait_done()
-        limit = self.config.persist_timeout if timeout is None else timeout
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._slots.persisting, limit)
+        return self._persister.wait_idle(
+            self.config.persist_timeout if timeout is None else timeout
+        )
 
     def attach(self, *optimizers: torch.optim.Optimizer) -> None:
         """Make each optimizer's step() wait for the snapshot copy first (a pre-step hook)."""
@@ -365,26 +308,7 @@ class Manager:
         try:
             self._wait_done()
             if persist_last:
-                # Agreed by all ranks, so that they all take part in the same collectives.
-                need, gone = self._comm.max_ints(
-                    [
-                        int(
-                            self._last_saved is not None
-                            and self._last_saved != self._last_persist_started
-                        ),
-                        int(self._slots.worker_gone),
-                    ]
-                )
-                if need and not gone:
-                    # Past this point every rank's worker is idle, or no rank persists.
-                    (busy,) = self._comm.max_ints([int(not self.wait_persist(limit))])
-                    if busy:
-                        restore_mod.warn(
-                            f"step {self._last_saved} is not persisted: a persist "
-                            f"was still in flight after {limit} s"
-                        )
-                    else:
-                        self._persist_latest()
+                self._persister.persist_last(self._last_saved, limit)  # collective
             if not self.wait_persist(limit):
                 restore_mod.warn(f"the last persist did not finish within {limit} s")
         finally:
@@ -392,29 +316,10 @@ class Manager:
             for handle in self._hooks.values():
                 handle.remove()
             self._hooks.clear()
-            self._client.close(timeout_s=10.0)
+            self._persister.close(timeout_s=10.0)
             self._snapshotter.close(timeout=10.0)
             self._tier.close()
             self._comm.close()
-
-    def _persist_latest(self) -> None:
-        index = self._slots.latest
-        state = self._tier.states[index] if index is not None else None
-        if index is None or state is None or state.step is None:
-            return
-        slot = self._tier.slots[index]
-        tensors = {e.key: slot.view(e) for e in state.entries}
-        sig = slots.signature(state.entries, self.world_size)
-        if self._plan is None or self._plan.signature != sig:
-            self._plan = dcp_layout.plan_storage(tensors, comm=self._comm, signature=sig)
-        del tensors
-        with self._cond:
-            if self._slots.worker_gone:
-                raise _worker_died()
-            self._slots.pin_latest()
-        self._last_persist_started = state.step
-        self.stats.persists += 1
-        self._send_persist(state.step, index, state.entries, state.objects, self._plan)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -425,9 +330,3 @@ class Manager:
 
     def __exit__(self, *exc: object) -> None:
         self.close(persist_last=exc[0] is None)
-
-
-def _worker_died() -> CheckpointError:
-    return CheckpointError(
-        "the checkpoint persist worker died", hint="see this rank's log for its error"
-    )

@@ -28,7 +28,7 @@ from ftrun.checkpoint import dcp_layout, slots, storage
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError, StateError
-from ftrun.checkpoint.state import Flat, storage_key
+from ftrun.checkpoint.state import Flat, TensorLeaf, storage_key
 
 MEMORY, STORAGE, NONE = "memory", "storage", "none"
 
@@ -52,26 +52,28 @@ def restore(
 ) -> tuple[Restored, dict[str, Any], int | None]:
     """Returns (what was restored, the loaded objects, the memory slot used or None)."""
     keyed = [(storage_key(leaf, comm.rank), leaf) for leaf in flat.tensors]
-    entries, _ = slots.layout([(key, leaf.tensor) for key, leaf in keyed])  # type: ignore[misc]
+    entries, _ = slots.layout([(key, leaf.tensor) for key, leaf in keyed])
     sig = slots.signature(entries, comm.world)
-    held = (
-        {(tier.states[i].step, tier.states[i].generation): i for i in tier.scan(sig)}
-        if tier.persistent
-        else {}
-    )
-    every = [{tuple(key) for key in keys} for keys in comm.all_gather(sorted(held))]
+    held: dict[tuple[int, int], int] = {}  # (step, generation) -> slot index
+    for i in tier.scan(sig) if tier.persistent else []:
+        state = tier.states[i]
+        if state.step is not None:  # scan() sets the step of every slot it returns
+            held[(state.step, state.generation)] = i
+    every = [{(step, gen) for step, gen in keys} for keys in comm.all_gather(sorted(held))]
     common = set.intersection(*every)
     best_key = max(common) if common else None  # the newest step, then the newest generation
     best_mem = best_key[0] if best_key else None
 
-    listing = None
+    listing: tuple[list[tuple[int, str, dict[str, Any]]], list[str]] | None = None
     if comm.rank == 0:
         good, bad = storage.list_candidates(config.directory)
         listing = (
             [(c.step, str(c.path), c.manifest) for c in good],
             [f"{path} is not a valid checkpoint ({why}): skipped" for path, why in bad],
         )
-    candidates, skipped = comm.broadcast(listing)
+    received = comm.broadcast(listing)
+    assert received is not None  # rank 0 sent it
+    candidates, skipped = received
     skipped = list(skipped)
 
     for step, path, manifest in candidates:
@@ -89,7 +91,7 @@ def restore(
         index = held[best_key]
         objects = _load_memory(flat, keyed, tier, index, comm)
         path = str(tier.slots[index].manifest_path)
-        return _done(Restored(best_mem, MEMORY, path, tuple(skipped)), comm), objects, index
+        return _done(Restored(best_key[0], MEMORY, path, tuple(skipped)), comm), objects, index
     if candidates or skipped:
         raise CheckpointError(
             f"no valid checkpoint in {config.directory}: {len(skipped)} found, none loads",
@@ -100,7 +102,7 @@ def restore(
 
 
 def _load_memory(
-    flat: Flat, keyed: list, tier: slots.MemoryTier, index: int, comm: Comm
+    flat: Flat, keyed: list[tuple[str, TensorLeaf]], tier: slots.MemoryTier, index: int, comm: Comm
 ) -> dict[str, Any]:
     slot, state = tier.slots[index], tier.states[index]
     error = None
@@ -122,7 +124,12 @@ def _load_memory(
 
 
 def _load_storage(
-    flat: Flat, keyed: list, path: Path, manifest: dict[str, Any], comm: Comm, skipped: list[str]
+    flat: Flat,
+    keyed: list[tuple[str, TensorLeaf]],
+    path: Path,
+    manifest: dict[str, Any],
+    comm: Comm,
+    skipped: list[str],
 ) -> dict[str, Any]:
     same_world = manifest["world_size"] == comm.world
     tensors = {key: leaf.tensor for key, leaf in keyed if same_world or not leaf.local}

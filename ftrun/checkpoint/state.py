@@ -94,10 +94,17 @@ class Leaf:
 
 
 @dataclass
+class TensorLeaf(Leaf):
+    """A tensor leaf: `tensor` is always set."""
+
+    tensor: torch.Tensor
+
+
+@dataclass
 class Flat:
     """The flattened state: leaves that point back into the dicts they came from."""
 
-    tensors: list[Leaf] = field(default_factory=list)
+    tensors: list[TensorLeaf] = field(default_factory=list)
     objects: list[Leaf] = field(default_factory=list)
     roots: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (Stateful, its dict)
 
@@ -152,7 +159,7 @@ def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: boo
                 f"{key} is a {type(value).__name__}; only plain tensors are supported",
                 hint="DTensor/FSDP state is not supported by ftrun.checkpoint yet",
             )
-        flat.tensors.append(Leaf(key, container, name, local, value.detach()))
+        flat.tensors.append(TensorLeaf(key, container, name, local, value.detach()))
     else:
         flat.objects.append(Leaf(key, container, name, local))
 
@@ -160,6 +167,11 @@ def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: boo
 def storage_key(leaf: Leaf, rank: int) -> str:
     """The DCP name of a tensor: its FQN, or a rank-qualified one for PerRank state."""
     return f"__rank{rank}__.{leaf.key}" if leaf.local else leaf.key
+
+
+def keyed_tensors(flat: Flat, rank: int) -> list[tuple[str, torch.Tensor]]:
+    """(storage key, tensor) for every tensor leaf, in flattening order."""
+    return [(storage_key(leaf, rank), leaf.tensor) for leaf in flat.tensors]
 
 
 def pickle_objects(flat: Flat) -> bytes:

@@ -247,7 +247,7 @@ class Worker:
         commit = msg["commit"]
         world = commit["world_size"]
         deadline = time.monotonic() + commit["timeout"]
-        parts = {}
+        parts: dict[int, dict[str, Any]] = {}
         while len(parts) < world:
             for r in range(world):
                 if r not in parts:

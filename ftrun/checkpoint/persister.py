@@ -1,0 +1,163 @@
+"""Which snapshots of a rank go to storage, agreed by all ranks, and the worker's replies.
+
+This module owns the persist side of a Manager: the collective choice of whether a save is
+persisted (one all-reduce: is any rank's worker still busy, has the tensor layout changed so the
+DCP storage plan must be made again), the cached storage plan, sending the "persist" command
+through the `PersistClient`, the worker's replies turned into slot-table events and stats, and
+close()'s agreement to persist the last snapshot. The Manager keeps the order of things in the
+training thread and the snapshot copy. Both drive one `SlotTable` under one lock (`cond`), so
+which slot the worker reads stays a single state machine (`slot_table.py`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ftrun.checkpoint import dcp_layout, slots
+from ftrun.checkpoint.comm import Comm
+from ftrun.checkpoint.config import CheckpointConfig
+from ftrun.checkpoint.errors import CheckpointError
+from ftrun.checkpoint.persist_client import PersistClient, persist_message
+from ftrun.checkpoint.restore import warn
+from ftrun.checkpoint.slot_table import SlotTable
+from ftrun.checkpoint.stats import Stats
+
+
+class Persister:
+    """The persists of one rank; every method that says "collective" runs on all ranks."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        comm: Comm,
+        tier: slots.MemoryTier,
+        table: SlotTable,
+        cond: threading.Condition,
+        stats: Stats,
+        nonce: str,
+    ) -> None:
+        self.config = config
+        self._comm, self._tier, self._slots, self._cond = comm, tier, table, cond
+        self._stats, self._nonce = stats, nonce
+        self.plan: dcp_layout.StoragePlan | None = None  # the last one made, for its signature
+        self.last_started: int | None = None  # step of the last persist started
+        self._closing = False
+        self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
+
+    def wanted(self, step: int, keyed: list[tuple[str, torch.Tensor]], sig: str) -> bool:
+        """Collective: whether the save of `step` is persisted (no rank's worker is busy); when
+        it is and the layout changed, make the storage plan for it."""
+        if step % self.config.persist_every != 0:
+            return False
+        busy, replan = self._comm.max_ints(
+            [int(self._slots.persisting), int(self.plan is None or self.plan.signature != sig)]
+        )
+        if not busy and replan:
+            self.plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)
+        return not busy
+
+    def started(self, step: int) -> None:
+        """A persist of the snapshot of `step` is reserved in the slot table."""
+        self.last_started = step
+        self._stats.persists += 1
+
+    def send(
+        self,
+        step: int,
+        index: int,
+        entries: list[slots.TensorEntry],
+        objects: bytes,
+        plan: dcp_layout.StoragePlan,
+    ) -> None:
+        """Tell the worker to persist the snapshot of `step` in slot `index`."""
+        self.client.send(
+            persist_message(
+                step=step,
+                rank=self._comm.rank,
+                world_size=self._comm.world,
+                slot_path=self._tier.slots[index].path,
+                entries=entries,
+                objects=objects,
+                plan=plan,
+                config=self.config,
+                nonce=self._nonce,
+            )
+        )
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no persist is in flight on this rank; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._slots.persisting, timeout)
+
+    def persist_last(self, last_saved: int | None, timeout: float) -> None:
+        """Collective: persist the latest snapshot if the last save was not persisted."""
+        # Agreed by all ranks, so that they all take part in the same collectives.
+        need, gone = self._comm.max_ints(
+            [
+                int(last_saved is not None and last_saved != self.last_started),
+                int(self._slots.worker_gone),
+            ]
+        )
+        if not need or gone:
+            return
+        # Past this point every rank's worker is idle, or no rank persists.
+        (busy,) = self._comm.max_ints([int(not self.wait_idle(timeout))])
+        if busy:
+            warn(
+                f"step {last_saved} is not persisted: a persist "
+                f"was still in flight after {timeout} s"
+            )
+        else:
+            self._persist_latest()
+
+    def _persist_latest(self) -> None:
+        index = self._slots.latest
+        state = self._tier.states[index] if index is not None else None
+        if index is None or state is None or state.step is None:
+            return
+        slot = self._tier.slots[index]
+        tensors = {e.key: slot.view(e) for e in state.entries}
+        sig = slots.signature(state.entries, self._comm.world)
+        if self.plan is None or self.plan.signature != sig:
+            self.plan = dcp_layout.plan_storage(tensors, comm=self._comm, signature=sig)
+        del tensors
+        with self._cond:
+            if self._slots.worker_gone:
+                raise worker_died()
+            self._slots.pin_latest()
+        self.started(state.step)
+        self.send(state.step, index, state.entries, state.objects, self.plan)
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        """Runs on the reply-reader thread."""
+        with self._cond:
+            if msg["op"] == "released":
+                self._slots.released()
+            elif msg["op"] == "done":
+                self._slots.persist_done()
+                if msg["ok"]:
+                    self._stats.persisted += 1
+                    self._stats.last_persisted_step = msg["step"]
+                else:
+                    self._stats.persist_failures += 1
+                    warn(f"persisting step {msg['step']} failed: {msg['error']}")
+            elif msg["op"] == "exited":
+                self._slots.worker_exited()
+                if not self._closing:
+                    warn(f"the persist worker exited (code {msg['code']})")
+            self._cond.notify_all()
+
+    def close(self, timeout_s: float) -> None:
+        """Stop the worker (a persist still in flight is abandoned). Idempotent."""
+        self._closing = True
+        self.client.close(timeout_s=timeout_s)
+
+
+def worker_died() -> CheckpointError:
+    return CheckpointError(
+        "the checkpoint persist worker died", hint="see this rank's log for its error"
+    )

@@ -1,0 +1,22 @@
+"""The counters a checkpoint Manager keeps, for benchmarks and logs.
+
+Their own module so that the Manager (saves, time blocked) and the Persister (persists started,
+finished, failed) both write them without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Stats:
+    """Counters for benchmarks and logs (seconds are wall time in the training thread)."""
+
+    saves: int = 0
+    save_s: float = 0.0  # inside save()
+    blocked_s: float = 0.0  # inside wait_snapshot() (optimizer pre-step hook, next save)
+    persists: int = 0  # persists started
+    persisted: int = 0  # persists this rank finished (rank 0: committed)
+    persist_failures: int = 0
+    last_persisted_step: int | None = None
