@@ -147,19 +147,20 @@ class Fleet:
             self.ports[agent_id] = msg["port"]
         if msg["kind"] != "hello":
             return False
-        if self.roster.ready(agent_id):
-            self.addrs[agent_id] = str(msg.get("addr") or "127.0.0.1")
-            host = self.roster.host_of(agent_id)
-            self.journal.record(
-                "agent_connected",
-                host=host,
-                pid=msg.get("pid"),
-                addr=self.addrs[agent_id],
-                agent=agent_id,
-            )
-            self._retry_delay.pop(host, None)
-            if self.roster.slots[host].incarnation > 1:
-                self.reporter.notice(f"{host} is back (ready to join)")
+        host = self.roster.host_of(agent_id)  # None: not the host's current agent (a stale one)
+        if host is None or not self.roster.ready(agent_id):
+            return True
+        self.addrs[agent_id] = str(msg.get("addr") or "127.0.0.1")
+        self.journal.record(
+            "agent_connected",
+            host=host,
+            pid=msg.get("pid"),
+            addr=self.addrs[agent_id],
+            agent=agent_id,
+        )
+        self._retry_delay.pop(host, None)
+        if self.roster.slots[host].incarnation > 1:
+            self.reporter.notice(f"{host} is back (ready to join)")
         return True
 
     def on_lost(self, agent_id: str) -> str | None:
