@@ -38,7 +38,8 @@ class InternalFailures:
         self._fatal = loop.create_future()
         task = asyncio.ensure_future(main)
         try:
-            await asyncio.wait([task, self._fatal], return_when=asyncio.FIRST_COMPLETED)
+            either: list[asyncio.Future[Any]] = [task, self._fatal]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
                 task.cancel()
