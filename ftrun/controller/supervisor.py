@@ -12,7 +12,7 @@ Whatever ends a watch is judged first (journaled, classified: an `Ending`); then
 goes down the one teardown path, and only then does the job end or the next generation start.
 What agents' messages mean is the generation's (generation.py), the stall desk's (stalldesk.py)
 or the side channel's (chaos, `ftrun hosts`, agents coming and going); quarantine is
-host_health.py's.
+host_health.py's; the one teardown path is teardown.py's.
 
 Every decision is an event in the journal; `status` and `inspect` read nothing else. So is every
 failure of the job's own machinery (internal.py): a controller or agent task that fails is
@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 import os
 import signal
 import time
@@ -49,15 +48,13 @@ from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stall import ExitHang
 from ftrun.controller.stalldesk import StallDesk
+from ftrun.controller.teardown import Teardown
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
 
-log = logging.getLogger("ftrun.controller")
-
-TEARDOWN_MARGIN_S = 10.0
 CONTROL_FILE = "control.json"
 
 
@@ -107,6 +104,15 @@ class Supervisor:
             chaos=ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node),
         )
         self.stalls = StallDesk(config, server=self.server, journal=journal)
+        self.teardown = Teardown(
+            config,
+            server=self.server,
+            inbox=self.inbox,
+            fleet=self.fleet,
+            internal=self.internal,
+            journal=journal,
+            reporter=reporter,
+        )
         self.signals = 0
         self.generation = 0
 
@@ -210,7 +216,7 @@ class Supervisor:
             watch = self._launch(self.generation, hosts)
             end = self._judge(watch, await self._watch(watch))
             if end.graceful is not None:
-                await self._teardown(watch, graceful=end.graceful)
+                await self.teardown(watch, graceful=end.graceful)
                 if end.incident is not None:
                     self.journal.record("torn_down", incident=end.incident, gen=watch.number)
             self.journal.record(
@@ -363,42 +369,3 @@ class Supervisor:
                     return change
             elif news is not Seen.OUTPUT:
                 return news
-
-    async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
-        """The one way a generation goes down: every live agent stops its ranks (SIGTERM and
-        the grace period first when graceful) and confirms; output still arriving is kept."""
-        number = watch.number
-        grace = self.config.term_timeout_s if graceful else 0.0
-        pending = {a for a, link in self.server.links.items() if not link.lost}
-        self.server.broadcast("stop", gen=number, grace_s=grace)
-        deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
-        while pending:
-            if (got := await self.inbox.next(deadline)) is None:
-                # Not confirmed: we cannot count on those hosts; they fence once we stop
-                # talking to them, and the next generation waits for that.
-                log.error("agents did not confirm the stop of generation %s: %s", number, pending)
-                for agent_id in pending:
-                    self.server.drop(agent_id, "did not confirm the stop of its generation")
-                    self.fleet.on_lost(agent_id)
-                break
-            agent_id, msg = got
-            if msg["kind"] == "agent_lost":
-                pending.discard(agent_id)
-                self.fleet.on_lost(agent_id)
-            elif msg["kind"] == "stopped" and msg.get("gen") == number:
-                pending.discard(agent_id)
-                self.fleet.on_message(agent_id, msg)
-                if msg.get("survivors"):
-                    self.reporter.notice(
-                        f"processes survived SIGKILL on "
-                        f"{watch.hosts.get(agent_id, agent_id)}: "
-                        f"{msg['survivors']}",
-                        level="error",
-                    )
-            elif msg["kind"] == "agent_error":
-                self.internal.on_agent_error(agent_id, msg)
-            elif msg.get("gen") == number and agent_id in watch.agents:
-                watch.record_output(watch.hosts[agent_id], msg)
-            else:
-                self.inbox.side_channel(agent_id, msg, None)
-        self.journal.close_generation_logs(number)
