@@ -12,7 +12,8 @@ Whatever ends a watch is judged first (journaled, classified: an `Ending`); then
 goes down the one teardown path, and only then does the job end or the next generation start.
 What agents' messages mean is the generation's (generation.py), the stall desk's (stalldesk.py)
 or the side channel's (chaos, `ftrun hosts`, agents coming and going); quarantine is
-host_health.py's; the one teardown path is teardown.py's.
+host_health.py's; the one teardown path is teardown.py's; Ctrl-C, SIGTERM and forwarded
+signals are job_signals.py's.
 
 Every decision is an event in the journal; `status` and `inspect` read nothing else. So is every
 failure of the job's own machinery (internal.py): a controller or agent task that fails is
@@ -21,11 +22,9 @@ restarted or ends the job with it as the root cause, never a controller that sil
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
-import signal
 import time
 from collections.abc import Callable
 
@@ -41,6 +40,7 @@ from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
+from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.policy import Tier
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
@@ -113,7 +113,13 @@ class Supervisor:
             journal=journal,
             reporter=reporter,
         )
-        self.signals = 0
+        self.signals = JobSignals(
+            config,
+            server=self.server,
+            journal=journal,
+            reporter=reporter,
+            generation=lambda: self.generation,
+        )
         self.generation = 0
 
     # ---- top level --------------------------------------------------------------------------
@@ -138,12 +144,7 @@ class Supervisor:
             max_restarts=cfg.max_restarts,
             entrypoint=cfg.entrypoint(),
         )
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        forwarded = [signal.Signals[name] for name in cfg.forward_signals]
-        for sig in forwarded:
-            loop.add_signal_handler(sig, self._forward_signal, sig)
+        self.signals.install()
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
             if isinstance(outcome, TaskFailure):
@@ -151,8 +152,7 @@ class Supervisor:
         except FtrunError as e:
             outcome = JobOutcome.failed(e.message, {"hint": e.hint}, exit_code=e.exit_code)
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM, *forwarded):
-                loop.remove_signal_handler(sig)
+            self.signals.remove()
             await self.fleet.stop_all()
             await self.server.close()
             (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
@@ -181,27 +181,6 @@ class Supervisor:
         with os.fdopen(fd, "w") as f:
             json.dump({"host": host, "port": port, "secret": self.secret}, f)
 
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self.signals += 1
-        self.journal.record("stop_requested", signal=sig.name, count=self.signals)
-        if self.signals == 1:
-            self.reporter.notice(
-                f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
-                f"{self.config.term_timeout_s:g} s (again to kill now)",
-                level="warning",
-            )
-        else:
-            self.reporter.notice("killing now", level="warning")
-            self.server.broadcast("stop", gen=self.generation, grace_s=0)
-        self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
-
-    def _forward_signal(self, sig: signal.Signals) -> None:
-        """--forward-signal: to every rank of the running generation (not to torchrun, which
-        would die of it), for the script's own handler: a preemption notice, say."""
-        self.journal.record("signal_forwarded", signal=sig.name, gen=self.generation or None)
-        self.reporter.notice(f"{sig.name}: passing it on to the ranks")
-        self.server.broadcast("signal", gen=self.generation, signal=sig.name)
-
     # ---- generations ------------------------------------------------------------------------
 
     async def _supervise(self) -> JobOutcome:
@@ -210,7 +189,7 @@ class Supervisor:
         except NotEnoughHosts as e:
             return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
         while True:
-            if self.signals:  # a Ctrl-C that came while we tore down, waited or planned
+            if self.signals.count:  # a Ctrl-C that came while we tore down, waited or planned
                 return JobOutcome.stopped()
             self.generation += 1
             watch = self._launch(self.generation, hosts)
@@ -236,7 +215,7 @@ class Supervisor:
         if result is OutcomeState.SUCCEEDED:
             return Ending("succeeded", None, job=JobOutcome.succeeded("every rank exited 0"))
         if result is OutcomeState.STOPPED:  # with the grace period, unless asked twice
-            return Ending("stopped", self.signals < 2, job=JobOutcome.stopped())
+            return Ending("stopped", self.signals.count < 2, job=JobOutcome.stopped())
         if isinstance(result, Reconfigure):
             # Planned: the ranks get SIGTERM and the grace period (a script that saves on
             # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
