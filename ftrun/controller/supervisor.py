@@ -8,8 +8,9 @@
                       │                              ├─ fatal / no replacement ──▶ failed
                       └──── backoff ◀────────────────┘ restart in place (G+1)
 
-Whatever ends a watch is judged first (journaled, classified: an `Ending`); then the generation
-goes down the one teardown path, and only then does the job end or the next generation start.
+Whatever ends a watch is judged first (journaled, classified: an `Ending`, judge.py's); then the
+generation goes down the one teardown path, and only then does the job end or the next
+generation start.
 What agents' messages mean is the generation's (generation.py), the stall desk's (stalldesk.py)
 or the side channel's (chaos, `ftrun hosts`, agents coming and going); quarantine is
 host_health.py's; the one teardown path is teardown.py's; Ctrl-C, SIGTERM and forwarded
@@ -33,20 +34,18 @@ import psutil
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
 from ftrun.controller.chaos import ChaosDesk
-from ftrun.controller.evidence import Failure
 from ftrun.controller.fleet import Fleet
-from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
+from ftrun.controller.generation import Ending, GenWatch, Seen, WatchResult
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
-from ftrun.controller.policy import Tier
+from ftrun.controller.judge import Judge
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
-from ftrun.controller.stall import ExitHang
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
 from ftrun.errors import FtrunError
@@ -104,6 +103,9 @@ class Supervisor:
             chaos=ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node),
         )
         self.stalls = StallDesk(config, server=self.server, journal=journal)
+        self.judge = Judge(
+            incidents=self.incidents, stalls=self.stalls, journal=journal, reporter=reporter
+        )
         self.teardown = Teardown(
             config,
             server=self.server,
@@ -193,7 +195,8 @@ class Supervisor:
                 return JobOutcome.stopped()
             self.generation += 1
             watch = self._launch(self.generation, hosts)
-            end = self._judge(watch, await self._watch(watch))
+            result = await self._watch(watch)
+            end = self.judge(watch, result, stop_requests=self.signals.count)
             if end.graceful is not None:
                 await self.teardown(watch, graceful=end.graceful)
                 if end.incident is not None:
@@ -209,49 +212,6 @@ class Supervisor:
             if isinstance(next_hosts, JobOutcome):
                 return next_hosts
             hosts = next_hosts
-
-    def _judge(self, watch: GenWatch, result: WatchResult) -> Ending:
-        """Journal what ended the watch and decide what comes after the generation's teardown."""
-        if result is OutcomeState.SUCCEEDED:
-            return Ending("succeeded", None, job=JobOutcome.succeeded("every rank exited 0"))
-        if result is OutcomeState.STOPPED:  # with the grace period, unless asked twice
-            return Ending("stopped", self.signals.count < 2, job=JobOutcome.stopped())
-        if isinstance(result, Reconfigure):
-            # Planned: the ranks get SIGTERM and the grace period (a script that saves on
-            # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
-            self.journal.record(
-                "reconfigure",
-                gen=watch.number,
-                why=result.why,
-                detail=result.detail,
-                step=watch.max_step,
-            )
-            self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
-            return Ending("reconfigured", True, why=result.detail)
-        incident = self.incidents.open()
-        if isinstance(result, ExitHang):
-            # A rank exited 0 and others did not exit in time: the incident (with their stacks)
-            # is recorded, the generation killed, and the job finished. Every rank that exited
-            # did so with 0 (a failure would have ended the watch first): succeeded.
-            reason = self.stalls.record_exit_hang(watch, result, incident)
-            return Ending(
-                "exit_hang",
-                False,
-                incident,
-                JobOutcome.succeeded(reason),
-                (f"{reason} (incident {incident} has their stacks)", "warning"),
-            )
-        assert isinstance(result, Failure)
-        decision = self.incidents.classify(watch, result, now=time.monotonic(), wall_t=time.time())
-        if decision.tier is Tier.FATAL:
-            return Ending(
-                "failed",
-                False,
-                incident,
-                JobOutcome.failed(decision.reason, watch.root_cause(result)),
-                (f"fatal: {decision.reason}", "error"),
-            )
-        return Ending("failed", False, incident, why=decision.reason, failure=result)
 
     async def _next_hosts(self, watch: GenWatch, end: Ending) -> list[str] | JobOutcome:
         """Between a torn-down generation and the next: lost hosts fenced, the backoff after a
