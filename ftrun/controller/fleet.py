@@ -2,21 +2,21 @@
 agents of lost hosts, take `ftrun hosts add/remove` requests, launch each generation on them,
 stop them all at the end.
 
-Which hosts a generation runs on is the Roster's business (pure); this module does the I/O
-around it: the transport, the journal, the console.
+Which hosts a generation runs on is the Roster's business (pure), where its ranks meet the
+Rendezvous's (rendezvous.py); this module does the I/O around them: the transport, the
+journal, the console.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from typing import Any
 
-from ftrun import envcontract
 from ftrun.bootstrap import Bootstrap
 from ftrun.config import LaunchConfig
+from ftrun.controller.rendezvous import Rendezvous
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer
@@ -57,13 +57,11 @@ class Fleet:
         # --env, --env-file: the user's say beats what the launcher's environment forwards
         self.env = {**dict(config.forward_env), **dict(config.env)}
         self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
+        self.rendezvous = Rendezvous(config)
         self.handles: dict[str, AgentHandle] = {}
-        self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
-        self.ports: dict[str, int] = {}  # agent id → a free port on its host, for the rendezvous
         self.port = 0
-        self._waits: set[asyncio.Task[Any]] = (
-            set()
-        )  # back-offs, hello deadlines: cancelled at the end
+        # back-offs, hello deadlines: cancelled at the end
+        self._waits: set[asyncio.Task[Any]] = set()
         self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
         self._retry_delay: dict[str, float] = {}
         self.closing = False
@@ -143,23 +141,19 @@ class Fleet:
 
     def on_message(self, agent_id: str, msg: dict[str, Any]) -> bool:
         """hello (ready, where) and stopped (a fresh port); True when the message was a hello."""
-        if isinstance(msg.get("port"), int):
-            self.ports[agent_id] = msg["port"]
+        self.rendezvous.heard(agent_id, msg)
         if msg["kind"] != "hello":
             return False
-        if self.roster.ready(agent_id):
-            self.addrs[agent_id] = str(msg.get("addr") or "127.0.0.1")
-            host = self.roster.host_of(agent_id)
-            self.journal.record(
-                "agent_connected",
-                host=host,
-                pid=msg.get("pid"),
-                addr=self.addrs[agent_id],
-                agent=agent_id,
-            )
-            self._retry_delay.pop(host, None)
-            if self.roster.slots[host].incarnation > 1:
-                self.reporter.notice(f"{host} is back (ready to join)")
+        host = self.roster.host_of(agent_id)  # None: not the host's current agent (a stale one)
+        if host is None or not self.roster.ready(agent_id):
+            return True
+        addr = self.rendezvous.connected(agent_id, msg)
+        self.journal.record(
+            "agent_connected", host=host, pid=msg.get("pid"), addr=addr, agent=agent_id
+        )
+        self._retry_delay.pop(host, None)
+        if self.roster.slots[host].incarnation > 1:
+            self.reporter.notice(f"{host} is back (ready to join)")
         return True
 
     def on_lost(self, agent_id: str) -> str | None:
@@ -210,43 +204,20 @@ class Fleet:
         """Tell each host's agent to start its torchrun for generation `number` (node rank by
         position in `hosts`), with the hang detector's settings `hang` (a HangPolicy as the
         agents take it); returns the agent ids in that order."""
-        cfg = self.config
         agents = [self.agent_of(h) or "" for h in hosts]
-        master = agents[0]
-        # A port the rendezvous host offered (it binds there), else one picked here.
-        port = cfg.master_port or self.ports.pop(master, None) or free_port()
-        # ftrun's variables for the ranks. The TORCHELASTIC_ ones replace torchrun's own
-        # (always 0: it never restarts under ftrun) in the rank shim.
-        env = {
-            envcontract.JOB_DIR: str(self.journal.job_dir),
-            envcontract.RESTART_COUNT: str(restarts),
-            envcontract.MAX_RESTARTS: str(cfg.max_restarts),
-        }
-        for node_rank, agent_id in enumerate(agents):
-            self.server.send(
-                agent_id,
-                "launch",
-                gen=number,
-                nnodes=len(agents),
-                node_rank=node_rank,
-                nproc_per_node=cfg.nproc_per_node,
-                master_addr=self.addrs.get(master, "127.0.0.1"),
-                master_port=port,
-                entrypoint=cfg.entrypoint(),
-                cwd=cfg.cwd,
-                progress_regex=cfg.progress_regex,
-                hang=hang,
-                idle_timeout_s=cfg.idle_timeout_s,
-                env=env,
-            )
-        world = len(agents) * cfg.nproc_per_node
+        launch = self.rendezvous.launch(
+            number, agents, hang=hang, restarts=restarts, job_dir=self.journal.job_dir
+        )
+        for agent_id, msg in zip(agents, launch.messages, strict=True):
+            self.server.send(agent_id, "launch", **msg)
+        world = len(agents) * self.config.nproc_per_node
         self.journal.record(
             "generation_launched",
             gen=number,
             hosts=hosts,
             world_size=world,
-            master_port=port,
-            master_addr=self.addrs.get(master),
+            master_port=launch.master_port,
+            master_addr=launch.master_addr,
         )
         self.reporter.notice(f"generation {number}: {world} rank(s) on {', '.join(hosts)}")
         return agents
@@ -322,8 +293,7 @@ class Fleet:
 
     def _terminate(self, agent_id: str) -> None:
         handle = self.handles.pop(agent_id, None)
-        self.addrs.pop(agent_id, None)
-        self.ports.pop(agent_id, None)
+        self.rendezvous.forget(agent_id)
         if handle is not None:
             self._spawn(handle.terminate(timeout_s=TERMINATE_TIMEOUT_S), self._work)
 
@@ -361,14 +331,6 @@ class Fleet:
         task = self.tasks.spawn(f"fleet: {coro.__qualname__}", coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-
-
-def free_port() -> int:
-    """A port for the next generation's rendezvous, picked before it is needed so a restart
-    never waits on a port still in TIME_WAIT from the generation it replaces."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _safe(host: str) -> str:

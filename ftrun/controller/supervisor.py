@@ -8,11 +8,13 @@
                       │                              ├─ fatal / no replacement ──▶ failed
                       └──── backoff ◀────────────────┘ restart in place (G+1)
 
-Whatever ends a watch is judged first (journaled, classified: an `Ending`); then the generation
-goes down the one teardown path, and only then does the job end or the next generation start.
+Whatever ends a watch is judged first (journaled, classified: an `Ending`, judge.py's); then the
+generation goes down the one teardown path, and only then does the job end or the next
+generation start.
 What agents' messages mean is the generation's (generation.py), the stall desk's (stalldesk.py)
 or the side channel's (chaos, `ftrun hosts`, agents coming and going); quarantine is
-host_health.py's.
+host_health.py's; the one teardown path is teardown.py's; Ctrl-C, SIGTERM and forwarded
+signals are job_signals.py's.
 
 Every decision is an event in the journal; `status` and `inspect` read nothing else. So is every
 failure of the job's own machinery (internal.py): a controller or agent task that fails is
@@ -21,12 +23,9 @@ restarted or ends the job with it as the root cause, never a controller that sil
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import logging
 import os
-import signal
 import time
 from collections.abc import Callable
 
@@ -35,29 +34,26 @@ import psutil
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
 from ftrun.controller.chaos import ChaosDesk
-from ftrun.controller.evidence import Failure
 from ftrun.controller.fleet import Fleet
-from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
+from ftrun.controller.generation import Ending, GenWatch, Seen, WatchResult
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
-from ftrun.controller.policy import Tier
+from ftrun.controller.job_signals import JobSignals
+from ftrun.controller.judge import Judge
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
-from ftrun.controller.stall import ExitHang
 from ftrun.controller.stalldesk import StallDesk
+from ftrun.controller.teardown import Teardown
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
 
-log = logging.getLogger("ftrun.controller")
-
-TEARDOWN_MARGIN_S = 10.0
 CONTROL_FILE = "control.json"
 
 
@@ -107,7 +103,25 @@ class Supervisor:
             chaos=ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node),
         )
         self.stalls = StallDesk(config, server=self.server, journal=journal)
-        self.signals = 0
+        self.judge = Judge(
+            incidents=self.incidents, stalls=self.stalls, journal=journal, reporter=reporter
+        )
+        self.teardown = Teardown(
+            config,
+            server=self.server,
+            inbox=self.inbox,
+            fleet=self.fleet,
+            internal=self.internal,
+            journal=journal,
+            reporter=reporter,
+        )
+        self.signals = JobSignals(
+            config,
+            server=self.server,
+            journal=journal,
+            reporter=reporter,
+            generation=lambda: self.generation,
+        )
         self.generation = 0
 
     # ---- top level --------------------------------------------------------------------------
@@ -132,12 +146,7 @@ class Supervisor:
             max_restarts=cfg.max_restarts,
             entrypoint=cfg.entrypoint(),
         )
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        forwarded = [signal.Signals[name] for name in cfg.forward_signals]
-        for sig in forwarded:
-            loop.add_signal_handler(sig, self._forward_signal, sig)
+        self.signals.install()
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
             if isinstance(outcome, TaskFailure):
@@ -145,8 +154,7 @@ class Supervisor:
         except FtrunError as e:
             outcome = JobOutcome.failed(e.message, {"hint": e.hint}, exit_code=e.exit_code)
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM, *forwarded):
-                loop.remove_signal_handler(sig)
+            self.signals.remove()
             await self.fleet.stop_all()
             await self.server.close()
             (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
@@ -175,27 +183,6 @@ class Supervisor:
         with os.fdopen(fd, "w") as f:
             json.dump({"host": host, "port": port, "secret": self.secret}, f)
 
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self.signals += 1
-        self.journal.record("stop_requested", signal=sig.name, count=self.signals)
-        if self.signals == 1:
-            self.reporter.notice(
-                f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
-                f"{self.config.term_timeout_s:g} s (again to kill now)",
-                level="warning",
-            )
-        else:
-            self.reporter.notice("killing now", level="warning")
-            self.server.broadcast("stop", gen=self.generation, grace_s=0)
-        self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
-
-    def _forward_signal(self, sig: signal.Signals) -> None:
-        """--forward-signal: to every rank of the running generation (not to torchrun, which
-        would die of it), for the script's own handler: a preemption notice, say."""
-        self.journal.record("signal_forwarded", signal=sig.name, gen=self.generation or None)
-        self.reporter.notice(f"{sig.name}: passing it on to the ranks")
-        self.server.broadcast("signal", gen=self.generation, signal=sig.name)
-
     # ---- generations ------------------------------------------------------------------------
 
     async def _supervise(self) -> JobOutcome:
@@ -204,13 +191,14 @@ class Supervisor:
         except NotEnoughHosts as e:
             return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
         while True:
-            if self.signals:  # a Ctrl-C that came while we tore down, waited or planned
+            if self.signals.count:  # a Ctrl-C that came while we tore down, waited or planned
                 return JobOutcome.stopped()
             self.generation += 1
             watch = self._launch(self.generation, hosts)
-            end = self._judge(watch, await self._watch(watch))
+            result = await self._watch(watch)
+            end = self.judge(watch, result, stop_requests=self.signals.count)
             if end.graceful is not None:
-                await self._teardown(watch, graceful=end.graceful)
+                await self.teardown(watch, graceful=end.graceful)
                 if end.incident is not None:
                     self.journal.record("torn_down", incident=end.incident, gen=watch.number)
             self.journal.record(
@@ -224,49 +212,6 @@ class Supervisor:
             if isinstance(next_hosts, JobOutcome):
                 return next_hosts
             hosts = next_hosts
-
-    def _judge(self, watch: GenWatch, result: WatchResult) -> Ending:
-        """Journal what ended the watch and decide what comes after the generation's teardown."""
-        if result is OutcomeState.SUCCEEDED:
-            return Ending("succeeded", None, job=JobOutcome.succeeded("every rank exited 0"))
-        if result is OutcomeState.STOPPED:  # with the grace period, unless asked twice
-            return Ending("stopped", self.signals < 2, job=JobOutcome.stopped())
-        if isinstance(result, Reconfigure):
-            # Planned: the ranks get SIGTERM and the grace period (a script that saves on
-            # SIGTERM loses nothing), then the job relaunches on the new set of hosts.
-            self.journal.record(
-                "reconfigure",
-                gen=watch.number,
-                why=result.why,
-                detail=result.detail,
-                step=watch.max_step,
-            )
-            self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
-            return Ending("reconfigured", True, why=result.detail)
-        incident = self.incidents.open()
-        if isinstance(result, ExitHang):
-            # A rank exited 0 and others did not exit in time: the incident (with their stacks)
-            # is recorded, the generation killed, and the job finished. Every rank that exited
-            # did so with 0 (a failure would have ended the watch first): succeeded.
-            reason = self.stalls.record_exit_hang(watch, result, incident)
-            return Ending(
-                "exit_hang",
-                False,
-                incident,
-                JobOutcome.succeeded(reason),
-                (f"{reason} (incident {incident} has their stacks)", "warning"),
-            )
-        assert isinstance(result, Failure)
-        decision = self.incidents.classify(watch, result, now=time.monotonic(), wall_t=time.time())
-        if decision.tier is Tier.FATAL:
-            return Ending(
-                "failed",
-                False,
-                incident,
-                JobOutcome.failed(decision.reason, watch.root_cause(result)),
-                (f"fatal: {decision.reason}", "error"),
-            )
-        return Ending("failed", False, incident, why=decision.reason, failure=result)
 
     async def _next_hosts(self, watch: GenWatch, end: Ending) -> list[str] | JobOutcome:
         """Between a torn-down generation and the next: lost hosts fenced, the backoff after a
@@ -363,42 +308,3 @@ class Supervisor:
                     return change
             elif news is not Seen.OUTPUT:
                 return news
-
-    async def _teardown(self, watch: GenWatch, *, graceful: bool) -> None:
-        """The one way a generation goes down: every live agent stops its ranks (SIGTERM and
-        the grace period first when graceful) and confirms; output still arriving is kept."""
-        number = watch.number
-        grace = self.config.term_timeout_s if graceful else 0.0
-        pending = {a for a, link in self.server.links.items() if not link.lost}
-        self.server.broadcast("stop", gen=number, grace_s=grace)
-        deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
-        while pending:
-            if (got := await self.inbox.next(deadline)) is None:
-                # Not confirmed: we cannot count on those hosts; they fence once we stop
-                # talking to them, and the next generation waits for that.
-                log.error("agents did not confirm the stop of generation %s: %s", number, pending)
-                for agent_id in pending:
-                    self.server.drop(agent_id, "did not confirm the stop of its generation")
-                    self.fleet.on_lost(agent_id)
-                break
-            agent_id, msg = got
-            if msg["kind"] == "agent_lost":
-                pending.discard(agent_id)
-                self.fleet.on_lost(agent_id)
-            elif msg["kind"] == "stopped" and msg.get("gen") == number:
-                pending.discard(agent_id)
-                self.fleet.on_message(agent_id, msg)
-                if msg.get("survivors"):
-                    self.reporter.notice(
-                        f"processes survived SIGKILL on "
-                        f"{watch.hosts.get(agent_id, agent_id)}: "
-                        f"{msg['survivors']}",
-                        level="error",
-                    )
-            elif msg["kind"] == "agent_error":
-                self.internal.on_agent_error(agent_id, msg)
-            elif msg.get("gen") == number and agent_id in watch.agents:
-                watch.record_output(watch.hosts[agent_id], msg)
-            else:
-                self.inbox.side_channel(agent_id, msg, None)
-        self.journal.close_generation_logs(number)

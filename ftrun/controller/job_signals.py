@@ -1,0 +1,78 @@
+"""The signals a running job takes from outside, while the supervise loop runs.
+
+SIGINT and SIGTERM ask the job to stop: the first with the grace period (ranks get SIGTERM,
+then SIGKILL after --term-timeout), a second one kills now. The handler only counts, journals,
+tells the user and wakes the loop through the inbox; the loop does the stopping. The signals
+named by --forward-signal go to every rank of the running generation instead (not to torchrun,
+which would die of them), for the script's own handler: a preemption notice, say.
+
+Its own module so that the supervise loop reads only `count` and not how signals reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+
+from ftrun.config import LaunchConfig
+from ftrun.controller.reporting import Reporter
+from ftrun.controller.server import ControlServer
+from ftrun.journal import Journal
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class JobSignals:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        server: ControlServer,
+        journal: Journal,
+        reporter: Reporter,
+        generation: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.journal = journal
+        self.reporter = reporter
+        self.generation = generation
+        self.count = 0  # stop requests so far: 1 stops gracefully, 2 or more kill now
+        self._installed: list[signal.Signals] = []
+
+    def install(self) -> None:
+        """Handle the stop signals and the forwarded ones on the running loop, until remove()."""
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_stop, sig)
+        forwarded = [signal.Signals[name] for name in self.config.forward_signals]
+        for sig in forwarded:
+            loop.add_signal_handler(sig, self._forward, sig)
+        self._installed = [*STOP_SIGNALS, *forwarded]
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._installed:
+            loop.remove_signal_handler(sig)
+        self._installed = []
+
+    def _on_stop(self, sig: signal.Signals) -> None:
+        self.count += 1
+        self.journal.record("stop_requested", signal=sig.name, count=self.count)
+        if self.count == 1:
+            self.reporter.notice(
+                f"{sig.name}: stopping; ranks get SIGTERM, then SIGKILL after "
+                f"{self.config.term_timeout_s:g} s (again to kill now)",
+                level="warning",
+            )
+        else:
+            self.reporter.notice("killing now", level="warning")
+            self.server.broadcast("stop", gen=self.generation(), grace_s=0)
+        self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
+
+    def _forward(self, sig: signal.Signals) -> None:
+        gen = self.generation()
+        self.journal.record("signal_forwarded", signal=sig.name, gen=gen or None)
+        self.reporter.notice(f"{sig.name}: passing it on to the ranks")
+        self.server.broadcast("signal", gen=gen, signal=sig.name)

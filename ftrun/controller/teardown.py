@@ -1,0 +1,85 @@
+"""The one way a generation goes down, whatever ended it: every live agent is told to stop its
+ranks (SIGTERM and the grace period first when graceful, SIGKILL at once when not) and confirms;
+an agent that does not confirm in time is dropped, so that its host fences.
+
+Its own module because a teardown is a phase of its own with its own reading of the inbox: only
+confirmations, losses and errors count, output still arriving is kept for the generation's
+logs, and the side channel is served as in every phase. The supervise loop calls it once per
+generation and decides what comes next only after it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ftrun.config import LaunchConfig
+from ftrun.controller.fleet import Fleet
+from ftrun.controller.generation import GenWatch
+from ftrun.controller.inbox import Inbox
+from ftrun.controller.internal import InternalFailures
+from ftrun.controller.reporting import Reporter
+from ftrun.controller.server import ControlServer
+from ftrun.journal import Journal
+
+log = logging.getLogger("ftrun.controller")
+
+TEARDOWN_MARGIN_S = 10.0  # beyond the grace period, for agents to kill, reap and confirm
+
+
+class Teardown:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        server: ControlServer,
+        inbox: Inbox,
+        fleet: Fleet,
+        internal: InternalFailures,
+        journal: Journal,
+        reporter: Reporter,
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.inbox = inbox
+        self.fleet = fleet
+        self.internal = internal
+        self.journal = journal
+        self.reporter = reporter
+
+    async def __call__(self, watch: GenWatch, *, graceful: bool) -> None:
+        number = watch.number
+        grace = self.config.term_timeout_s if graceful else 0.0
+        pending = {a for a, link in self.server.links.items() if not link.lost}
+        self.server.broadcast("stop", gen=number, grace_s=grace)
+        deadline = time.monotonic() + grace + TEARDOWN_MARGIN_S
+        while pending:
+            if (got := await self.inbox.next(deadline)) is None:
+                # Not confirmed: we cannot count on those hosts; they fence once we stop
+                # talking to them, and the next generation waits for that.
+                log.error("agents did not confirm the stop of generation %s: %s", number, pending)
+                for agent_id in pending:
+                    self.server.drop(agent_id, "did not confirm the stop of its generation")
+                    self.fleet.on_lost(agent_id)
+                break
+            agent_id, msg = got
+            if msg["kind"] == "agent_lost":
+                pending.discard(agent_id)
+                self.fleet.on_lost(agent_id)
+            elif msg["kind"] == "stopped" and msg.get("gen") == number:
+                pending.discard(agent_id)
+                self.fleet.on_message(agent_id, msg)
+                if msg.get("survivors"):
+                    self.reporter.notice(
+                        f"processes survived SIGKILL on "
+                        f"{watch.hosts.get(agent_id, agent_id)}: "
+                        f"{msg['survivors']}",
+                        level="error",
+                    )
+            elif msg["kind"] == "agent_error":
+                self.internal.on_agent_error(agent_id, msg)
+            elif msg.get("gen") == number and agent_id in watch.agents:
+                watch.record_output(watch.hosts[agent_id], msg)
+            else:
+                self.inbox.side_channel(agent_id, msg, None)
+        self.journal.close_generation_logs(number)
