@@ -9,13 +9,13 @@ of a free port, and builds what the fleet sends.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ftrun import envcontract
 from ftrun.config import LaunchConfig
+from ftrun.netutil import LOOPBACK, free_port
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Rendezvous:
         cfg = self.config
         master = agents[0]
         # A port the rendezvous host offered (it binds there), else one picked here.
-        port = cfg.master_port or self.ports.pop(master, None) or free_port()
+        port = cfg.master_port or self.ports.pop(master, None) or free_port(LOOPBACK)
         # ftrun's variables for the ranks. The TORCHELASTIC_ ones replace torchrun's own
         # (always 0: it never restarts under ftrun) in the rank shim.
         env = {
@@ -81,11 +81,3 @@ class Rendezvous:
             for node_rank in range(len(agents))
         ]
         return Launch(self.addrs.get(master), port, messages)
-
-
-def free_port() -> int:
-    """A port for the next generation's rendezvous, picked before it is needed so a restart
-    never waits on a port still in TIME_WAIT from the generation it replaces."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
