@@ -115,11 +115,17 @@ class Channel:
         self._recv_seq = body["seq"]
         return body
 
-    async def drain(self) -> None:
-        await self.writer.drain()
+    async def drain(self, timeout_s: float) -> None:
+        """Wait until what was sent has left, at most timeout_s (asyncio.TimeoutError after):
+        a peer that stops reading must not hold the sender up."""
+        await asyncio.wait_for(self.writer.drain(), timeout_s)
 
     def close(self) -> None:
         self.writer.close()
+
+
+# The nonce is 16-odd bytes into an empty socket buffer: only a dead peer could block it.
+NONCE_SEND_TIMEOUT_S = 5.0
 
 
 async def open_channel(host: str, port: int, secret: str, timeout_s: float) -> Channel:
@@ -135,5 +141,5 @@ async def accept_channel(
     """Server side of the handshake: send a fresh nonce."""
     nonce = new_nonce()
     writer.write(nonce)
-    await writer.drain()
+    await asyncio.wait_for(writer.drain(), NONCE_SEND_TIMEOUT_S)
     return Channel(reader, writer, connection_key(secret, nonce))

@@ -140,7 +140,7 @@ class ControlLink:
         if self.chan is None:
             return False
         try:
-            await asyncio.wait_for(self.chan.drain(), timeout_s)
+            await self.chan.drain(timeout_s)
         except asyncio.TimeoutError:
             log.warning(
                 "the controller has not taken %d bytes in %.1f s", self.unsent_bytes(), timeout_s

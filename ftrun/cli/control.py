@@ -37,7 +37,7 @@ async def _request(
         )
         chan.send("hello", role="chaos")
         chan.send(kind, **request)
-        await chan.drain()
+        await chan.drain(REPLY_TIMEOUT_S)
         reply = await asyncio.wait_for(chan.receive(), REPLY_TIMEOUT_S)
         while reply["kind"] != reply_kind:
             reply = await asyncio.wait_for(chan.receive(), REPLY_TIMEOUT_S)

@@ -20,6 +20,8 @@ from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
 
+BOOTSTRAP_TIMEOUT_S = 10.0
+
 
 class LocalAgent:
     def __init__(self, host: str, process_tag: str, proc: asyncio.subprocess.Process) -> None:
@@ -90,6 +92,13 @@ class LocalTransport:
                     "ftrun: check that it is still installed",
                 ) from None
         assert proc.stdin is not None
+        agent = LocalAgent(boot.host, boot.process_tag, proc)
         proc.stdin.write(json.dumps(asdict(boot)).encode() + b"\n")
-        await proc.stdin.drain()
-        return LocalAgent(boot.host, boot.process_tag, proc)
+        try:  # one line into an empty pipe: only an agent that never reads could block it
+            await asyncio.wait_for(proc.stdin.drain(), BOOTSTRAP_TIMEOUT_S)
+        except (asyncio.TimeoutError, ConnectionError) as e:
+            await agent.terminate(BOOTSTRAP_TIMEOUT_S)
+            raise HostUnreachable(
+                boot.host, f"the agent did not read its bootstrap ({e.__class__.__name__})"
+            ) from None
+        return agent

@@ -51,14 +51,14 @@ def test_agent_survives_malformed_messages(tmp_path, test_id, no_survivors):
         chan.send("launch_me_not")  # unknown kind: ignored
         chan.send("stop", gen=12345, grace_s=0)  # a generation that does not exist
         chan.send("inject", gen=777, action="kill-agent")  # stale: must not kill the agent
-        await chan.drain()
+        await chan.drain(10.0)
 
         beats = 0
         while beats < 10:  # the agent keeps heartbeating after all that
             msg = await asyncio.wait_for(chan.receive(), 5)
             beats += msg["kind"] == "heartbeat"
         chan.send("shutdown")
-        await chan.drain()
+        await chan.drain(10.0)
         code = await asyncio.wait_for(agent.wait(), 10)
         server.close()
         return beats, code

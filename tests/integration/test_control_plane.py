@@ -71,7 +71,7 @@ def test_authenticated_but_stale_agents_are_refused(ftrun):
             chan = await open_channel(control["host"], control["port"], control["secret"], 5)
             chan.send("hello", agent_id=agent_id, host="localhost", pid=1)
             chan.send("gen_exited", gen=1, exit_code=0)  # would end the job if it were taken
-            await chan.drain()
+            await chan.drain(10.0)
             try:
                 await asyncio.wait_for(chan.receive(), 5)
                 return True

@@ -146,7 +146,7 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(
 
         chan.send("stop", gen=1, grace_s="soon")  # raises in the receive loop itself
         chan.send("launch", gen=7)  # raises in the launch: no nnodes, no entrypoint
-        await chan.drain()
+        await chan.drain(10.0)
         said, beats = [], 0
         while beats < 10 or len(said) < 3:  # and it still hears us, and still heartbeats
             msg = await asyncio.wait_for(chan.receive(), 5)
@@ -155,7 +155,7 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(
             else:
                 said.append(msg)
         chan.send("shutdown")
-        await chan.drain()
+        await chan.drain(10.0)
         code = await asyncio.wait_for(agent.wait(), 10)
         server.close()
         return said, code
