@@ -324,7 +324,7 @@ def test_contract_and_user_env_reach_the_ranks_of_every_host(ftrun, bed, tmp_pat
     assert leaks == []
     job_id = ftrun.only_job()["job_id"]
     seen = [json.loads(line.split("CONTRACT ", 1)[1]) for line in out.lines if "CONTRACT " in line]
-    assert len(seen) == 8
+    assert len(seen) == 8, out.text()
     for env in seen:
         assert env["GROUP_RANK"] == str(int(env["RANK"]) // 2) and env["LOCAL_WORLD_SIZE"] == "2"
         assert env["TORCHELASTIC_RESTART_COUNT"] == str(int(env["FTRUN_GENERATION"]) - 1)
