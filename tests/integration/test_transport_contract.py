@@ -17,6 +17,7 @@ import dataclasses
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
+from ftrun.agent import workdir
 from ftrun.bootstrap import Bootstrap
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
@@ -87,6 +89,17 @@ def case(
     test_id: str,
     no_survivors: None,
     monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Case]:
+    try:
+        yield from _case(request, test_id, monkeypatch)
+    finally:
+        # A SIGKILLed agent cannot remove its directory; the next agent on the host would (the
+        # product's way), but the suite leaves nothing behind. Hosts share this filesystem.
+        workdir.sweep_stale(Path(tempfile.gettempdir()))
+
+
+def _case(
+    request: pytest.FixtureRequest, test_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Case]:
     if request.param == "local":
         monkeypatch.setenv("FTRUN_TEST_ID", test_id)  # what no_survivors looks for
