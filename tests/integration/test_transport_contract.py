@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ftrun.agent import workdir
+from ftrun.agent import procs, workdir
 from ftrun.bootstrap import Bootstrap
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
@@ -54,15 +54,13 @@ class Case:
 
 
 def _local_leftovers(tag: str) -> list[str]:
+    """The agent's own sweep (procs.tagged_processes), zombies aside: a reaped-late child is gone."""
     found = []
-    for proc in psutil.process_iter():
+    for proc in procs.tagged_processes(tag):
         try:
-            if (
-                proc.environ().get("FTRUN_AGENT_ID") == tag
-                and proc.status() != psutil.STATUS_ZOMBIE
-            ):
+            if proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(f"{proc.pid} {' '.join(proc.cmdline())[:100]}")
-        except (psutil.Error, OSError):
+        except psutil.Error:
             continue
     return found
 
