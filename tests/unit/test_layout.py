@@ -11,6 +11,7 @@ rich; only ftrun.cli imports typer and rich; `import ftrun` does no work.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,7 @@ def part_of(module: str) -> str:
     return pieces[1]
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
     return {
         module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts
@@ -68,6 +70,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m in known and m != module}
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
