@@ -24,6 +24,7 @@ from ftrun.timeouts import ControlTimeouts
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 # What --forward-signal cannot pass on: INT and TERM stop the job, KILL and STOP cannot be
 # caught, CHLD is the launcher's own business.
+TRANSPORTS = ("local", "ssh", "slurm")
 UNFORWARDABLE_SIGNALS = frozenset({"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP", "SIGCHLD"})
 
 
@@ -98,12 +99,21 @@ class LaunchConfig:
     spares: tuple[str, ...] = ()
     # Fewest hosts the job may shrink to after losing some (torchrun's --nnodes MIN:MAX).
     min_nodes: int = 1
-    ssh: bool = False
+    # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm).
+    transport: str = "local"
     ssh_config: str | None = None
     # The interpreter agents run on remote hosts [default: the controller's own path].
     remote_python: str | None = None
     # The address agents dial [default: the address this machine uses to reach each host].
     controller_addr: str | None = None
+    # Under Slurm (docs/slurm.md): the allocation's job id, GPUs per node, and what a
+    # preemption notice (the batch step's --signal) does: which signal it is, how long the
+    # ranks get to commit a checkpoint, and whether the job is then requeued.
+    slurm_job_id: str | None = None
+    gpus_per_node: int | None = None
+    preempt_signal: str = "SIGUSR2"
+    preempt_grace_s: float = 60.0
+    requeue: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -137,8 +147,18 @@ class LaunchConfig:
                 f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                 f"got {self.min_nodes}"
             )
-        if self.spares and not self.ssh:
+        if self.transport not in TRANSPORTS:
+            problems.append(f"no transport {self.transport!r} (one of {', '.join(TRANSPORTS)})")
+        if self.spares and not self.remote:
             problems.append("--spares needs --hosts or --hostfile (spares are other machines)")
+        if self.preempt_signal not in signal.Signals.__members__:
+            problems.append(f"--preempt-signal: no signal {self.preempt_signal!r}")
+        elif self.preempt_signal in UNFORWARDABLE_SIGNALS:
+            problems.append(
+                f"--preempt-signal cannot be {self.preempt_signal}: INT and TERM stop the job"
+            )
+        if not self.preempt_grace_s > 0:
+            problems.append(f"--preempt-grace must be more than 0 (got {self.preempt_grace_s:g})")
         if self.progress_regex is not None:
             try:
                 compiled = re.compile(self.progress_regex)
@@ -162,13 +182,19 @@ class LaunchConfig:
         )
 
     @property
+    def remote(self) -> bool:
+        """Agents run on other machines (ssh hosts or Slurm nodes): hosts can be lost,
+        retried, replaced and added."""
+        return self.transport != "local"
+
+    @property
     def job_dir(self) -> Path:
         return self.run_dir / self.job_id
 
     @property
     def agent_python(self) -> str:
         """The interpreter agents run: --remote-python on remote hosts, else ours."""
-        return (self.remote_python or self.python) if self.ssh else self.python
+        return (self.remote_python or self.python) if self.remote else self.python
 
     def entrypoint(self) -> list[str]:
         """What each rank runs, in torchrun's terms (python is prepended unless --no-python)."""

@@ -33,6 +33,7 @@ HOST = "FTRUN_HOST"
 JOB_ID = "FTRUN_JOB_ID"
 JOB_DIR = "FTRUN_JOB_DIR"
 RANK_LOG_DIR = "FTRUN_RANK_LOG_DIR"
+PREEMPT_FILE = "FTRUN_PREEMPT_FILE"
 ZYGOTE_SOCK = "FTRUN_ZYGOTE_SOCK"
 ZYGOTE_PRELOAD = "FTRUN_ZYGOTE_PRELOAD"
 RESTART_COUNT = "FTRUN_TORCHELASTIC_RESTART_COUNT"
@@ -68,6 +69,12 @@ CONTRACT: tuple[EnvVar, ...] = (
     EnvVar(JOB_ID, "agent", "ftrun.checkpoint", "names the memory tier's shared-memory files"),
     EnvVar(JOB_DIR, "controller", "ftrun.checkpoint", "the job directory: checkpoints/ under it"),
     EnvVar(RANK_LOG_DIR, "agent", "rank shim", "where each rank's output file goes"),
+    EnvVar(
+        PREEMPT_FILE,
+        "agent",
+        "ftrun.checkpoint",
+        "exists once the job got a preemption notice: the next save() is persisted at once",
+    ),
     EnvVar(ZYGOTE_SOCK, "agent", "rank shim", "the warm interpreter to fork ranks from"),
     EnvVar(
         ZYGOTE_PRELOAD,

@@ -14,6 +14,10 @@ EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# Stopped by a preemption notice or time limit after its checkpoint was committed: not a failure,
+# resubmitting (or Slurm's requeue) continues it. EX_TEMPFAIL: "try again later". A job that
+# failed for good exits EXIT_JOB_FAILED instead, which must never be requeued (docs/slurm.md).
+EXIT_PREEMPTED = 75
 # An agent's own exit status (its process on a host, not the job's): what its log and its
 # transport see. Fenced: it lost the controller (silence, a closed connection or stdin, a signal)
 # and killed everything it started, so a partitioned host never trains on. Agent error: one of

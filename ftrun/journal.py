@@ -15,6 +15,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,10 +28,12 @@ CONFIG_FILE = "config.json"
 class Journal:
     """Appends events and log lines for one job. Not thread-safe: the controller's loop owns it."""
 
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, *, existing: bool = False) -> None:
+        """A new job directory, or with `existing` one made beforehand (by `ftrun sbatch`) or
+        a job's own to resume (a requeued Slurm job): its events are appended to."""
         self.job_dir = job_dir
         try:
-            job_dir.mkdir(parents=True, exist_ok=False)
+            job_dir.mkdir(parents=True, exist_ok=existing)
             self._events = open(job_dir / EVENTS_FILE, "a", encoding="utf-8")
         except OSError as e:
             raise UsageError(
@@ -90,6 +93,46 @@ def read_events(job_dir: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         pass
     return events
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a job that is resumed (requeued) left off, from its journal: its numbering goes
+    on (generations, incidents, restarts used) and the incident that stopped it is closed by
+    the first generation that steps again."""
+
+    generation: int = 0
+    incidents: int = 0
+    restarts: int = 0
+    finished: str | None = None  # the last run's end state; None: its controller died
+    open_incident: int | None = None  # the preemption (or other) incident to resume from
+    runs: int = 0  # how many controllers ran the job before
+
+    @property
+    def resumable(self) -> bool:
+        """A job that succeeded, failed for good or was stopped by hand is not resumed."""
+        return self.finished in (None, "preempted", "requeued")
+
+
+def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
+    generation = incidents = restarts = runs = 0
+    finished: str | None = None
+    last_incident: int | None = None
+    for ev in events:
+        kind = ev.get("kind")
+        if kind == "job_started":
+            runs += 1
+            finished = None
+        elif kind == "generation_launched" and isinstance(ev.get("gen"), int):
+            generation = max(generation, ev["gen"])
+        elif kind == "fault_detected" and isinstance(ev.get("incident"), int):
+            incidents = max(incidents, ev["incident"])
+            last_incident = ev["incident"]
+        elif kind == "restart":
+            restarts += 1
+        elif kind == "job_finished":
+            finished = str(ev.get("state"))
+    return ResumePoint(generation, incidents, restarts, finished, last_incident, runs)
 
 
 def list_job_dirs(run_dir: Path) -> list[Path]:

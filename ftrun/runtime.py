@@ -22,7 +22,9 @@ from collections.abc import Iterator
 
 from ftrun.envcontract import AGENT_SOCK, GENERATION
 
-STACKS_SIGNAL = signal.SIGUSR2
+# Not SIGUSR1/SIGUSR2: those are what scripts use for preemption notices (Lightning, submitit,
+# `--signal` under Slurm), and a stack dump must never take a script's own signal.
+STACKS_SIGNAL = int(signal.SIGRTMIN) + 2
 _UNSET = object()
 _target: object = _UNSET  # (socket, path, generation, rank) once resolved, or None outside ftrun
 
@@ -70,6 +72,12 @@ def _send(event: dict) -> None:
             sock.sendto(json.dumps({**event, "g": gen, "r": rank}).encode(), path)
     except Exception:  # noqa: BLE001 - likewise
         pass
+
+
+def checkpoint_committed(step: int) -> None:
+    """Tell the agent that the checkpoint of `step` is committed to storage (ftrun.checkpoint
+    calls it on rank 0 when a preemption notice made it persist at once)."""
+    _send({"e": "ckpt", "s": int(step)})
 
 
 def code_done() -> None:

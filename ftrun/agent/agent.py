@@ -38,7 +38,7 @@ from ftrun.agent.genrun import GenerationRun
 from ftrun.agent.lines import LineSplitter, report_lines
 from ftrun.agent.link import ControlLink, watch_stdin
 from ftrun.agent.rank_socket import RankSocket
-from ftrun.agent.torchrun_cmd import torchrun_command
+from ftrun.agent.torchrun_cmd import PREEMPT_FLAG, torchrun_command
 from ftrun.agent.warm import WarmInterpreter, WarmStartFailed
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED
@@ -174,6 +174,8 @@ class Agent:
                 self.tasks.spawn("stop", self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
             elif kind == "signal":
                 self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
+            elif kind == "preempt":
+                self._preempt(msg.get("gen"), str(msg.get("signal")))
             elif kind == "inject":
                 if run is not None:
                     run.add_injection(msg)
@@ -199,6 +201,19 @@ class Agent:
             log.info("%s for generation %s: no such generation running here", name, number)
             return
         run.signal_ranks(signal.Signals[name])
+
+    def _preempt(self, number: Any, name: str) -> None:
+        """A preemption notice: scripts using ftrun.checkpoint persist their next save (they
+        see the flag file), and every rank gets the signal for its own handler."""
+        run = self._current(number)
+        if run is None:
+            log.info("preempt for generation %s: no such generation running here", number)
+            return
+        try:
+            (run.directory / PREEMPT_FLAG).touch()
+        except OSError as e:
+            log.warning("could not raise the preemption flag: %s", e)
+        self._signal_ranks(number, name)
 
     async def _send_stacks(self, number: int | None) -> None:
         """The controller asks (an exit barrier passed, or every host is idle): the stacks,

@@ -31,6 +31,10 @@ from typing import Any
 
 from ftrun.agent import proctitle
 
+# agent/stacks.py's STACKS_SIGNAL, not imported from there: a rank must not load the agent's
+# modules (psutil, asyncio) just for a number.
+STACKS_SIGNAL = int(signal.SIGRTMIN) + 2
+
 # Frames of ours that sit above the user's code; tracebacks start below them, as under python.
 _OUR_FILES = {
     os.path.abspath(__file__),
@@ -52,7 +56,7 @@ def prepare(request: dict[str, Any]) -> None:
     if request["mode"] != "torchrun":
         # Zero-code stack dumps for hang reports (ftrun.runtime registers the same on first
         # use), as early as can be: a hang report may come while we are still starting.
-        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     sys.orig_argv = list(request.get("cmdline") or sys.orig_argv)
     proctitle.set_title(" ".join(request.get("cmdline") or request["argv"]))
     numpy_random = sys.modules.get("numpy.random")

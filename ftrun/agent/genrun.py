@@ -115,6 +115,9 @@ class GenerationRun:
                 bool(event.get("begin")),
                 time.monotonic(),
             )
+        elif kind == "ckpt":
+            # ftrun.checkpoint committed a checkpoint (rank 0 reports it, after the commit)
+            self.link.send("checkpoint_committed", gen=self.number, rank=rank, step=event.get("s"))
         elif kind == "started":
             self.pgids.add(int(event["pid"]))
             if event.get("shim"):

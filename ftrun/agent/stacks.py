@@ -23,7 +23,9 @@ import psutil
 from ftrun.agent.hang import Overdue
 from ftrun.agent.tail import GenerationLogs
 
-STACKS_SIGNAL = signal.SIGUSR2  # the same as ftrun.runtime.STACKS_SIGNAL (agent must not import it)
+# The same as ftrun.runtime.STACKS_SIGNAL (the agent must not import it): a real-time signal,
+# so that SIGUSR1/SIGUSR2 stay the script's own (preemption notices).
+STACKS_SIGNAL = int(signal.SIGRTMIN) + 2
 FAULTHANDLER_WAIT_S = 1.0
 PY_SPY_TIMEOUT_S = 5.0
 MARKER = "(most recent call first)"

@@ -32,6 +32,12 @@ class TorchrunCommand:
     cwd: str | None
 
 
+# In the generation's work dir: the agent creates it on a preemption notice (agent.py), and
+# ftrun.checkpoint persists its next save when it sees it. Per generation, so it never outlives
+# the notice it stands for.
+PREEMPT_FLAG = "preempt"
+
+
 def torchrun_command(
     boot: Bootstrap,
     launch: Mapping[str, Any],
@@ -54,6 +60,7 @@ def torchrun_command(
         envcontract.AGENT_ID: boot.process_tag,
         envcontract.AGENT_SOCK: agent_sock,
         envcontract.RANK_LOG_DIR: str(directory),
+        envcontract.PREEMPT_FILE: str(directory / PREEMPT_FLAG),
     }
     if zygote_sock is not None:
         env[envcontract.ZYGOTE_SOCK] = zygote_sock

@@ -53,6 +53,9 @@ class CheckpointConfig:
     snapshot_timeout: float = 600.0  # seconds wait_snapshot() may block
     persist_timeout: float = 900.0  # seconds a persist (all ranks' parts + commit) may take
     collective_timeout: float = 900.0  # seconds for the checkpoint process group's collectives
+    # Under ftrun: a file that appears when the job gets a preemption notice; the save after
+    # it is persisted at once, whatever persist_every says (docs/slurm.md).
+    preempt_file: Path | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -110,8 +113,12 @@ def resolve_config(
             raise CheckpointDirError(
                 "the memory tier needs a job id", hint="run under `ftrun launch` or pass job_id=..."
             )
+    flag = env.get(envcontract.PREEMPT_FILE)
     return CheckpointConfig(
-        directory=chosen.absolute(), job_id=job, generation=_generation(env), **options
+        directory=chosen.absolute(),
+        job_id=job,
+        generation=_generation(env),
+        **{"preempt_file": Path(flag) if flag else None, **options},
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ftrun import runtime
 from ftrun.checkpoint import dcp_layout, slots, storage
 from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
@@ -36,6 +37,7 @@ from ftrun.checkpoint.config import CheckpointConfig, resolve_config
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.persist_client import PersistClient
 from ftrun.checkpoint.persister import Persister, worker_died
+from ftrun.checkpoint.restore import warn
 from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
 from ftrun.checkpoint.state import apply, flatten, keyed_tensors, pickle_objects
@@ -80,6 +82,7 @@ class Manager:
         self._last_saved: int | None = None
         self._hooks: dict[int, Any] = {}
         self._touched_slots = False
+        self._preempt_pending = self.config.preempt_file is not None
         self.restored: restore_mod.Restored | None = None
         self.stats = Stats()
         self._snapshotter = Snapshotter(timeout_s=self.config.snapshot_timeout)
@@ -160,7 +163,9 @@ class Manager:
         entries, size = slots.layout(keyed)
         sig = slots.signature(entries, self.world_size)
         objects = pickle_objects(flat)
-        persist = self._persister.wanted(step, keyed, sig)  # collective
+        flag = self.config.preempt_file
+        preempted = self._preempt_pending and flag is not None and flag.exists()
+        persist, urgent = self._persister.wanted(step, keyed, sig, preempted=preempted)
         with self._cond:
             if not self._touched_slots:  # saving without a restore: old snapshots are stale
                 self._tier.invalidate_all()
@@ -201,6 +206,20 @@ class Manager:
         self._last_saved = step
         self.stats.saves += 1
         self.stats.save_s += time.perf_counter() - t0
+        if urgent:
+            self._persist_for_preemption(step, persisted=persist)
+
+    def _persist_for_preemption(self, step: int, *, persisted: bool) -> None:
+        """The job got a preemption notice: wait until this save is committed to storage (it
+        is about to be stopped, and requeued), then tell the agent, so the controller stops the
+        job knowing what was kept. Once per notice; training goes on until it is stopped."""
+        self._preempt_pending = False
+        if not persisted:
+            warn(f"step {step} is not persisted for the preemption: the worker is gone or busy")
+            return
+        done = self.wait_persist()
+        if self.rank == 0 and done and not self._slots.worker_gone:
+            runtime.checkpoint_committed(step)
 
     def _snapshot_done(
         self,

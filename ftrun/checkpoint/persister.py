@@ -48,17 +48,31 @@ class Persister:
         self._closing = False
         self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
 
-    def wanted(self, step: int, keyed: list[tuple[str, torch.Tensor]], sig: str) -> bool:
-        """Collective: whether the save of `step` is persisted (no rank's worker is busy); when
-        it is and the layout changed, make the storage plan for it."""
-        if step % self.config.persist_every != 0:
-            return False
-        busy, replan = self._comm.max_ints(
-            [int(self._slots.persisting), int(self.plan is None or self.plan.signature != sig)]
+    def wanted(
+        self, step: int, keyed: list[tuple[str, torch.Tensor]], sig: str, *, preempted: bool
+    ) -> tuple[bool, bool]:
+        """Collective: (whether the save of `step` is persisted, whether it is the save a
+        preemption notice asked for). A save is persisted when its step is due and no rank's
+        worker is busy, or when any rank saw the notice (`preempted`): then after the persist in
+        flight, whatever the step. When it is persisted and the layout changed, make the
+        storage plan for it."""
+        due = step % self.config.persist_every == 0
+        if not due and self.config.preempt_file is None:
+            return False, False
+        busy, replan, urgent = self._comm.max_ints(
+            [
+                int(self._slots.persisting),
+                int(self.plan is None or self.plan.signature != sig),
+                int(preempted),
+            ]
         )
-        if not busy and replan:
+        if urgent and busy:  # the notice's save must reach storage: after the one in flight
+            (busy,) = self._comm.max_ints([int(not self.wait_idle(self.config.persist_timeout))])
+        if busy or not (due or urgent):
+            return False, bool(urgent)
+        if replan:
             self.plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)
-        return not busy
+        return True, bool(urgent)
 
     def started(self, step: int) -> None:
         """A persist of the snapshot of `step` is reserved in the slot table."""

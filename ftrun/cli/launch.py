@@ -13,10 +13,14 @@ import typer
 from ftrun import envcontract
 from ftrun.cli import launch_inputs as inputs
 from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
-from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
+from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.policy_file import FaultPolicy
+from ftrun.controller.reporting import JobOutcome, OutcomeState
 from ftrun.envcontract import forwarded
-from ftrun.errors import UsageError
+from ftrun.errors import FtrunError, UsageError
+from ftrun.journal import Journal, ResumePoint
+from ftrun.transport.base import Transport
+from ftrun.transport.slurm_allocation import in_allocation
 from ftrun.userenv import user_env
 
 console = make_console(stderr=True)
@@ -29,8 +33,11 @@ def launch(
     script_args: list[str] | None = typer.Argument(
         None, metavar="[ARGS]...", help="Arguments for the script."
     ),
-    nproc_per_node: int = typer.Option(
-        1, "--nproc-per-node", "--nproc_per_node", help="Ranks per host."
+    nproc_per_node: int | None = typer.Option(
+        None,
+        "--nproc-per-node",
+        "--nproc_per_node",
+        help="Ranks per host [1; under Slurm, its GPUs per node if set].",
     ),
     max_restarts: int = typer.Option(
         3, "--max-restarts", "--max_restarts", help="Job-wide restart budget."
@@ -150,17 +157,59 @@ def launch(
         "--controller-addr",
         help="Address hosts dial to reach this machine (default: found per host).",
     ),
+    slurm: bool | None = typer.Option(
+        None,
+        "--slurm/--no-slurm",
+        help="Run on the nodes of this Slurm allocation, agents started with srun [on inside "
+        "an allocation when no --hosts are given].",
+    ),
+    slurm_spares: int = typer.Option(
+        0, "--slurm-spares", metavar="K", help="Under --slurm: the last K nodes wait as spares."
+    ),
+    job_id: str | None = typer.Option(
+        None,
+        "--job-id",
+        help="The job's id (its directory's name) [a new one]; a job directory of a "
+        "preempted job is resumed (what a requeued `ftrun sbatch` job does).",
+    ),
+    preempt_signal: str = typer.Option(
+        "USR2",
+        "--preempt-signal",
+        metavar="SIG",
+        help="The signal that says the job will be stopped soon (Slurm's --signal): ranks "
+        "commit a checkpoint, then the job stops.",
+    ),
+    preempt_grace: float = typer.Option(
+        60.0,
+        "--preempt-grace",
+        help="Seconds the ranks get after a preemption notice to commit a checkpoint.",
+    ),
+    requeue: bool = typer.Option(
+        False,
+        "--requeue/--no-requeue",
+        help="Under --slurm: after a preemption notice, requeue the Slurm job to resume.",
+    ),
 ) -> None:
     """Run SCRIPT under torchrun on this host or on --hosts over ssh; restart it in place when
     a rank fails, replace or shrink around a lost host."""
     problems = inputs.check_entrypoint(script, module=module, no_python=no_python)
-    host_list = inputs.host_options(hosts, hostfile, spares, ssh_config, problems)
+    if slurm is None:
+        slurm = in_allocation() and hosts is None and hostfile is None
+    host_list = (
+        inputs.slurm_hosts(hosts, hostfile, spares, slurm_spares, problems)
+        if slurm
+        else inputs.host_options(hosts, hostfile, spares, ssh_config, problems)
+    )
+    allocation = host_list.allocation
     if host_list.slots is not None:
         nproc_per_node = host_list.slots
+    if nproc_per_node is None:
+        nproc_per_node = (allocation.gpus_per_node if allocation else None) or 1
     if master_port is not None and 0 < master_port < 65536 and inputs.port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
+    resume = inputs.resume_point(resolved_run_dir, job_id, problems)
     fault_policy = inputs.fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
     rank_env, env_problems = user_env(env_file or (), env or (), os.environ)
     problems.extend(env_problems)
@@ -175,7 +224,7 @@ def launch(
     )
     try:
         config = LaunchConfig(
-            job_id=new_job_id(name),
+            job_id=job_id or new_job_id(name),
             job_name=name,
             run_dir=resolved_run_dir,
             script=script,
@@ -197,7 +246,7 @@ def launch(
             hosts=host_list.hosts,
             spares=host_list.spares,
             min_nodes=min_nodes if min_nodes is not None else 1,
-            ssh=host_list.ssh,
+            transport=host_list.transport,
             remote_python=remote_python,
             ssh_config=str(ssh_config) if ssh_config else None,
             controller_addr=controller_addr,
@@ -205,24 +254,30 @@ def launch(
             host_lost_timeout_s=timeouts.host_lost_timeout_s,
             fence_timeout_s=timeouts.fence_timeout_s,
             local_stall_timeout_s=timeouts.local_stall_timeout_s,
+            slurm_job_id=allocation.job_id if allocation else None,
+            gpus_per_node=allocation.gpus_per_node if allocation else None,
+            preempt_signal=signal_name(preempt_signal),
+            preempt_grace_s=preempt_grace,
+            requeue=requeue,
         )
     except UsageError as e:
         problems.insert(0, e.message)
     if problems:
         raise UsageError("; ".join(problems), hint=inputs.hint(problems))
+    if requeue and allocation is None:
+        problems.append("--requeue needs --slurm (only a Slurm job can be requeued)")
+    if problems:
+        raise UsageError("; ".join(problems), hint=inputs.hint(problems))
     inputs.check_run_dir(resolved_run_dir)
-    code = run(config, fault_policy)
+    code = run(config, fault_policy, resume)
     if code:  # typer.Exit carries the job's exit code through typer's standalone mode
         raise typer.Exit(code)
 
 
-def run(config: LaunchConfig, policy: FaultPolicy) -> int:
+def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = None) -> int:
     from ftrun.controller.supervisor import Supervisor
-    from ftrun.journal import Journal
-    from ftrun.transport.local import LocalTransport
-    from ftrun.transport.ssh import SshTransport
 
-    journal = Journal(config.job_dir)
+    journal = Journal(config.job_dir, existing=config.job_dir.is_dir())
     journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
     handler = logging.FileHandler(config.job_dir / "controller.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -231,19 +286,17 @@ def run(config: LaunchConfig, policy: FaultPolicy) -> int:
     reporter = ConsoleReporter(console)
     reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
     try:
-        transport = (
-            SshTransport(
-                python=config.agent_python,
-                ssh_config=config.ssh_config,
-                controller_addr=config.controller_addr,
-            )
-            if config.ssh
-            else LocalTransport(config.python)
-        )
         supervisor = Supervisor(
-            config, policy=policy, journal=journal, transport=transport, reporter=reporter
+            config,
+            policy=policy,
+            journal=journal,
+            transport=make_transport(config),
+            reporter=reporter,
+            resume=resume,
         )
         outcome = asyncio.run(supervisor.run())
+        if outcome.state is OutcomeState.REQUEUED:
+            outcome = requeue_job(config, journal, outcome)
     finally:
         journal.close()
         logging.getLogger("ftrun").removeHandler(handler)
@@ -257,6 +310,45 @@ def run(config: LaunchConfig, policy: FaultPolicy) -> int:
         )
         reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
     return outcome.exit_code
+
+
+def make_transport(config: LaunchConfig) -> Transport:
+    if config.transport == "ssh":
+        from ftrun.transport.ssh import SshTransport
+
+        return SshTransport(
+            python=config.agent_python,
+            ssh_config=config.ssh_config,
+            controller_addr=config.controller_addr,
+        )
+    if config.transport == "slurm":
+        from ftrun.transport.slurm import SrunTransport
+
+        return SrunTransport(
+            python=config.agent_python,
+            controller_addr=config.controller_addr,
+            gpus_per_node=config.gpus_per_node,
+        )
+    from ftrun.transport.local import LocalTransport
+
+    return LocalTransport(config.python)
+
+
+def requeue_job(config: LaunchConfig, journal: Journal, outcome: JobOutcome) -> JobOutcome:
+    """Put the Slurm job back in the queue, last: Slurm then ends this batch step, and the
+    requeued one resumes this job directory."""
+    from ftrun.transport.slurm_allocation import requeue
+
+    assert config.slurm_job_id is not None
+    try:
+        requeue(config.slurm_job_id)
+    except FtrunError as e:
+        journal.record("requeue_failed", slurm_job_id=config.slurm_job_id, error=e.message)
+        return dataclasses.replace(
+            outcome, state=OutcomeState.PREEMPTED, reason=f"{outcome.reason}; {e.message}"
+        )
+    journal.record("requeued", slurm_job_id=config.slurm_job_id)
+    return outcome
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import shutil
 import socket
 from collections.abc import Iterable, Mapping
@@ -18,18 +19,24 @@ from pathlib import Path
 
 from ftrun.config import signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
-from ftrun.errors import UsageError
+from ftrun.errors import FtrunError, UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
+from ftrun.journal import ResumePoint, read_events
+from ftrun.journal import resume_point as resume_point_of
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.timeouts import ControlTimeouts
+from ftrun.transport.slurm_allocation import Allocation, read_allocation
+
+JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 
 
 @dataclasses.dataclass(frozen=True)
 class HostOptions:
     hosts: tuple[str, ...] = (LOCALHOST,)
     spares: tuple[str, ...] = ()
-    ssh: bool = False
+    transport: str = "local"
     slots: int | None = None
+    allocation: Allocation | None = None  # under Slurm
 
 
 def host_options(
@@ -62,12 +69,54 @@ def host_options(
         return HostOptions(
             tuple(e.target for e in entries),
             tuple(e.target for e in spare_entries),
-            ssh=True,
+            transport="ssh",
             slots=uniform_slots(entries),
         )  # spares run as many
     except UsageError as e:
         problems.append(e.message)
         return HostOptions()
+
+
+def slurm_hosts(
+    hosts: str | None,
+    hostfile: Path | None,
+    spares: str | None,
+    slurm_spares: int,
+    problems: list[str],
+) -> HostOptions:
+    """--slurm: the nodes of this job's allocation, the last `slurm_spares` of them as spares."""
+    for flag, value in (("--hosts", hosts), ("--hostfile", hostfile), ("--spares", spares)):
+        if value is not None:
+            problems.append(
+                f"{flag} cannot be used with --slurm: the nodes come from the allocation "
+                "(spares: --slurm-spares K)"
+            )
+    try:
+        allocation = read_allocation()
+        nodes, spare_nodes = allocation.split(slurm_spares)
+    except FtrunError as e:
+        problems.append(e.message)
+        return HostOptions()
+    return HostOptions(nodes, spare_nodes, transport="slurm", allocation=allocation)
+
+
+def resume_point(run_dir: Path, job_id: str | None, problems: list[str]) -> ResumePoint | None:
+    """--job-id of a job that ran before (a requeued Slurm job): where it left off; None for a
+    new job. A job that finished for good is not run again."""
+    if job_id is None:
+        return None
+    if not JOB_ID.match(job_id):
+        problems.append(f"--job-id {job_id!r} is not a job id (letters, digits, - _ . only)")
+        return None
+    events = read_events(run_dir / job_id)
+    if not events:
+        return None
+    point = resume_point_of(events)
+    if not point.resumable:
+        problems.append(
+            f"job {job_id} already ended ({point.finished}): only a preempted job is resumed"
+        )
+    return point
 
 
 def ssh_config_problems(path: Path) -> list[str]:

@@ -237,7 +237,7 @@ class Fleet:
         action, host = msg.get("action"), msg.get("host")
         if not isinstance(host, str) or not host:
             return False, "name a host"
-        if not self.config.ssh:
+        if not self.config.remote:
             return False, "this job runs on this machine only; hosts need `ftrun launch --hosts`"
         if action == "add":
             if host in self.roster.slots and self.roster.state(host) is not HostState.REMOVED:
@@ -298,7 +298,7 @@ class Fleet:
             self._spawn(handle.terminate(timeout_s=TERMINATE_TIMEOUT_S), self._work)
 
     def _schedule_retry(self, host: str) -> None:
-        if self.closing or not self.config.ssh:
+        if self.closing or not self.config.remote:
             return  # this machine's own agent is not retried: the job ends without it
         delay = min(RETRY_CAP_S, 2 * self._retry_delay.get(host, RETRY_FIRST_S / 2))
         self._retry_delay[host] = delay

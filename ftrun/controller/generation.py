@@ -15,6 +15,7 @@ from typing import Any
 
 from ftrun.controller import evidence
 from ftrun.controller.evidence import Evidence, Failure
+from ftrun.controller.preemption import Preempted
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import Roster
 from ftrun.controller.stall import ExitHang, StallWatch
@@ -187,7 +188,7 @@ class Reconfigure:
 
 # What ends a watch: every host done (SUCCEEDED), a stop (STOPPED), a fault, a planned change
 # of hosts, or ranks that did not exit after one exited 0.
-WatchResult = OutcomeState | Failure | Reconfigure | ExitHang
+WatchResult = OutcomeState | Failure | Reconfigure | ExitHang | Preempted
 
 
 @dataclass(frozen=True)

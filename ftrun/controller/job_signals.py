@@ -1,5 +1,7 @@
 """The signals a running job takes from outside, while the supervise loop runs.
 
+The preemption signal (--preempt-signal, Slurm's --signal: SIGUSR2 by default) is a notice that
+the job will be stopped soon: preemption.py has the generation commit a checkpoint first.
 SIGINT and SIGTERM ask the job to stop: the first with the grace period (ranks get SIGTERM,
 then SIGKILL after --term-timeout), a second one kills now. The handler only counts, journals,
 tells the user and wakes the loop through the inbox; the loop does the stopping. The signals
@@ -39,6 +41,7 @@ class JobSignals:
         self.reporter = reporter
         self.generation = generation
         self.count = 0  # stop requests so far: 1 stops gracefully, 2 or more kill now
+        self.preempt_pending: str | None = None  # a preemption notice's signal, until honoured
         self._installed: list[signal.Signals] = []
 
     def install(self) -> None:
@@ -50,6 +53,10 @@ class JobSignals:
         for sig in forwarded:
             loop.add_signal_handler(sig, self._forward, sig)
         self._installed = [*STOP_SIGNALS, *forwarded]
+        if self.config.preempt_signal not in self.config.forward_signals:  # forwarding wins
+            preempt = signal.Signals[self.config.preempt_signal]
+            loop.add_signal_handler(preempt, self._on_preempt, preempt)
+            self._installed.append(preempt)
 
     def remove(self) -> None:
         loop = asyncio.get_running_loop()
@@ -70,6 +77,12 @@ class JobSignals:
             self.reporter.notice("killing now", level="warning")
             self.server.broadcast("stop", gen=self.generation(), grace_s=0)
         self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
+
+    def _on_preempt(self, sig: signal.Signals) -> None:
+        """A preemption notice (preemption.py): the running generation commits a checkpoint
+        and stops; one that comes between generations is taken up by the next watch."""
+        self.preempt_pending = sig.name
+        self.server.inbox.put_nowait(("", {"kind": "preempt_notice", "signal": sig.name}))
 
     def _forward(self, sig: signal.Signals) -> None:
         gen = self.generation()

@@ -6,6 +6,8 @@ job's outcome, or a next generation and why).
     Ctrl-C / SIGTERM ──────────────▶ stopped, graceful unless asked twice
     a host removed, or one to grow ▶ reconfigured: graceful, relaunch on the new set
     a rank exited 0, others hung ──▶ exit_hang incident: killed, the job succeeded
+    a preemption notice ───────────▶ an incident: checkpoint committed (or the grace spent),
+                                       graceful, then preempted or requeued (preemption.py)
     a fault ───────────────────────▶ an incident, classified by the fault policy:
                                        fatal ends the job, else killed and restarted
 
@@ -21,6 +23,7 @@ from ftrun.controller.evidence import Failure
 from ftrun.controller.generation import Ending, GenWatch, Reconfigure, WatchResult
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.policy import Tier
+from ftrun.controller.preemption import Preempted
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.stall import ExitHang
 from ftrun.controller.stalldesk import StallDesk
@@ -56,6 +59,8 @@ class Judge:
             self.reporter.notice(f"{result.detail}: relaunching on the new set of hosts")
             return Ending("reconfigured", True, why=result.detail)
         incident = self.incidents.open()
+        if isinstance(result, Preempted):
+            return self._preempted(watch, result, incident)
         if isinstance(result, ExitHang):
             # A rank exited 0 and others did not exit in time: the incident (with their stacks)
             # is recorded, the generation killed, and the job finished. Every rank that exited
@@ -79,3 +84,42 @@ class Judge:
                 (f"fatal: {decision.reason}", "error"),
             )
         return Ending("failed", False, incident, why=decision.reason, failure=result)
+
+    def _preempted(self, watch: GenWatch, result: Preempted, incident: int) -> Ending:
+        """A preemption notice honoured: journaled as an incident (fault = the notice, torn down
+        next, relaunched by the requeued job), and the job ends preempted or requeued."""
+        requeue = self.incidents.config.requeue
+        self.journal.record(
+            "fault_detected",
+            incident=incident,
+            gen=watch.number,
+            fault="preempted",
+            fault_t=result.notice_t,
+            detected_t=result.notice_t,
+            signal=result.signal,
+            step=watch.max_step,
+            step_at_notice=result.step_at_notice,
+            committed_step=result.committed_step,
+        )
+        kept = (
+            f"checkpoint of step {result.committed_step} committed"
+            if result.committed_step is not None
+            else "no checkpoint reported committed"
+        )
+        reason = f"preempted ({result.signal}): {kept}; " + (
+            "requeueing" if requeue else "not requeued (--no-requeue)"
+        )
+        self.journal.record(
+            "fault_classified",
+            incident=incident,
+            tier="requeue" if requeue else "stop",
+            decision="requeue" if requeue else "stop",
+            reason=result.why,
+        )
+        return Ending(
+            "preempted",
+            True,
+            incident,
+            JobOutcome.preempted(reason, requeue=requeue),
+            (reason, "warning"),
+        )

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK
+from ftrun.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_PREEMPTED
 
 
 class Reporter(Protocol):
@@ -28,6 +28,10 @@ class OutcomeState(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
+    # A preemption notice (Slurm's --signal): the ranks got to commit a checkpoint, then the
+    # job stopped; "requeued" when it then went back into Slurm's queue to resume.
+    PREEMPTED = "preempted"
+    REQUEUED = "requeued"
 
     def __str__(self) -> str:  # in messages, the word people read ("failed"), not the member
         return self.value
@@ -57,3 +61,8 @@ class JobOutcome:
     @classmethod
     def stopped(cls, reason: str = "stopped by a signal") -> JobOutcome:
         return cls(OutcomeState.STOPPED, EXIT_INTERRUPTED, reason)
+
+    @classmethod
+    def preempted(cls, reason: str, *, requeue: bool) -> JobOutcome:
+        state = OutcomeState.REQUEUED if requeue else OutcomeState.PREEMPTED
+        return cls(state, EXIT_PREEMPTED, reason)

@@ -43,13 +43,14 @@ from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
 from ftrun.controller.policy_file import FaultPolicy
+from ftrun.controller.preemption import PreemptWait
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
 from ftrun.errors import FtrunError
-from ftrun.journal import Journal
+from ftrun.journal import Journal, ResumePoint
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
@@ -66,8 +67,10 @@ class Supervisor:
         journal: Journal,
         transport: Transport,
         reporter: Reporter,
+        resume: ResumePoint | None = None,
     ) -> None:
         self.config = config
+        self.resume = resume
         self.policy = policy
         self.journal = journal
         self.transport = transport
@@ -123,6 +126,10 @@ class Supervisor:
             generation=lambda: self.generation,
         )
         self.generation = 0
+        if resume is not None:  # a requeued job goes on where its journal left off
+            self.generation = resume.generation
+            self.incidents.count = resume.incidents
+            self.incidents.restarts = resume.restarts
 
     # ---- top level --------------------------------------------------------------------------
 
@@ -145,7 +152,14 @@ class Supervisor:
             nproc_per_node=cfg.nproc_per_node,
             max_restarts=cfg.max_restarts,
             entrypoint=cfg.entrypoint(),
+            run=(self.resume.runs + 1) if self.resume is not None else 1,
+            **self._slurm_fields(),
         )
+        if self.resume is not None and self.resume.open_incident is not None:
+            # The next generation closes the incident that stopped the previous run.
+            self.journal.record(
+                "resumed", incident=self.resume.open_incident, next_gen=self.generation + 1
+            )
         self.signals.install()
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
@@ -174,6 +188,14 @@ class Supervisor:
         if not await self.inbox.agents_started(set(started), self.config.agent_start_timeout_s):
             return JobOutcome.stopped("stopped before the job started")
         return await self._supervise()
+
+    def _slurm_fields(self) -> dict[str, object]:
+        if self.config.slurm_job_id is None:
+            return {}
+        return {
+            "slurm_job_id": self.config.slurm_job_id,
+            "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+        }
 
     def _write_control_file(self, host: str, port: int) -> None:
         """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:
@@ -282,29 +304,60 @@ class Supervisor:
         )
 
     async def _watch(self, watch: GenWatch) -> WatchResult:
+        preempt = self._preempt_wait(watch) if self.signals.preempt_pending else None
         while True:
             if (stalled := self.stalls.poll(watch)) is not None:
-                return stalled
-            if (got := await self.inbox.next(watch.stall.wakeup())) is None:
+                return _under(preempt, stalled)
+            if preempt is not None and preempt.expired():
+                return preempt.result("no checkpoint reported committed within the grace")
+            wake = watch.stall.wakeup()
+            if preempt is not None:
+                wake = preempt.deadline if wake is None else min(wake, preempt.deadline)
+            if (got := await self.inbox.next(wake)) is None:
                 continue
             agent_id, msg = got
             if msg["kind"] == "stop_requested":
                 return OutcomeState.STOPPED
+            if msg["kind"] == "preempt_notice":
+                preempt = preempt or self._preempt_wait(watch)
+                continue
             if msg["kind"] == "agent_lost" and agent_id in watch.agents:
                 msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
-                return evidence.host_lost(msg, host, watch.max_step)
+                return _under(preempt, evidence.host_lost(msg, host, watch.max_step))
             if self.inbox.side_channel(agent_id, msg, watch):
                 if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
-                    return change  # a host was added or removed
+                    return _under(preempt, change)  # a host was added or removed
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
+            if preempt is not None and (done := preempt.on_message(msg)) is not None:
+                return done
             news = watch.on_message(agent_id, msg)
             if news is None:
                 self.stalls.news(watch, agent_id, msg)
             elif news is Seen.PROGRESS:
                 if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
-                    return change
+                    return _under(preempt, change)
             elif news is not Seen.OUTPUT:
-                return news
+                return _under(preempt, news)
+
+    def _preempt_wait(self, watch: GenWatch) -> PreemptWait:
+        signal, self.signals.preempt_pending = self.signals.preempt_pending, None
+        return PreemptWait(
+            self.config,
+            server=self.server,
+            journal=self.journal,
+            reporter=self.reporter,
+            gen=watch.number,
+            step=watch.max_step,
+            signal=signal or self.config.preempt_signal,
+        )
+
+
+def _under(preempt: PreemptWait | None, result: WatchResult) -> WatchResult:
+    """Under a preemption notice whatever else ends the watch ends it as the preemption (the
+    job is going down anyway), except success: every rank exited 0, the work is done."""
+    if preempt is None or result is OutcomeState.SUCCEEDED or result is OutcomeState.STOPPED:
+        return result
+    return preempt.result("the generation ended before a checkpoint was reported")

@@ -36,7 +36,13 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
         kind, t = ev["kind"], ev.get("t", 0.0)
         if kind == "job_started":
             view.name = ev.get("name", "")
-            view.started_t = t
+            if view.started_t is None:
+                view.started_t = t
+            # A requeued job's next run: running again, whatever the previous run ended as.
+            view.ended_t = view.reason = view.exit_code = view.root_cause = None
+            view.state = "running"
+            view.runs = ev.get("run", 1)
+            view.slurm_job_id = ev.get("slurm_job_id", view.slurm_job_id)
             view.controller_pid = ev.get("controller_pid")
             create_time = ev.get("controller_create_time")
         elif kind == "generation_launched":
@@ -107,6 +113,8 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
                 inc.torn_down_t = t
         elif kind == "restart":
             view.restarts += 1
+            pending_recovery = incidents.get(ev.get("incident", -1))
+        elif kind == "resumed":  # a requeued job's next run picks up the incident that ended it
             pending_recovery = incidents.get(ev.get("incident", -1))
         elif kind == "generation_ended":
             g = gens.get(ev.get("gen", -1))

@@ -151,6 +151,8 @@ class JobView:
     incidents: list[Incident] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     hosts: dict[str, str] = field(default_factory=dict)  # host → active, spare, lost, ...
+    runs: int = 1  # controllers that ran the job: more than 1 after a Slurm requeue
+    slurm_job_id: str | None = None
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - (self.started_t or time.time())
@@ -169,6 +171,8 @@ class JobView:
             "exit_code": self.exit_code,
             "job_dir": str(self.job_dir),
             "hosts": self.hosts,
+            "runs": self.runs,
+            "slurm_job_id": self.slurm_job_id,
         }
         if detail:
             out["root_cause"] = self.root_cause

@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,8 @@ def main() -> None:
     p.add_argument("--fail-at", type=int, default=None)
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--fail-once", default=None)
+    p.add_argument("--persist-every", type=int, default=1)
+    p.add_argument("--step-time", type=float, default=0.0, help="seconds a step takes at least")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -69,12 +72,17 @@ def main() -> None:
     loader = Loader(rank, args.width)
     state = {"train": ckpt.TrainState(net, opt), "data": ckpt.PerRank(loader)}
     mgr = ckpt.Manager(
-        args.ckpt_dir, memory=False if args.no_memory else None, memory_slots=args.memory_slots
+        args.ckpt_dir,
+        memory=False if args.no_memory else None,
+        memory_slots=args.memory_slots,
+        persist_every=args.persist_every,
     )
     start = mgr.restore(state)
     print(f"RESTORED rank={rank} step={start} tier={mgr.restored.tier}", flush=True)
 
     for step in range(start + 1, args.steps + 1):
+        if args.step_time:  # a slower "model": time for a test to act in the middle of a run
+            time.sleep(args.step_time)
         x, y = loader.next()
         x = x + 0.01 * random.random() * torch.randn_like(x)
         loss = nn.functional.mse_loss(model(x), y)

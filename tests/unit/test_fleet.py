@@ -71,7 +71,7 @@ def make_fleet(tmp_path: Path, transport, **overrides) -> Fleet:
         job_name="j",
         run_dir=tmp_path,
         script="t.py",
-        ssh=True,
+        transport="ssh",
         hosts=("a", "b", "c"),
         spares=("s",),
         agent_start_timeout_s=0.2,

@@ -1,0 +1,84 @@
+"""A preemption notice while a generation runs: let the ranks commit a checkpoint, then stop.
+
+Slurm sends the batch step (the controller) `--signal` seconds before a time limit, or before
+preempting the job; the notice must become a committed checkpoint before the job goes down:
+
+    notice ─▶ "preempt" to every agent: the flag file for ftrun.checkpoint (its next save is
+      │       persisted at once), the signal to every rank (for a script's own handler)
+      ├─ rank 0 reports the checkpoint committed at or after the notice's step ─┐
+      ├─ the grace passes (a plain script never reports) ───────────────────────┤
+      └─ the generation ends on its own (a fault, or the ranks exited) ─────────┴▶ Preempted
+
+The watch goes on meanwhile (progress, output, faults) and the supervisor then tears the
+generation down gracefully, journals it as an incident, and, with --requeue, asks Slurm to
+requeue the job: the requeued batch step resumes the same job directory from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ftrun.config import LaunchConfig
+from ftrun.controller.reporting import Reporter
+from ftrun.controller.server import ControlServer
+from ftrun.journal import Journal
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """What ended a watch under a preemption notice."""
+
+    notice_t: float  # wall time of the notice
+    signal: str
+    step_at_notice: int | None
+    committed_step: int | None  # the checkpoint committed for it; None: none reported in time
+    why: str
+
+
+class PreemptWait:
+    """One notice being honoured: the deadline, and the commit that ends it early."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        server: ControlServer,
+        journal: Journal,
+        reporter: Reporter,
+        gen: int,
+        step: int | None,
+        signal: str,
+    ) -> None:
+        self.notice_t = time.time()
+        self.deadline = time.monotonic() + config.preempt_grace_s
+        self.gen, self.step, self.signal = gen, step, signal
+        self.committed: int | None = None
+        journal.record(
+            "preempt_notice", gen=gen, signal=signal, step=step, grace_s=config.preempt_grace_s
+        )
+        reporter.notice(
+            f"{signal}: preemption notice; ranks have {config.preempt_grace_s:g} s to commit "
+            "a checkpoint",
+            level="warning",
+        )
+        server.broadcast("preempt", gen=gen, signal=config.preempt_signal)
+
+    def on_message(self, msg: dict[str, Any]) -> Preempted | None:
+        """A commit at or after the notice's step from rank 0 ends the wait."""
+        if msg["kind"] != "checkpoint_committed" or msg.get("gen") != self.gen:
+            return None
+        step = msg.get("step")
+        if msg.get("rank") != 0 or not isinstance(step, int):
+            return None
+        if self.step is not None and step < self.step:
+            return None
+        self.committed = step
+        return self.result(f"checkpoint of step {step} committed")
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def result(self, why: str) -> Preempted:
+        return Preempted(self.notice_t, self.signal, self.step, self.committed, why)

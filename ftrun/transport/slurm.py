@@ -1,0 +1,195 @@
+"""The Slurm transport: each node's agent is a job step, `srun --overlap -w NODE`, inside the
+allocation that the controller's batch step runs in.
+
+So Slurm accounts for the agent and its ranks, confines them, and kills them with the job; no
+ssh is needed. The srun process is a child of the controller, like a local agent, and carries
+the agent's stdin and output the way the ssh session does:
+
+- the Bootstrap (with the job secret) goes to srun's stdin, which srun forwards to the task;
+  stdin stays open, and when the controller (or srun) dies the agent reads EOF and fences;
+- the agent's output comes back through srun into `<job>/agents/<node>.log`;
+- a node that fails ends its step: srun exits, and the agent is known gone at once.
+
+Only srun's exit is proof of anything: a running srun says nothing about a node that froze
+(slurmctld notices only after SlurmdTimeout), so silence decides, as over ssh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+
+from ftrun import envcontract
+from ftrun.agent import procs
+from ftrun.bootstrap import Bootstrap
+from ftrun.errors import HostUnreachable
+from ftrun.transport import slurm_allocation
+
+log = logging.getLogger("ftrun.transport")
+
+BOOTSTRAP_TIMEOUT_S = 10.0
+SWEEP_TIMEOUT_S = 15.0
+
+
+def unreachable(node: str, error: str) -> HostUnreachable:
+    return HostUnreachable(
+        node,
+        error,
+        via="with srun",
+        hint=f"check the node with `scontrol show node {node}` and try "
+        f"`srun --overlap -w {node} -N1 -n1 true` from the batch step",
+    )
+
+
+class SrunAgent:
+    def __init__(
+        self, host: str, process_tag: str, python: str, proc: asyncio.subprocess.Process
+    ) -> None:
+        self.host = host
+        self.process_tag = process_tag
+        self.python = python
+        self.proc = proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def alive(self) -> bool | None:
+        # srun's exit means the step is over (the agent exited or its node failed); srun
+        # running means only that slurmctld has not noticed anything yet.
+        return False if self.proc.returncode is not None else None
+
+    async def terminate(self, timeout_s: float) -> None:
+        # Told to shut down; if not, EOF on its stdin makes it fence itself; if not, srun is
+        # asked to signal the step (SIGTERM: the agent fences), then killed; if the agent is
+        # still there after all that, a fresh step on its node kills everything it tagged.
+        for nudge in (None, self._close_stdin, self._sigterm_srun):
+            if nudge is not None:
+                nudge()
+            try:
+                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout_s / 3)
+                break
+            except asyncio.TimeoutError:
+                continue
+        else:
+            procs.killpg_quietly(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+            await self._sweep()
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+
+    def _sigterm_srun(self) -> None:
+        # srun passes SIGTERM on to the step's task (the agent), which fences on it.
+        procs.killpg_quietly(self.proc.pid, signal.SIGTERM)
+
+    async def _sweep(self) -> None:
+        try:
+            sweep = await asyncio.create_subprocess_exec(
+                *srun_argv(self.host, "ftrun-sweep"),
+                self.python,
+                "-m",
+                "ftrun.agent.procs",
+                self.process_tag,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as e:
+            log.warning("%s: could not sweep the agent's processes: %s", self.host, e)
+            return
+        try:
+            await asyncio.wait_for(sweep.wait(), SWEEP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            # The node is gone or Slurm is not answering: the agent fences on its own, and
+            # Slurm kills what is left of the step when the job ends.
+            log.warning("%s: the sweep of the agent's processes did not finish", self.host)
+            procs.killpg_quietly(sweep.pid, signal.SIGKILL)
+            await sweep.wait()
+
+
+def srun_argv(node: str, name: str, *, gpus: int | None = None) -> list[str]:
+    """One task on `node`, sharing the allocation's resources with the steps already there
+    (the controller's batch step, other agents): `--overlap`. `--kill-on-bad-exit=0`: one
+    task's exit must not end anything else; `--quiet`: srun's own chatter stays out of the
+    agent log unless it is an error."""
+    argv = [
+        shutil.which("srun") or "srun",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        f"--job-name={name}",
+        "--kill-on-bad-exit=0",
+        "--quiet",
+    ]
+    if gpus:
+        argv.append(f"--gres=gpu:{gpus}")
+    return argv
+
+
+class SrunTransport:
+    def __init__(
+        self, *, python: str, controller_addr: str | None = None, gpus_per_node: int | None = None
+    ) -> None:
+        self.python = python
+        self.controller_addr = controller_addr
+        self.gpus_per_node = gpus_per_node
+        self._dial: dict[str, str] = {}
+
+    def bind_address(self) -> str:
+        # Agents on other nodes dial us by whatever address routes there: listen on all of
+        # them (every message is authenticated).
+        return "0.0.0.0"
+
+    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SrunAgent:
+        if shutil.which("srun") is None:
+            raise unreachable(boot.host, "srun not found on PATH")
+        dial = self.controller_addr or await self._dial_address(boot.host)
+        boot = dataclasses.replace(boot, controller_host=dial)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log_file:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *srun_argv(boot.host, f"ftrun-agent-{boot.job_id}", gpus=self.gpus_per_node),
+                    boot.python,
+                    "-m",
+                    "ftrun.agent",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=log_file,
+                    stderr=log_file,
+                    start_new_session=True,
+                    env={**os.environ, envcontract.AGENT_ID: boot.process_tag},
+                )
+            except OSError as e:
+                raise unreachable(boot.host, f"could not run srun: {e.strerror or e}") from None
+        assert proc.stdin is not None
+        agent = SrunAgent(boot.host, boot.process_tag, boot.python, proc)
+        proc.stdin.write(json.dumps(dataclasses.asdict(boot)).encode() + b"\n")
+        try:  # one line into an empty pipe: only an srun that never reads could block it
+            await asyncio.wait_for(proc.stdin.drain(), BOOTSTRAP_TIMEOUT_S)
+        except (asyncio.TimeoutError, ConnectionError) as e:
+            await agent.terminate(BOOTSTRAP_TIMEOUT_S)
+            raise unreachable(
+                boot.host, f"srun did not take the bootstrap ({e.__class__.__name__})"
+            ) from None
+        return agent
+
+    async def _dial_address(self, node: str) -> str:
+        if node not in self._dial:
+            loop = asyncio.get_running_loop()
+            try:
+                addr = await loop.run_in_executor(None, slurm_allocation.node_address, node)
+            except slurm_allocation.SlurmError:
+                addr = node
+            self._dial[node] = await loop.run_in_executor(None, slurm_allocation.dial_address, addr)
+        return self._dial[node]

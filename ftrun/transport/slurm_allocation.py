@@ -1,0 +1,165 @@
+"""The Slurm allocation a job runs in, as Slurm's own commands describe it.
+
+Everything ftrun needs to know about the allocation comes from the variables Slurm gives the
+batch step (`SLURM_JOB_ID`, `SLURM_JOB_NODELIST`, `SLURM_GPUS_ON_NODE`, `SLURM_RESTART_COUNT`) and
+from `scontrol`: the node list expanded (`scontrol show hostnames`, never a parser of our own for
+`node[1-3,7]`), a node's address and state, and `scontrol requeue`. Every command runs with a
+timeout and fails as one FtrunError that carries Slurm's own message.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ftrun.errors import FtrunError, UsageError
+
+SCONTROL_TIMEOUT_S = 15.0
+# Node states (scontrol's State=, first word) in which a node cannot run an agent any more.
+DEAD_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "FUTURE"})
+
+
+class SlurmError(FtrunError):
+    """A Slurm command failed or is missing: the message carries Slurm's own words."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The allocation this process runs in: its job id, nodes (in Slurm's order) and per-node
+    GPUs; `restart_count` is how many times Slurm requeued the job (0 the first time)."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    gpus_per_node: int | None = None
+    restart_count: int = 0
+    array_job_id: str | None = None
+    array_task_id: str | None = None
+
+    def split(self, spares: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(training nodes, spares): the spares are the last `spares` nodes of the allocation."""
+        if not 0 <= spares < len(self.nodes):
+            raise UsageError(
+                f"--slurm-spares {spares} leaves no node to train on: the allocation has "
+                f"{len(self.nodes)} node(s) ({','.join(self.nodes)})",
+                hint="ask sbatch for more nodes, or fewer spares",
+            )
+        cut = len(self.nodes) - spares
+        return self.nodes[:cut], self.nodes[cut:]
+
+    @property
+    def key(self) -> str:
+        """What names the job across requeues: an array task's own id, else the job id."""
+        if self.array_job_id and self.array_task_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+
+def in_allocation(environ: Mapping[str, str] = os.environ) -> bool:
+    return bool(environ.get("SLURM_JOB_ID"))
+
+
+def read_allocation(environ: Mapping[str, str] = os.environ) -> Allocation:
+    """The allocation of this batch step (or salloc shell), from Slurm's variables."""
+    job_id = environ.get("SLURM_JOB_ID", "")
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    if not job_id or not nodelist:
+        raise UsageError(
+            "--slurm needs a Slurm allocation, and SLURM_JOB_ID or SLURM_JOB_NODELIST is not set",
+            hint="run it inside sbatch or salloc, or submit with `ftrun sbatch`",
+        )
+    nodes = tuple(scontrol("show", "hostnames", nodelist, environ=environ).split())
+    return Allocation(
+        job_id=job_id,
+        nodes=nodes,
+        gpus_per_node=_int(environ.get("SLURM_GPUS_ON_NODE")),
+        restart_count=_int(environ.get("SLURM_RESTART_COUNT")) or 0,
+        array_job_id=environ.get("SLURM_ARRAY_JOB_ID"),
+        array_task_id=environ.get("SLURM_ARRAY_TASK_ID"),
+    )
+
+
+def node_state(node: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The node's base state as scontrol shows it: IDLE, ALLOCATED, MIXED, DOWN, DRAIN…
+    (flags such as `+DRAIN` and `*` stripped)."""
+    fields = _fields(scontrol("show", "node", "-o", node, environ=environ))
+    state = fields.get("State", "UNKNOWN")
+    if "+DRAIN" in state:
+        return "DRAIN"
+    return state.split("+")[0].rstrip("*~#!%$@^-")
+
+
+def node_address(node: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The address Slurm reaches the node at (NodeAddr, which defaults to its name)."""
+    fields = _fields(scontrol("show", "node", "-o", node, environ=environ))
+    return fields.get("NodeAddr") or node
+
+
+def dial_address(node_addr: str) -> str:
+    """Our own address on the route to `node_addr`: what an agent on that node dials back.
+    Connecting a UDP socket sends nothing; it only asks the kernel which source it would use."""
+    try:
+        target = socket.gethostbyname(node_addr)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def requeue(job_id: str, environ: Mapping[str, str] = os.environ) -> None:
+    """Put the job back in the queue: Slurm ends this run of it and starts it again later."""
+    scontrol("requeue", job_id, environ=environ)
+
+
+def job_fields(job_id: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """`scontrol show job -o`'s KEY=VALUE fields (JobState, NodeList, RunTime, …)."""
+    return _fields(scontrol("show", "job", "-o", job_id, environ=environ))
+
+
+def scontrol(*args: str, environ: Mapping[str, str] = os.environ) -> str:
+    exe = shutil.which("scontrol", path=environ.get("PATH"))
+    if exe is None:
+        raise SlurmError(
+            "scontrol not found: ftrun --slurm needs the Slurm client commands",
+            hint="run it on a node of the Slurm cluster, with Slurm's bin directory on PATH",
+        )
+    try:
+        done = subprocess.run(
+            [exe, *args],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            env=dict(environ),
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmError(
+            f"`scontrol {' '.join(args)}` did not answer within {SCONTROL_TIMEOUT_S:g} s",
+            hint="is slurmctld up? try `scontrol ping`",
+        ) from None
+    if done.returncode != 0:
+        raise SlurmError(
+            f"`scontrol {' '.join(args)}` failed: {(done.stderr or done.stdout).strip()}",
+            hint="try the command by hand; `scontrol ping` checks slurmctld",
+        )
+    return done.stdout
+
+
+def _fields(line: str) -> dict[str, str]:
+    """KEY=VALUE KEY=VALUE … (one-line scontrol output) → a dict; a value ends at a space."""
+    out: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
