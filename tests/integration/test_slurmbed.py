@@ -18,6 +18,9 @@ from tests.conftest import wait_for
 from tests.slurmbed import SlurmBed, free_port_block, slurm_bed_fixture, unavailable_reason
 
 slurm = slurm_bed_fixture(4, scope="module")
+# Every test here needs the Slurm testbed, also the one that brings up its own bed without the
+# fixture (the `slurm` fixture alone would mark only the others).
+pytestmark = pytest.mark.testbed
 
 
 @pytest.fixture
