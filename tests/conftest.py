@@ -26,12 +26,13 @@ TESTS = Path(__file__).resolve().parent
 # The tiers (scripts/test.sh --fast runs the first alone). A test's tier follows from where it
 # lives and what it asks for, so that a new test cannot land in the fast tier by forgetting a mark.
 PROCESS_DIRS = (TESTS / "integration", TESTS / "conformance")
-TESTBED_FIXTURES = {"testbed", "bed"}
+TESTBED_FIXTURES = {"testbed", "bed", "slurm"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`ranks`: starts real agents, torchrun or torch ranks. `testbed`: also needs the ssh hosts
-    in network namespaces (root). Unmarked: pure logic and in-process tests, seconds in all."""
+    in network namespaces or the Slurm testbed (root). Unmarked: pure logic and in-process
+    tests, seconds in all."""
     for item in items:
         path = Path(str(item.fspath)).resolve()
         if any(path.is_relative_to(d) for d in PROCESS_DIRS):
