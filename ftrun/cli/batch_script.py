@@ -161,9 +161,9 @@ class BatchScript:
         out += [
             ("a failed node must not end the allocation: ftrun replaces it", "--no-kill"),
             (
-                "the job goes back in the queue when preempted or a node fails"
+                "the job may go back in the queue and start again, as the same ftrun job"
                 if self.requeue
-                else "the job is not requeued: it ends where it stops",
+                else "the job is never requeued: it ends where it stops",
                 "--requeue" if self.requeue else "--no-requeue",
             ),
             (

@@ -8,7 +8,7 @@
 #SBATCH --time=4:00:00
 # a failed node must not end the allocation: ftrun replaces it
 #SBATCH --no-kill
-# the job goes back in the queue when preempted or a node fails
+# the job may go back in the queue and start again, as the same ftrun job
 #SBATCH --requeue
 # SIGUSR2 to the controller only (B:) 90 s before the time limit; the ranks get 75 s to checkpoint
 #SBATCH --signal=B:USR2@90

@@ -10,7 +10,7 @@
 #SBATCH --partition=gpu
 # a failed node must not end the allocation: ftrun replaces it
 #SBATCH --no-kill
-# the job is not requeued: it ends where it stops
+# the job is never requeued: it ends where it stops
 #SBATCH --no-requeue
 # SIGUSR1 to the controller only (B:) 300 s before the time limit; the ranks get 285 s to checkpoint
 #SBATCH --signal=B:USR1@300

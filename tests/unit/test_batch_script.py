@@ -238,3 +238,10 @@ def test_sbatch_takes_the_launch_options_from_the_shared_table() -> None:
     parameters = inspect.signature(sbatch.sbatch).parameters
     for name, option in launch_options.PASSED_ON.items():
         assert parameters[name].default is option, name
+
+
+def test_docs_show_the_basic_script_as_it_is_rendered() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "slurm.md").read_text()
+    section = doc.split("## The generated script", 1)[1]
+    shown = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert shown == (GOLDEN / "sbatch_basic.sh").read_text()
