@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ftrun import envcontract
-from ftrun.cli import chaos, hosts, inspect, launch, status
+from ftrun.cli import chaos, hosts, inspect, launch, sbatch, status
 from ftrun.cli.render import make_console
 from ftrun.errors import FtrunError
 
@@ -26,6 +26,7 @@ err_console = make_console(stderr=True)
 def _register() -> None:
     # Commands register here, from the one module that imports them all: none imports app back.
     launch.register(app)
+    sbatch.register(app)
     status.register(app)
     inspect.register(app)
     chaos.register(app)

@@ -1,0 +1,167 @@
+"""The `ftrun launch` options that `ftrun sbatch` passes on to the `ftrun launch --slurm` step.
+
+Each is defined once here, as the typer Option (flag names, default, envvar, help) a command's
+signature takes as its default value (`nproc_per_node: int = options.NPROC_PER_NODE`), and
+`PASSED_ON` names them by parameter. `argv()` turns the values a command received back into the
+flags that give `ftrun launch` the same values, so the batch script's step and a `ftrun launch`
+typed by hand read the same options the same way.
+
+Left out, because Slurm or the batch script decides them: where the hosts are (--hosts,
+--hostfile, --spares, --ssh-config, --remote-python, --controller-addr, --min-nodes), the
+rendezvous port; --job-name and --run-dir are shared but not passed on as given: the script
+passes the name and the resolved directory chosen at submission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import typer
+from typer.models import OptionInfo
+
+from ftrun import envcontract
+
+NPROC_PER_NODE: Any = typer.Option(
+    1, "--nproc-per-node", "--nproc_per_node", help="Ranks per host."
+)
+MAX_RESTARTS: Any = typer.Option(
+    3, "--max-restarts", "--max_restarts", help="Job-wide restart budget."
+)
+MODULE: Any = typer.Option(False, "-m", "--module", help="Run SCRIPT as a Python module.")
+NO_PYTHON: Any = typer.Option(
+    False, "--no-python", "--no_python", help="Run SCRIPT as an executable, not with python."
+)
+PROGRESS_REGEX: Any = typer.Option(
+    None, "--progress-regex", help="Derive step progress from output, e.g. 'step (\\d+)'."
+)
+TERM_TIMEOUT: Any = typer.Option(
+    None,
+    "--term-timeout",
+    help="Seconds ranks get between SIGTERM and SIGKILL when the job is stopped [5].",
+)
+FORWARD_SIGNAL: Any = typer.Option(
+    None,
+    "--forward-signal",
+    metavar="SIGS",
+    help="Signals passed on to every rank, e.g. USR1,USR2 (preemption notices).",
+)
+ENV: Any = typer.Option(
+    None,
+    "--env",
+    metavar="NAME[=VALUE]",
+    help="A variable for the ranks on every host: NAME=VALUE, or NAME to pass on its value "
+    "here. Repeatable.",
+)
+ENV_FILE: Any = typer.Option(
+    None,
+    "--env-file",
+    metavar="FILE",
+    help="NAME=VALUE lines (# comments) for the ranks on every host; --env wins. Repeatable.",
+)
+EXIT_TIMEOUT: Any = typer.Option(
+    60.0,
+    "--exit-timeout",
+    envvar=envcontract.EXIT_TIMEOUT,
+    help="Once a rank exits 0, seconds the others have to exit before their stacks are "
+    "taken and they are killed.",
+)
+IDLE_TIMEOUT: Any = typer.Option(
+    1800.0,
+    "--idle-timeout",
+    envvar=envcontract.IDLE_TIMEOUT,
+    help="Without a progress signal: seconds every rank may go without CPU or output "
+    "before it counts as a hang (0: off).",
+)
+WARM_START: Any = typer.Option(
+    True, "--warm-start/--cold-start", help="Fork ranks from a pre-imported interpreter."
+)
+POLICY: Any = typer.Option(None, "--policy", help="A TOML fault policy (rules, quarantine, hang).")
+STARTUP_TIMEOUT: Any = typer.Option(
+    None, "--startup-timeout", help="Seconds a rank may take to its first step [300]."
+)
+HANG_FLOOR: Any = typer.Option(
+    None, "--hang-floor", help="A rank is hung after max(floor, factor x step time) [2]."
+)
+HANG_FACTOR: Any = typer.Option(None, "--hang-factor", help="See --hang-floor [5].")
+HEARTBEAT_INTERVAL: Any = typer.Option(
+    None, "--heartbeat-interval", help="Seconds between heartbeats, both ways [0.25]."
+)
+HOST_LOST_TIMEOUT: Any = typer.Option(
+    None,
+    "--host-lost-timeout",
+    help="Seconds of silence before a host is lost [1.0]; see docs/timeouts.md.",
+)
+FENCE_TIMEOUT: Any = typer.Option(
+    None,
+    "--fence-timeout",
+    help="Seconds without the controller before an agent kills its ranks [3.0].",
+)
+LOCAL_STALL_TIMEOUT: Any = typer.Option(
+    None,
+    "--local-stall-timeout",
+    help="Seconds a local agent may be alive but silent before it is lost anyway; 0 = never [60].",
+)
+
+# Shared by both commands but not passed on: the batch script gives the ones chosen at submission.
+JOB_NAME: Any = typer.Option(None, "--job-name", help="Name shown by status.")
+RUN_DIR: Any = typer.Option(
+    None,
+    "--run-dir",
+    envvar=envcontract.RUN_DIR,
+    help="Where job directories go [default: ~/.ftrun/runs].",
+)
+
+# Parameter name → option, in the order the flags are written.
+PASSED_ON: dict[str, OptionInfo] = {
+    "nproc_per_node": NPROC_PER_NODE,
+    "max_restarts": MAX_RESTARTS,
+    "module": MODULE,
+    "no_python": NO_PYTHON,
+    "progress_regex": PROGRESS_REGEX,
+    "term_timeout": TERM_TIMEOUT,
+    "forward_signal": FORWARD_SIGNAL,
+    "env": ENV,
+    "env_file": ENV_FILE,
+    "exit_timeout": EXIT_TIMEOUT,
+    "idle_timeout": IDLE_TIMEOUT,
+    "warm_start": WARM_START,
+    "policy": POLICY,
+    "startup_timeout": STARTUP_TIMEOUT,
+    "hang_floor": HANG_FLOOR,
+    "hang_factor": HANG_FACTOR,
+    "heartbeat_interval": HEARTBEAT_INTERVAL,
+    "host_lost_timeout": HOST_LOST_TIMEOUT,
+    "fence_timeout": FENCE_TIMEOUT,
+    "local_stall_timeout": LOCAL_STALL_TIMEOUT,
+}
+
+
+def argv(values: Mapping[str, Any]) -> list[str]:
+    """The `ftrun launch` flags for these values (by parameter name, those of PASSED_ON); a
+    value that is the option's default is left out, so the step shows what the user chose."""
+    out: list[str] = []
+    for name, option in PASSED_ON.items():
+        value = values.get(name, option.default)
+        if value is None or value == option.default or value == []:
+            continue
+        flag = next(d for d in option.param_decls or () if d.startswith("-"))
+        if isinstance(value, bool):
+            on, _, off = flag.partition("/")
+            if off:
+                out.append(on if value else off)
+            elif value:
+                out.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                out += [flag, _text(item)]
+        else:
+            out += [flag, _text(value)]
+    return out
+
+
+def _text(value: object) -> str:
+    """60.0 → 60: the flag as a person would type it (click reads either)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
