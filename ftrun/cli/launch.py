@@ -12,6 +12,7 @@ import typer
 
 from ftrun import envcontract
 from ftrun.cli import launch_inputs as inputs
+from ftrun.cli import launch_options as opts
 from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.policy_file import FaultPolicy
@@ -33,107 +34,37 @@ def launch(
     script_args: list[str] | None = typer.Argument(
         None, metavar="[ARGS]...", help="Arguments for the script."
     ),
-    nproc_per_node: int | None = typer.Option(
-        None,
-        "--nproc-per-node",
-        "--nproc_per_node",
-        help="Ranks per host [1; under Slurm, its GPUs per node if set].",
-    ),
-    max_restarts: int = typer.Option(
-        3, "--max-restarts", "--max_restarts", help="Job-wide restart budget."
-    ),
-    job_name: str | None = typer.Option(None, "--job-name", help="Name shown by status."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories go [default: ~/.ftrun/runs].",
-    ),
-    module: bool = typer.Option(False, "-m", "--module", help="Run SCRIPT as a Python module."),
-    no_python: bool = typer.Option(
-        False, "--no-python", "--no_python", help="Run SCRIPT as an executable, not with python."
-    ),
+    nproc_per_node: int | None = opts.NPROC_PER_NODE,
+    max_restarts: int = opts.MAX_RESTARTS,
+    job_name: str | None = opts.JOB_NAME,
+    run_dir: Path | None = opts.RUN_DIR,
+    module: bool = opts.MODULE,
+    no_python: bool = opts.NO_PYTHON,
     master_port: int | None = typer.Option(
         None,
         "--master-port",
         "--master_port",
         help="Rendezvous port [default: a free one per generation].",
     ),
-    progress_regex: str | None = typer.Option(
-        None, "--progress-regex", help="Derive step progress from output, e.g. 'step (\\d+)'."
-    ),
-    term_timeout: float | None = typer.Option(
-        None,
-        "--term-timeout",
-        help="Seconds ranks get between SIGTERM and SIGKILL when the job is stopped [5].",
-    ),
+    progress_regex: str | None = opts.PROGRESS_REGEX,
+    term_timeout: float | None = opts.TERM_TIMEOUT,
     grace_period: float | None = typer.Option(
         None, "--grace-period", hidden=True, help="The old name of --term-timeout."
     ),
-    forward_signal: list[str] | None = typer.Option(
-        None,
-        "--forward-signal",
-        metavar="SIGS",
-        help="Signals passed on to every rank, e.g. USR1,USR2 (preemption notices).",
-    ),
-    env: list[str] | None = typer.Option(
-        None,
-        "--env",
-        metavar="NAME[=VALUE]",
-        help="A variable for the ranks on every host: NAME=VALUE, or NAME to pass on its value "
-        "here. Repeatable.",
-    ),
-    env_file: list[Path] | None = typer.Option(
-        None,
-        "--env-file",
-        metavar="FILE",
-        help="NAME=VALUE lines (# comments) for the ranks on every host; --env wins. Repeatable.",
-    ),
-    exit_timeout: float = typer.Option(
-        60.0,
-        "--exit-timeout",
-        envvar=envcontract.EXIT_TIMEOUT,
-        help="Once a rank exits 0, seconds the others have to exit before their stacks are "
-        "taken and they are killed.",
-    ),
-    idle_timeout: float = typer.Option(
-        1800.0,
-        "--idle-timeout",
-        envvar=envcontract.IDLE_TIMEOUT,
-        help="Without a progress signal: seconds every rank may go without CPU or output "
-        "before it counts as a hang (0: off).",
-    ),
-    warm_start: bool = typer.Option(
-        True, "--warm-start/--cold-start", help="Fork ranks from a pre-imported interpreter."
-    ),
-    policy: Path | None = typer.Option(
-        None, "--policy", help="A TOML fault policy (rules, quarantine, hang)."
-    ),
-    startup_timeout: float | None = typer.Option(
-        None, "--startup-timeout", help="Seconds a rank may take to its first step [300]."
-    ),
-    hang_floor: float | None = typer.Option(
-        None, "--hang-floor", help="A rank is hung after max(floor, factor x step time) [2]."
-    ),
-    hang_factor: float | None = typer.Option(None, "--hang-factor", help="See --hang-floor [5]."),
-    heartbeat_interval: float | None = typer.Option(
-        None, "--heartbeat-interval", help="Seconds between heartbeats, both ways [0.25]."
-    ),
-    host_lost_timeout: float | None = typer.Option(
-        None,
-        "--host-lost-timeout",
-        help="Seconds of silence before a host is lost [1.0]; see docs/timeouts.md.",
-    ),
-    fence_timeout: float | None = typer.Option(
-        None,
-        "--fence-timeout",
-        help="Seconds without the controller before an agent kills its ranks [3.0].",
-    ),
-    local_stall_timeout: float | None = typer.Option(
-        None,
-        "--local-stall-timeout",
-        help="Seconds a local agent may be alive but silent before it is lost anyway; 0 = never [60].",
-    ),
+    forward_signal: list[str] | None = opts.FORWARD_SIGNAL,
+    env: list[str] | None = opts.ENV,
+    env_file: list[Path] | None = opts.ENV_FILE,
+    exit_timeout: float = opts.EXIT_TIMEOUT,
+    idle_timeout: float = opts.IDLE_TIMEOUT,
+    warm_start: bool = opts.WARM_START,
+    policy: Path | None = opts.POLICY,
+    startup_timeout: float | None = opts.STARTUP_TIMEOUT,
+    hang_floor: float | None = opts.HANG_FLOOR,
+    hang_factor: float | None = opts.HANG_FACTOR,
+    heartbeat_interval: float | None = opts.HEARTBEAT_INTERVAL,
+    host_lost_timeout: float | None = opts.HOST_LOST_TIMEOUT,
+    fence_timeout: float | None = opts.FENCE_TIMEOUT,
+    local_stall_timeout: float | None = opts.LOCAL_STALL_TIMEOUT,
     hosts: str | None = typer.Option(
         None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."
     ),

@@ -23,7 +23,10 @@ from typer.models import OptionInfo
 from ftrun import envcontract
 
 NPROC_PER_NODE: Any = typer.Option(
-    1, "--nproc-per-node", "--nproc_per_node", help="Ranks per host."
+    None,
+    "--nproc-per-node",
+    "--nproc_per_node",
+    help="Ranks per host [1; under Slurm, its GPUs per node if set].",
 )
 MAX_RESTARTS: Any = typer.Option(
     3, "--max-restarts", "--max_restarts", help="Job-wide restart budget."

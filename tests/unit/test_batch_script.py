@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrun.cli import launch_options, sbatch
+from ftrun.cli import launch, launch_options, sbatch
 from ftrun.cli.batch_script import BatchScript, PreemptSignal, parse_signal, parse_time
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -235,9 +235,10 @@ def test_launch_options_pass_on_as_flags() -> None:
 def test_sbatch_takes_the_launch_options_from_the_shared_table() -> None:
     """One definition per option: `ftrun sbatch` uses the very Option objects it passes on,
     so a flag's name, default and help cannot drift between the two commands."""
-    parameters = inspect.signature(sbatch.sbatch).parameters
-    for name, option in launch_options.PASSED_ON.items():
-        assert parameters[name].default is option, name
+    for command in (sbatch.sbatch, launch.launch):
+        parameters = inspect.signature(command).parameters
+        for name, option in launch_options.PASSED_ON.items():
+            assert parameters[name].default is option, (command.__name__, name)
 
 
 def test_docs_show_the_basic_script_as_it_is_rendered() -> None:
