@@ -150,6 +150,10 @@ class Agent:
     def _on_loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """What asyncio would only print (a callback that raised): reported like a task failure."""
         error = context.get("exception")
+        if isinstance(error, asyncio.CancelledError):
+            # Python 3.11's asyncio.streams asks a connection handler cancelled at shutdown for
+            # its exception, which raises in a callback: cancellation is not a failure.
+            return
         if error is None:
             loop.default_exception_handler(context)
             return
@@ -204,7 +208,7 @@ class Agent:
 
     def _preempt(self, number: Any, name: str) -> None:
         """A preemption notice: scripts using ftrun.checkpoint persist their next save (they
-        see the flag file), and every rank gets the signal for its own handler."""
+        see the flag file), and every rank with a handler for the signal gets it."""
         run = self._current(number)
         if run is None:
             log.info("preempt for generation %s: no such generation running here", number)
@@ -213,7 +217,8 @@ class Agent:
             (run.directory / PREEMPT_FLAG).touch()
         except OSError as e:
             log.warning("could not raise the preemption flag: %s", e)
-        self._signal_ranks(number, name)
+        if name in signal.Signals.__members__:
+            run.signal_ranks(signal.Signals[name], only_handled=True)
 
     async def _send_stacks(self, number: int | None) -> None:
         """The controller asks (an exit barrier passed, or every host is idle): the stacks,

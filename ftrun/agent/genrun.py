@@ -268,11 +268,14 @@ class GenerationRun:
 
     # ---- signals and chaos ------------------------------------------------------------------
 
-    def signal_ranks(self, sig: signal.Signals) -> None:
+    def signal_ranks(self, sig: signal.Signals, *, only_handled: bool = False) -> None:
         """--forward-signal: to each live rank's own process, not its process group (a rank's
-        data-loader workers would die of a SIGUSR1 they do not handle)."""
+        data-loader workers would die of a SIGUSR1 they do not handle). `only_handled` (a
+        preemption notice): only to ranks with a handler for it, since by default it kills."""
         sent = []
         for rank, pid in sorted(self.live_ranks().items()):
+            if only_handled and not stacks.catches(pid, sig):
+                continue
             try:
                 os.kill(pid, sig)
                 sent.append(rank)

@@ -111,13 +111,16 @@ def _recovery(inc: Incident) -> str:
         restored = f"resumed at step {inc.step_resumed}"
     if inc.lost_steps is None:
         return restored
-    return f"{restored}; steps lost: {inc.lost_steps} (failed at step {inc.step_at_fault})"
+    what = "stopped" if inc.kind == "preempted" else "failed"
+    return f"{restored}; steps lost: {inc.lost_steps} ({what} at step {inc.step_at_fault})"
 
 
 def _evidence(inc: Incident) -> str:
     who = f"rank {inc.rank}" if inc.rank is not None else "torchrun"
     if inc.kind == "host-lost":
         return f"host {inc.host}: heartbeat or connection lost"
+    if inc.kind == "preempted":
+        return f"preemption notice ({inc.signal}) at step {inc.step_at_fault}"
     if inc.kind == "exit_hang":
         return (
             f"rank {inc.clean_rank} exited 0; {who} on {inc.host} was still running "

@@ -97,6 +97,10 @@ class InternalFailures:
 
     def _on_loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         error = context.get("exception")
+        if isinstance(error, asyncio.CancelledError):
+            # Python 3.11's asyncio.streams asks a connection handler cancelled at shutdown for
+            # its exception, which raises in a callback: cancellation is not a failure.
+            return
         if error is None:
             loop.default_exception_handler(context)
         else:
