@@ -65,7 +65,10 @@ class Teardown:
             agent_id, msg = got
             if msg["kind"] == "agent_lost":
                 pending.discard(agent_id)
-                self.fleet.on_lost(agent_id)
+                host = self.fleet.on_lost(agent_id)
+                self.journal.record(
+                    "agent_lost", gen=number, host=host, agent=agent_id, reason=msg.get("reason")
+                )
             elif msg["kind"] == "stopped" and msg.get("gen") == number:
                 pending.discard(agent_id)
                 self.fleet.on_message(agent_id, msg)
