@@ -10,8 +10,10 @@ import typer
 from ftrun import envcontract
 from ftrun.cli.render import jobs_table, make_console, print_job
 from ftrun.config import resolve_run_dir
+from ftrun.errors import FtrunError
 from ftrun.jobview import load_job
 from ftrun.journal import find_job_dir, list_job_dirs
+from ftrun.transport.slurm_allocation import job_fields
 
 console = make_console()
 
@@ -44,11 +46,32 @@ def status(
             console.print(jobs_table(views))
         return
     view = load_job(find_job_dir(directory, job))
+    slurm = slurm_view(view.slurm_job_id)
     if as_json:
-        print(json.dumps(view.to_json(detail=True), indent=2))
+        print(json.dumps({**view.to_json(detail=True), "slurm": slurm}, indent=2))
     else:
         print_job(console, view)
+        if slurm is not None:
+            console.print(
+                f"slurm: job {view.slurm_job_id} {slurm.get('JobState', '?')} on "
+                f"{slurm.get('NodeList', '?')}, restarts {slurm.get('Restarts', '?')}"
+                + (f" ({slurm['error']})" if "error" in slurm else ""),
+                soft_wrap=True,
+            )
         console.print(f"\n[dim]more: ftrun inspect {view.job_id}[/]")
+
+
+def slurm_view(slurm_job_id: str | None) -> dict[str, str] | None:
+    """Slurm's side of a job that ran under it (state, nodes, requeues), next to ftrun's: read
+    from scontrol now, since Slurm forgets a job MinJobAge after it ends."""
+    if slurm_job_id is None:
+        return None
+    try:
+        fields = job_fields(slurm_job_id)
+    except FtrunError as e:
+        gone = "Invalid job id" in e.message
+        return {"error": "Slurm no longer knows the job" if gone else e.message}
+    return {k: fields[k] for k in ("JobState", "NodeList", "Restarts", "RunTime") if k in fields}
 
 
 def register(app: typer.Typer) -> None:

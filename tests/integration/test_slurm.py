@@ -85,6 +85,8 @@ def test_sbatch_runs_a_job_on_three_nodes_to_the_end(ftrun: Ftrun, bed: SlurmBed
     assert started["slurm_job_id"] == job["slurm_job_id"]
     assert kinds(job, "job_finished")[-1]["state"] == "succeeded"
     assert sorted(re.findall(r"DONE rank=(\d)", output(job))) == ["0", "1", "2"]
+    shown = ftrun.run("status", job["job_id"], "--json", env=bed.env)
+    assert json.loads(shown.stdout)["slurm"]["JobState"] == "COMPLETED", shown.stderr
 
 
 def test_lost_nodes_are_replaced_by_the_spares(ftrun: Ftrun, bed: SlurmBed) -> None:
