@@ -1,0 +1,263 @@
+"""ftrun under Slurm next to plain `srun torchrun`, on the Slurm testbed (scripts/slurm_testbed.sh),
+in one run: submit → first step; a node lost → first step again (with a spare, and by shrinking);
+a preemption notice → the requeued job's first step, and the steps lost to it.
+
+    python scripts/bench_slurm.py [--trials N] [--json FILE]
+
+Both jobs run tests/bin/ckpt_train.py on 2 nodes × 1 rank (gloo, CPU). The plain job is the batch
+script people write: `srun --ntasks-per-node=1 torchrun --nnodes 2 --rdzv-backend c10d ...` with
+`--max-restarts 3`. torchrun cannot replace a node: after the power loss the table says what it
+did within --wait seconds (no step again: its rendezvous waits for the lost node). It has no
+requeue either: a preemption notice ends it. A node is powered off (its slurmd, steps and tasks
+killed, `slurm_testbed.sh kill`) once rank 0 printed step 10; the notice is
+`scancel --batch --signal=USR2`, what `--signal=B:USR2@T` sends at a time of Slurm's choosing.
+Times are wall clock on this (shared, 2-core) machine: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib
+from benchlib import Column, Table
+
+ROOT = Path(__file__).resolve().parent.parent
+BED = ["bash", str(ROOT / "scripts" / "slurm_testbed.sh")]
+TRAIN = str(ROOT / "tests" / "bin" / "ckpt_train.py")
+STEP = re.compile(r"LOSS rank=0 step=(\d+) ")
+ARGS = ["--steps", "60", "--step-time", "0.1"]
+
+
+class Bed:
+    """The testbed in its own directory and ports, up for the whole run."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.env = {
+            **os.environ,
+            "FTRUN_SLURMBED_DIR": state_dir,
+            "FTRUN_SLURMBED_CTLD_PORT": "16917",
+            "FTRUN_SLURMBED_SLURMD_PORT": "17101",
+        }
+
+    def __enter__(self) -> Bed:
+        subprocess.run([*BED, "up"], env=self.env, check=True, capture_output=True, timeout=600)
+        for line in subprocess.run(
+            [*BED, "env"], env=self.env, check=True, capture_output=True, text=True
+        ).stdout.splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            self.env[name] = value.strip("'\"")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run([*BED, "down"], env=self.env, capture_output=True, timeout=120)
+
+    def run(self, *argv: str) -> str:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def state(self, job_id: str) -> str:
+        out = self.run("scontrol", "show", "job", "-o", job_id)
+        match = re.search(r"JobState=(\S+)", out)
+        return match.group(1) if match else "?"
+
+    def power_off(self, node: str) -> None:
+        subprocess.run([*BED, "kill", node], env=self.env, check=True, capture_output=True)
+
+    def power_on(self, node: str) -> None:
+        subprocess.run([*BED, "start", node], env=self.env, check=True, capture_output=True)
+
+    def cancel_all(self) -> None:
+        user = getpass.getuser()
+        subprocess.run(["scancel", f"--user={user}"], env=self.env, capture_output=True)
+        deadline = time.monotonic() + 30
+        while self.run("squeue", "-h").strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+class Follower:
+    """Follows Slurm's output file of a job: when each of rank 0's steps first appeared."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.seen: dict[int, float] = {}
+        self.marks: list[tuple[float, int]] = []  # (time, step) in order: steps again after
+        self._offset: dict[Path, int] = {}
+
+    def poll(self) -> None:
+        for path in sorted(self.directory.glob("slurm-*.out")):
+            with open(path, errors="replace") as f:
+                f.seek(self._offset.get(path, 0))
+                text = f.read()
+                self._offset[path] = f.tell()
+            for match in STEP.finditer(text):
+                self.marks.append((time.monotonic(), int(match.group(1))))
+
+    def step_after(self, t: float, timeout_s: float) -> float | None:
+        """Seconds from `t` to the first step printed after it (None: none within timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            later = [when for when, _ in self.marks if when > t]
+            if later:
+                return later[0] - t
+            time.sleep(0.05)
+        return None
+
+    def reached(self, step: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            if any(s >= step for _, s in self.marks):
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def ftrun_trial(bed: Bed, run_dir: Path, *, spares: int, wait_s: float) -> dict[str, Any]:
+    """Submit, lose node2 at step 10 (a spare takes over, or the job shrinks), then (with a
+    spare) a preemption notice at step 30 of the new generation: figures of each."""
+    t0 = time.monotonic()
+    submitted = json.loads(
+        bed.run(
+            sys.executable, "-m", "ftrun", "sbatch", "--json", "--run-dir", str(run_dir),
+            "--nodes", "2", "--spares", str(spares), "--", TRAIN, *ARGS,
+        )
+    )  # fmt: skip
+    job_dir = Path(submitted["job_dir"])
+    follow = Follower(job_dir)
+    row: dict[str, Any] = {"first_step_s": follow.step_after(t0, wait_s)}
+    if row["first_step_s"] is None or not follow.reached(10, wait_s):
+        return row
+    lost_t = time.monotonic()
+    bed.power_off("node2")
+    row["node_lost_s"] = follow.step_after(lost_t, wait_s)
+    if spares and row["node_lost_s"] is not None and follow.reached(30, wait_s):
+        notice_t = time.monotonic()
+        bed.run("scancel", "--batch", "--signal=USR2", submitted["slurm_job_id"])
+        row["requeue_s"] = follow.step_after(notice_t + 0.5, wait_s * 2)
+        events = [json.loads(x) for x in (job_dir / "events.jsonl").read_text().splitlines()]
+        preempted = [e for e in events if e.get("fault") == "preempted"]
+        ended = [e for e in events if e["kind"] == "generation_ended"]
+        if preempted and preempted[0].get("committed_step") is not None:
+            gen = preempted[0]["gen"]
+            last = next(e["step"] for e in ended if e["gen"] == gen)
+            row["steps_lost"] = last - preempted[0]["committed_step"]
+    deadline = time.monotonic() + wait_s * 2
+    while bed.state(submitted["slurm_job_id"]) not in ("COMPLETED", "FAILED", "CANCELLED"):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    row["end"] = bed.state(submitted["slurm_job_id"])
+    return row
+
+
+PLAIN = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output={out}/slurm-%j.out
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
+srun --ntasks-per-node=1 {python} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \\
+    --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} \\
+    {train} {args} --ckpt-dir {out}/ckpt
+"""
+
+
+def plain_trial(bed: Bed, out: Path, *, wait_s: float) -> dict[str, Any]:
+    out.mkdir(parents=True)
+    script = out / "plain.sh"
+    script.write_text(
+        PLAIN.format(
+            out=out,
+            python=sys.executable,
+            port=free_port(),
+            train=TRAIN,
+            args=" ".join(ARGS),
+        )
+    )
+    t0 = time.monotonic()
+    job_id = bed.run("sbatch", "--parsable", str(script)).strip().split(";")[0]
+    follow = Follower(out)
+    row: dict[str, Any] = {"first_step_s": follow.step_after(t0, wait_s)}
+    if row["first_step_s"] is not None and follow.reached(10, wait_s):
+        lost_t = time.monotonic()
+        bed.power_off("node2")
+        row["node_lost_s"] = follow.step_after(lost_t, wait_s)
+        row["end"] = f"{bed.state(job_id)} after {wait_s:g} s"
+    bed.cancel_all()
+    return row
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+TABLE = Table(
+    [
+        Column(key="launcher", header="launcher", align="<"),
+        Column(key="first_step_s", header="submit→step s", spec=".2f", ratio=".2f"),
+        Column(key="node_lost_s", header="node lost→step s", spec=".2f", ratio=".2f"),
+        Column(key="requeue_s", header="notice→requeued step s", spec=".2f"),
+        Column(key="steps_lost", header="steps lost/requeue"),
+        Column(key="end", header="job end", align="<"),
+    ],
+    name="launcher",
+    anchor="srun torchrun",
+)
+
+
+def one(name: str, bed: Bed, tmp: Path, trial: int, wait_s: float) -> dict[str, Any]:
+    if name == "srun torchrun":
+        return plain_trial(bed, tmp / f"plain{trial}", wait_s=wait_s)
+    spares = 1 if name == "ftrun spare" else 0
+    return ftrun_trial(bed, tmp / "runs", spares=spares, wait_s=wait_s)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=1)
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for each phase")
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args()
+    rows: dict[str, list[dict[str, Any]]] = {
+        "srun torchrun": [],
+        "ftrun spare": [],
+        "ftrun shrink": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="ftrun-bench-slurm-") as tmp, Bed(f"{tmp}/bed") as bed:
+        for trial in range(args.trials):
+            for name in rows:
+                try:
+                    rows[name].append(one(name, bed, Path(tmp), trial, args.wait))
+                finally:
+                    bed.cancel_all()
+                    bed.power_on("node2")
+                print(f"trial {trial + 1} {name}: {rows[name][-1]}", file=sys.stderr)
+    table = []
+    for name, trials in rows.items():
+        row: dict[str, Any] = {"launcher": name}
+        for key in ("first_step_s", "node_lost_s", "requeue_s", "steps_lost"):
+            row[key] = benchlib.median(t.get(key) for t in trials)
+        row["end"] = "; ".join(str(t.get("end", "-")) for t in trials)
+        table.append(row)
+    print(TABLE.render(table))
+    if args.json:
+        benchlib.write_json(args.json, {"trials": rows, "table": table})
+
+
+if __name__ == "__main__":
+    main()
