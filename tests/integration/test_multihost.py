@@ -425,6 +425,8 @@ def test_idle_guard_needs_every_host(ftrun, bed):
     """One rank per host. Rank 0 on node1 burns CPU silently while rank 1 on node2 sleeps:
     node2 alone is idle, the job is not. Then both sleep: a hang, with both hosts' stacks."""
     common = ("launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2")
+    # node2 is idle for 4 s (the spin and a second more): four idle windows, and node2 reports
+    # itself idle after a quarter of one (agent/idle.py), so only node1's CPU keeps the job busy.
     result = ftrun.run(
         *common,
         "--idle-timeout",
@@ -433,7 +435,7 @@ def test_idle_guard_needs_every_host(ftrun, bed):
         "--mode",
         "spin",
         "--seconds",
-        "6",
+        "3",
         timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
