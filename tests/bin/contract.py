@@ -1,7 +1,7 @@
 """Prints the torchrun contract as this rank sees it, as one `CONTRACT {json}` line. With
 --fail-once MARKER, rank 1 SIGKILLs itself the first time (so that a generation 2 exists);
 --names adds variables to print (what --env and --env-file forward); --wait-for FILE keeps the
-rank alive until FILE exists (at most 60 s), for a test to look at the running processes."""
+rank alive until FILE exists (at most 180 s), for a test to look at the running processes."""
 
 import argparse
 import json
@@ -41,7 +41,9 @@ if first_generation and os.environ["RANK"] == "1":
         time.sleep(0.05)
     open(args.fail_once, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
-deadline = time.monotonic() + 60
+# Longer than any wait of the tests that use it (up to 120 s for the next generation's lines on
+# a loaded machine): a rank that gave up first would fail its generation and start another.
+deadline = time.monotonic() + 180
 # Rank 0 of the failing generation waits to be torn down: had it exited 0 first, rank 1's death
 # would come after the generation's work was done, which ends the job instead of restarting it.
 while first_generation and time.monotonic() < deadline:
