@@ -154,6 +154,7 @@ class SrunTransport:
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SrunAgent:
         if shutil.which("srun") is None:
             raise unreachable(boot.host, "srun not found on PATH")
+        await self._check_node(boot.host)
         dial = self.controller_addr or await self._dial_address(boot.host)
         boot = dataclasses.replace(boot, controller_host=dial)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +184,17 @@ class SrunTransport:
                 boot.host, f"srun did not take the bootstrap ({e.__class__.__name__})"
             ) from None
         return agent
+
+    async def _check_node(self, node: str) -> None:
+        """A node Slurm does not know, or has down or drained, is unreachable now (and retried
+        later, like any lost host): srun would only fail after starting."""
+        loop = asyncio.get_running_loop()
+        try:
+            state = await loop.run_in_executor(None, slurm_allocation.node_state, node)
+        except slurm_allocation.SlurmError as e:
+            raise unreachable(node, e.message) from None
+        if state in slurm_allocation.DEAD_STATES:
+            raise unreachable(node, f"Slurm has the node {state}")
 
     async def _dial_address(self, node: str) -> str:
         if node not in self._dial:

@@ -1,6 +1,6 @@
 """The transport contract (ftrun/transport/base.py), run against every transport, as torchft runs
-one test against every process-group implementation: local now, ssh on the namespace testbed,
-slurm when it lands (add a case to TRANSPORTS).
+one test against every process-group implementation: local, ssh on the namespace testbed, and
+slurm (srun steps inside an allocation made with `salloc --no-shell`) on the Slurm testbed.
 
 What the controller relies on, whatever the transport:
 - the agent it starts dials back to `bind_address()` and says hello as the host it was given;
@@ -33,11 +33,14 @@ from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
 from ftrun.protocol import new_secret
 from ftrun.transport.local import LocalTransport
+from ftrun.transport.slurm import SrunTransport
 from ftrun.transport.ssh import SshTransport
+from tests.slurmbed import SlurmBed, slurm_bed_fixture
 from tests.testbed import Testbed, ssh_testbed_fixture
 
 # Its own prefix and subnet: it may be up beside another module's testbed.
 testbed = ssh_testbed_fixture(1, scope="module", prefix="fttc", subnet="10.213.52.0/24")
+slurm = slurm_bed_fixture(2, scope="module")
 HELLO_TIMEOUT_S = 30.0
 GONE_TIMEOUT_S = 15.0
 
@@ -81,7 +84,13 @@ def boot_for(host: str, *, python: str = sys.executable, test_id: str = "") -> B
     )
 
 
-@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.testbed)])
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param("ssh", marks=pytest.mark.testbed),
+        pytest.param("slurm", marks=pytest.mark.testbed),
+    ]
+)
 def case(
     request: pytest.FixtureRequest,
     test_id: str,
@@ -109,6 +118,9 @@ def _case(
             leftovers=_local_leftovers,
         )
         return
+    if request.param == "slurm":
+        yield from _slurm_case(request.getfixturevalue("slurm"), test_id, monkeypatch)
+        return
     bed: Testbed = request.getfixturevalue("testbed")
     host = bed.hosts[0].name
 
@@ -124,6 +136,27 @@ def _case(
         kill=lambda pid: bed.ssh(host, f"kill -9 {pid}"),
         leftovers=leftovers,
     )
+
+
+def _slurm_case(bed: SlurmBed, test_id: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Case]:
+    """node2 of an allocation held by `salloc --no-shell`, as the batch step of `ftrun sbatch`
+    holds one: srun starts steps in it. The nodes are processes of this machine."""
+    granted = bed.run(["salloc", "--no-shell", "--nodes=1", "--nodelist=node2"], timeout=60)
+    job_id = granted.stderr.split("Granted job allocation")[1].split()[0]
+    for name, value in (*bed.env.items(), ("SLURM_JOB_ID", job_id), ("FTRUN_TEST_ID", test_id)):
+        if name.startswith(("SLURM", "FTRUN")):
+            monkeypatch.setenv(name, value)
+    transport = SrunTransport(python=sys.executable)
+    try:
+        yield Case(
+            transport,
+            "node2",
+            (transport, boot_for("node9")),
+            kill=lambda pid: os.kill(pid, signal.SIGKILL),
+            leftovers=_local_leftovers,
+        )
+    finally:
+        bed.run(["scancel", job_id])
 
 
 def run(coro: Awaitable[Any], timeout_s: float = 120.0) -> Any:
