@@ -42,9 +42,11 @@ def signal_name(text: str) -> str:
     return name if name.startswith("SIG") else f"SIG{name}"
 
 
-def new_job_id(name: str) -> str:
+def new_job_id(name: str, *, suffix: str | None = None) -> str:
+    """`name-1a2b3c`; with `suffix` (a Slurm job's id) `name-slurm1234`, the same every time the
+    job is requeued, so the requeued job finds its directory."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "job"
-    return f"{slug}-{secrets.token_hex(3)}"
+    return f"{slug}-{suffix or secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True, kw_only=True)

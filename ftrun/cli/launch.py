@@ -140,6 +140,8 @@ def launch(
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
     name = job_name or Path(script).stem or script
+    if job_id is None and allocation is not None:
+        job_id = inputs.slurm_job_id(resolved_run_dir, name, allocation)
     resume = inputs.resume_point(resolved_run_dir, job_id, problems)
     fault_policy = inputs.fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
     rank_env, env_problems = user_env(env_file or (), env or (), os.environ)

@@ -17,7 +17,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ftrun.config import signal_name
+from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
@@ -98,6 +98,16 @@ def slurm_hosts(
         problems.append(e.message)
         return HostOptions()
     return HostOptions(nodes, spare_nodes, transport="slurm", allocation=allocation)
+
+
+def slurm_job_id(run_dir: Path, name: str, allocation: Allocation) -> str:
+    """Under Slurm the job id is the Slurm job's (`name-slurm1234`), so that a requeued batch
+    step finds its job directory and resumes it; a second `ftrun launch` in one run of a batch
+    script (not requeued) is a job of its own."""
+    keyed = new_job_id(name, suffix=f"slurm{allocation.key}")
+    if allocation.restart_count == 0 and read_events(run_dir / keyed):
+        return new_job_id(name)
+    return keyed
 
 
 def resume_point(run_dir: Path, job_id: str | None, problems: list[str]) -> ResumePoint | None:
