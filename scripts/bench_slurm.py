@@ -196,6 +196,8 @@ def plain_trial(bed: Bed, out: Path, *, wait_s: float) -> dict[str, Any]:
         bed.power_off("node2")
         row["node_lost_s"] = follow.step_after(lost_t, wait_s)
         row["end"] = f"{bed.state(job_id)} after {wait_s:g} s"
+        tail = "".join(p.read_text(errors="replace") for p in out.glob("slurm-*.out"))
+        row["last_lines"] = [line[:160] for line in tail.splitlines()[-4:]]
     bed.cancel_all()
     return row
 
