@@ -112,6 +112,7 @@ class LaunchConfig:
     # preemption notice (the batch step's --signal) does: which signal it is, how long the
     # ranks get to commit a checkpoint, and whether the job is then requeued.
     slurm_job_id: str | None = None
+    slurm_restart_count: int = 0  # SLURM_RESTART_COUNT: how many times Slurm requeued the job
     gpus_per_node: int | None = None
     preempt_signal: str = "SIGUSR2"
     preempt_grace_s: float = 60.0

@@ -188,6 +188,7 @@ def launch(
             fence_timeout_s=timeouts.fence_timeout_s,
             local_stall_timeout_s=timeouts.local_stall_timeout_s,
             slurm_job_id=allocation.job_id if allocation else None,
+            slurm_restart_count=allocation.restart_count if allocation else 0,
             gpus_per_node=allocation.gpus_per_node if allocation else None,
             preempt_signal=signal_name(preempt_signal),
             preempt_grace_s=preempt_grace,

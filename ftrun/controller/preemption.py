@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ftrun.config import LaunchConfig
-from ftrun.controller.reporting import Reporter
+from ftrun.controller.reporting import OutcomeState, Reporter
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,12 @@ class PreemptWait:
 
     def result(self, why: str) -> Preempted:
         return Preempted(self.notice_t, self.signal, self.step, self.committed, why)
+
+
+def under(preempt: PreemptWait | None, result: R) -> R | Preempted:
+    """What ends a watch, under a preemption notice: whatever else ended it ends it as the
+    preemption (the job is going down anyway), except success (every rank exited 0: the work
+    is done) and a stop."""
+    if preempt is None or result is OutcomeState.SUCCEEDED or result is OutcomeState.STOPPED:
+        return result
+    return preempt.result("the generation ended before a checkpoint was reported")

@@ -43,7 +43,7 @@ from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
 from ftrun.controller.policy_file import FaultPolicy
-from ftrun.controller.preemption import PreemptWait
+from ftrun.controller.preemption import PreemptWait, under
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
@@ -190,12 +190,10 @@ class Supervisor:
         return await self._supervise()
 
     def _slurm_fields(self) -> dict[str, object]:
-        if self.config.slurm_job_id is None:
+        cfg = self.config
+        if cfg.slurm_job_id is None:
             return {}
-        return {
-            "slurm_job_id": self.config.slurm_job_id,
-            "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-        }
+        return {"slurm_job_id": cfg.slurm_job_id, "slurm_restart_count": cfg.slurm_restart_count}
 
     def _write_control_file(self, host: str, port: int) -> None:
         """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:
@@ -307,7 +305,7 @@ class Supervisor:
         preempt = self._preempt_wait(watch) if self.signals.preempt_pending else None
         while True:
             if (stalled := self.stalls.poll(watch)) is not None:
-                return _under(preempt, stalled)
+                return under(preempt, stalled)
             if preempt is not None and preempt.expired():
                 return preempt.result("no checkpoint reported committed within the grace")
             wake = watch.stall.wakeup()
@@ -324,10 +322,10 @@ class Supervisor:
             if msg["kind"] == "agent_lost" and agent_id in watch.agents:
                 msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
-                return _under(preempt, evidence.host_lost(msg, host, watch.max_step))
+                return under(preempt, evidence.host_lost(msg, host, watch.max_step))
             if self.inbox.side_channel(agent_id, msg, watch):
                 if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
-                    return _under(preempt, change)  # a host was added or removed
+                    return under(preempt, change)  # a host was added or removed
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
@@ -338,9 +336,9 @@ class Supervisor:
                 self.stalls.news(watch, agent_id, msg)
             elif news is Seen.PROGRESS:
                 if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
-                    return _under(preempt, change)
+                    return under(preempt, change)
             elif news is not Seen.OUTPUT:
-                return _under(preempt, news)
+                return under(preempt, news)
 
     def _preempt_wait(self, watch: GenWatch) -> PreemptWait:
         signal, self.signals.preempt_pending = self.signals.preempt_pending, None
@@ -353,11 +351,3 @@ class Supervisor:
             step=watch.max_step,
             signal=signal or self.config.preempt_signal,
         )
-
-
-def _under(preempt: PreemptWait | None, result: WatchResult) -> WatchResult:
-    """Under a preemption notice whatever else ends the watch ends it as the preemption (the
-    job is going down anyway), except success: every rank exited 0, the work is done."""
-    if preempt is None or result is OutcomeState.SUCCEEDED or result is OutcomeState.STOPPED:
-        return result
-    return preempt.result("the generation ended before a checkpoint was reported")
