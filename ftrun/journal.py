@@ -35,6 +35,8 @@ class Journal:
         try:
             job_dir.mkdir(parents=True, exist_ok=existing)
             self._events = open(job_dir / EVENTS_FILE, "a", encoding="utf-8")
+            if existing and self._events.tell() > 0 and not _ends_with_newline(job_dir):
+                self._events.write("\n")  # a killed controller's torn last line stays apart
         except OSError as e:
             raise UsageError(
                 f"cannot create the job directory {job_dir}: {e.strerror or e}",
@@ -79,6 +81,12 @@ class Journal:
             self._events.close()
 
 
+def _ends_with_newline(job_dir: Path) -> bool:
+    with open(job_dir / EVENTS_FILE, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 def read_events(job_dir: Path) -> list[dict[str, Any]]:
     events = []
     try:
@@ -92,6 +100,11 @@ def read_events(job_dir: Path) -> list[dict[str, Any]]:
                     events.append(event)
     except FileNotFoundError:
         pass
+    except OSError as e:  # not a directory, not readable
+        raise UsageError(
+            f"cannot read the journal of {job_dir}: {e.strerror or e}",
+            hint="check the run directory (--run-dir) and its permissions",
+        ) from None
     return events
 
 
@@ -107,6 +120,8 @@ class ResumePoint:
     finished: str | None = None  # the last run's end state; None: its controller died
     open_incident: int | None = None  # the preemption (or other) incident to resume from
     runs: int = 0  # how many controllers ran the job before
+    slurm_restart_count: int = 0  # the last run's SLURM_RESTART_COUNT
+    controller: tuple[int | None, float | None] = (None, None)  # the last run's (pid, start)
 
     @property
     def resumable(self) -> bool:
@@ -115,14 +130,17 @@ class ResumePoint:
 
 
 def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
-    generation = incidents = restarts = runs = 0
+    generation = incidents = restarts = runs = slurm_restarts = 0
     finished: str | None = None
     last_incident: int | None = None
+    controller: tuple[int | None, float | None] = (None, None)
     for ev in events:
         kind = ev.get("kind")
         if kind == "job_started":
             runs += 1
             finished = None
+            slurm_restarts = int(ev.get("slurm_restart_count") or 0)
+            controller = (ev.get("controller_pid"), ev.get("controller_create_time"))
         elif kind == "generation_launched" and isinstance(ev.get("gen"), int):
             generation = max(generation, ev["gen"])
         elif kind == "fault_detected" and isinstance(ev.get("incident"), int):
@@ -130,9 +148,14 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
             last_incident = ev["incident"]
         elif kind == "restart":
             restarts += 1
+            last_incident = None  # relaunched: closed
+        elif kind == "resumed":
+            last_incident = None
         elif kind == "job_finished":
             finished = str(ev.get("state"))
-    return ResumePoint(generation, incidents, restarts, finished, last_incident, runs)
+    return ResumePoint(
+        generation, incidents, restarts, finished, last_incident, runs, slurm_restarts, controller
+    )
 
 
 def list_job_dirs(run_dir: Path) -> list[Path]:

@@ -218,7 +218,7 @@ class Manager:
             warn(f"step {step} is not persisted for the preemption: the worker is gone or busy")
             return
         done = self.wait_persist()
-        if self.rank == 0 and done and not self._slots.worker_gone:
+        if self.rank == 0 and done and self.stats.last_persisted_step == step:
             runtime.checkpoint_committed(step)
 
     def _snapshot_done(

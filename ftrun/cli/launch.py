@@ -142,7 +142,12 @@ def launch(
     name = job_name or Path(script).stem or script
     if job_id is None and allocation is not None:
         job_id = inputs.slurm_job_id(resolved_run_dir, name, allocation)
-    resume = inputs.resume_point(resolved_run_dir, job_id, problems)
+    resume = inputs.resume_point(
+        resolved_run_dir,
+        job_id,
+        problems,
+        slurm_restarts=allocation.restart_count if allocation else None,
+    )
     fault_policy = inputs.fault_policy(policy, startup_timeout, hang_floor, hang_factor, problems)
     rank_env, env_problems = user_env(env_file or (), env or (), os.environ)
     problems.extend(env_problems)
@@ -261,7 +266,6 @@ def make_transport(config: LaunchConfig) -> Transport:
         return SrunTransport(
             python=config.agent_python,
             controller_addr=config.controller_addr,
-            gpus_per_node=config.gpus_per_node,
         )
     from ftrun.transport.local import LocalTransport
 

@@ -21,6 +21,7 @@ from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
+from ftrun.jobview.fold import controller_alive
 from ftrun.journal import ResumePoint, read_events
 from ftrun.journal import resume_point as resume_point_of
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
@@ -110,9 +111,13 @@ def slurm_job_id(run_dir: Path, name: str, allocation: Allocation) -> str:
     return keyed
 
 
-def resume_point(run_dir: Path, job_id: str | None, problems: list[str]) -> ResumePoint | None:
+def resume_point(
+    run_dir: Path, job_id: str | None, problems: list[str], *, slurm_restarts: int | None = None
+) -> ResumePoint | None:
     """--job-id of a job that ran before (a requeued Slurm job): where it left off; None for a
-    new job. A job that finished for good is not run again."""
+    new job. A job that finished for good is not run again, nor one whose controller still
+    runs. `slurm_restarts`: SLURM_RESTART_COUNT now; a job Slurm itself requeued since its last
+    run (preemption by SIGTERM, its batch node lost) resumes even though it ended stopped."""
     if job_id is None:
         return None
     if not JOB_ID.match(job_id):
@@ -122,7 +127,10 @@ def resume_point(run_dir: Path, job_id: str | None, problems: list[str]) -> Resu
     if not events:
         return None
     point = resume_point_of(events)
-    if not point.resumable:
+    requeued_by_slurm = slurm_restarts is not None and slurm_restarts > point.slurm_restart_count
+    if controller_alive(*point.controller):
+        problems.append(f"job {job_id} is running (its controller is pid {point.controller[0]})")
+    elif not point.resumable and not (requeued_by_slurm and point.finished == "stopped"):
         problems.append(
             f"job {job_id} already ended ({point.finished}): only a preempted job is resumed"
         )

@@ -16,6 +16,10 @@ from ftrun.controller.generation import GenWatch
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.server import ControlServer
 
+# What ends a wait between generations early: a stop, or a preemption notice (supervisor.py's
+# _interrupted tells them apart).
+INTERRUPTIONS = ("stop_requested", "preempt_notice")
+
 Message = tuple[str, dict[str, Any]]  # (sender, message)
 
 
@@ -64,7 +68,7 @@ class Inbox:
                 self.fleet.never_connected(waiting)
                 break
             agent_id, msg = got
-            if msg["kind"] == "stop_requested":
+            if msg["kind"] in INTERRUPTIONS:
                 return False
             if msg["kind"] == "hello":
                 self.fleet.on_message(agent_id, msg)
@@ -84,7 +88,7 @@ class Inbox:
             if (got := await self.next(deadline)) is None:
                 return False
             agent_id, msg = got
-            if msg["kind"] == "stop_requested":
+            if msg["kind"] in INTERRUPTIONS:
                 return True
             self.side_channel(agent_id, msg, None)
         return False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Callable
 
 from ftrun.config import LaunchConfig
@@ -42,6 +43,7 @@ class JobSignals:
         self.generation = generation
         self.count = 0  # stop requests so far: 1 stops gracefully, 2 or more kill now
         self.preempt_pending: str | None = None  # a preemption notice's signal, until honoured
+        self.preempt_at = (0.0, 0.0)  # when it came: (monotonic, wall)
         self._installed: list[signal.Signals] = []
 
     def install(self) -> None:
@@ -82,6 +84,7 @@ class JobSignals:
         """A preemption notice (preemption.py): the running generation commits a checkpoint
         and stops; one that comes between generations is taken up by the next watch."""
         self.preempt_pending = sig.name
+        self.preempt_at = (time.monotonic(), time.time())
         self.server.inbox.put_nowait(("", {"kind": "preempt_notice", "signal": sig.name}))
 
     def _forward(self, sig: signal.Signals) -> None:

@@ -52,9 +52,11 @@ class PreemptWait:
         gen: int,
         step: int | None,
         signal: str,
+        since: tuple[float, float],
     ) -> None:
-        self.notice_t = time.time()
-        self.deadline = time.monotonic() + config.preempt_grace_s
+        """`since`: when the notice came (monotonic, wall): the grace counts from there."""
+        self.notice_t = since[1]
+        self.deadline = since[0] + config.preempt_grace_s
         self.gen, self.step, self.signal = gen, step, signal
         self.committed: int | None = None
         journal.record(
@@ -68,13 +70,13 @@ class PreemptWait:
         server.broadcast("preempt", gen=gen, signal=config.preempt_signal)
 
     def on_message(self, msg: dict[str, Any]) -> Preempted | None:
-        """A commit at or after the notice's step from rank 0 ends the wait."""
+        """Rank 0's commit report ends the wait. Only the notice makes ftrun.checkpoint send
+        one, so any from this generation is the notice's (its step is the script's save step,
+        which need not count like the progress steps)."""
         if msg["kind"] != "checkpoint_committed" or msg.get("gen") != self.gen:
             return None
         step = msg.get("step")
         if msg.get("rank") != 0 or not isinstance(step, int):
-            return None
-        if self.step is not None and step < self.step:
             return None
         self.committed = step
         return self.result(f"checkpoint of step {step} committed")
@@ -88,8 +90,11 @@ class PreemptWait:
 
 def under(preempt: PreemptWait | None, result: R) -> R | Preempted:
     """What ends a watch, under a preemption notice: whatever else ended it ends it as the
-    preemption (the job is going down anyway), except success (every rank exited 0: the work
-    is done) and a stop."""
-    if preempt is None or result is OutcomeState.SUCCEEDED or result is OutcomeState.STOPPED:
+    preemption (the job is going down anyway), except a stop. Also every rank exiting 0: a
+    script's own handler saves and exits on the notice, and the requeued job must go on from
+    there (a job that had really finished restores and exits at once)."""
+    if preempt is None or result is OutcomeState.STOPPED:
         return result
+    if result is OutcomeState.SUCCEEDED:
+        return preempt.result("every rank exited 0 after the notice")
     return preempt.result("the generation ended before a checkpoint was reported")

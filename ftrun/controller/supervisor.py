@@ -186,7 +186,11 @@ class Supervisor:
     async def _start_and_supervise(self, port: int) -> JobOutcome:
         started = await self.fleet.start_all(port)
         if not await self.inbox.agents_started(set(started), self.config.agent_start_timeout_s):
-            return JobOutcome.stopped("stopped before the job started")
+            return (
+                self._interrupted()
+                if self.signals.preempt_pending
+                else JobOutcome.stopped("stopped before the job started")
+            )
         return await self._supervise()
 
     def _slurm_fields(self) -> dict[str, object]:
@@ -211,8 +215,8 @@ class Supervisor:
         except NotEnoughHosts as e:
             return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
         while True:
-            if self.signals.count:  # a Ctrl-C that came while we tore down, waited or planned
-                return JobOutcome.stopped()
+            if self.signals.count or self.signals.preempt_pending:
+                return self._interrupted()  # a Ctrl-C or a notice while we tore down or waited
             self.generation += 1
             watch = self._launch(self.generation, hosts)
             result = await self._watch(watch)
@@ -238,12 +242,12 @@ class Supervisor:
         fault waited out, then the plan. A JobOutcome when the job ends here instead."""
         self.fleet.release_removed()
         if await self._wait_fenced(end.incident or 0):  # a host lost during the teardown
-            return JobOutcome.stopped()
+            return self._interrupted()
         delay = self.incidents.backoff_s() if end.failure is not None else 0.0
         if delay:
             self.reporter.notice(f"{end.why}; next attempt in {delay:g} s", level="warning")
             if await self.inbox.stop_requested_within(delay):
-                return JobOutcome.stopped()
+                return self._interrupted()
         # Planned only now, right before the launch: hosts may have been lost (or come back)
         # while we waited.
         try:
@@ -262,6 +266,16 @@ class Supervisor:
                 level="warning",
             )
         return hosts
+
+    def _interrupted(self) -> JobOutcome:
+        """A stop, or a preemption notice that came with no generation running (while agents
+        started, a teardown, a backoff): nothing to checkpoint, the last commit stands."""
+        if self.signals.count or not self.signals.preempt_pending:
+            return JobOutcome.stopped()
+        why = f"preempted ({self.signals.preempt_pending}) between generations"
+        return JobOutcome.preempted(
+            why + ("; requeueing" if self.config.requeue else ""), requeue=self.config.requeue
+        )
 
     def _plan(self) -> list[str]:
         return self.roster.plan(excluded=self._excluded())
@@ -350,4 +364,5 @@ class Supervisor:
             gen=watch.number,
             step=watch.max_step,
             signal=signal or self.config.preempt_signal,
+            since=self.signals.preempt_at,
         )

@@ -28,12 +28,14 @@ from pathlib import Path
 from ftrun import envcontract
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
-from ftrun.errors import HostUnreachable
+from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED, HostUnreachable
 from ftrun.transport import slurm_allocation
 
 log = logging.getLogger("ftrun.transport")
 
 BOOTSTRAP_TIMEOUT_S = 10.0
+# srun exits with its task's code: these are the agent's own ways to end (it left nothing).
+AGENT_EXITS = (0, EXIT_FENCED, EXIT_AGENT_ERROR)
 SWEEP_TIMEOUT_S = 15.0
 
 
@@ -80,6 +82,9 @@ class SrunAgent:
         else:
             procs.killpg_quietly(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
+        if self.proc.returncode not in AGENT_EXITS:
+            # srun was killed, or died on its own (its node, its connection): the agent may
+            # live on; a fresh step on its node kills everything it tagged.
             await self._sweep()
         self._close_stdin()
 
@@ -117,11 +122,12 @@ class SrunAgent:
             await sweep.wait()
 
 
-def srun_argv(node: str, name: str, *, gpus: int | None = None) -> list[str]:
+def srun_argv(node: str, name: str) -> list[str]:
     """One task on `node`, sharing the allocation's resources with the steps already there
     (the controller's batch step, other agents): `--overlap`. `--kill-on-bad-exit=0`: one
     task's exit must not end anything else; `--quiet`: srun's own chatter stays out of the
-    agent log unless it is an error."""
+    agent log unless it is an error. No `--gres`: a step gets the generic resources (GPUs)
+    the job has on its node by default, and nodes may differ in how many."""
     argv = [
         shutil.which("srun") or "srun",
         "--overlap",
@@ -132,18 +138,13 @@ def srun_argv(node: str, name: str, *, gpus: int | None = None) -> list[str]:
         "--kill-on-bad-exit=0",
         "--quiet",
     ]
-    if gpus:
-        argv.append(f"--gres=gpu:{gpus}")
     return argv
 
 
 class SrunTransport:
-    def __init__(
-        self, *, python: str, controller_addr: str | None = None, gpus_per_node: int | None = None
-    ) -> None:
+    def __init__(self, *, python: str, controller_addr: str | None = None) -> None:
         self.python = python
         self.controller_addr = controller_addr
-        self.gpus_per_node = gpus_per_node
         self._dial: dict[str, str] = {}
 
     def bind_address(self) -> str:
@@ -161,7 +162,7 @@ class SrunTransport:
         with open(log_path, "ab") as log_file:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *srun_argv(boot.host, f"ftrun-agent-{boot.job_id}", gpus=self.gpus_per_node),
+                    *srun_argv(boot.host, f"ftrun-agent-{boot.job_id}"),
                     boot.python,
                     "-m",
                     "ftrun.agent",

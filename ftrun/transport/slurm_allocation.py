@@ -20,7 +20,8 @@ from ftrun.errors import FtrunError, UsageError
 
 SCONTROL_TIMEOUT_S = 15.0
 # Node states (scontrol's State=, first word) in which a node cannot run an agent any more.
-DEAD_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "FUTURE"})
+# A draining node still runs what it has (ours included): only these are refused.
+DEAD_STATES = frozenset({"DOWN", "FAIL", "FUTURE"})
 
 
 class SlurmError(FtrunError):
@@ -59,7 +60,16 @@ class Allocation:
 
 
 def in_allocation(environ: Mapping[str, str] = os.environ) -> bool:
-    return bool(environ.get("SLURM_JOB_ID"))
+    """Whether `ftrun launch` with no hosts should run on the allocation: in a batch script or
+    an salloc shell (not inside a step, where SLURM_STEP_ID is set: that is one node's task),
+    with Slurm's commands at hand (a container in a job may lack them)."""
+    path = environ.get("PATH")
+    return (
+        bool(environ.get("SLURM_JOB_ID"))
+        and environ.get("SLURM_STEP_ID") in (None, "", "batch")
+        and shutil.which("srun", path=path) is not None
+        and shutil.which("scontrol", path=path) is not None
+    )
 
 
 def read_allocation(environ: Mapping[str, str] = os.environ) -> Allocation:
@@ -86,10 +96,7 @@ def node_state(node: str, environ: Mapping[str, str] = os.environ) -> str:
     """The node's base state as scontrol shows it: IDLE, ALLOCATED, MIXED, DOWN, DRAIN…
     (flags such as `+DRAIN` and `*` stripped)."""
     fields = _fields(scontrol("show", "node", "-o", node, environ=environ))
-    state = fields.get("State", "UNKNOWN")
-    if "+DRAIN" in state:
-        return "DRAIN"
-    return state.split("+")[0].rstrip("*~#!%$@^-")
+    return fields.get("State", "UNKNOWN").split("+")[0].rstrip("*~#!%$@^-")
 
 
 def node_address(node: str, environ: Mapping[str, str] = os.environ) -> str:

@@ -4,6 +4,7 @@ requeued job's journal says it left off. Pure: allocations and journals built he
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,29 @@ def test_a_requeued_job_goes_on_numbering_where_its_journal_left_off() -> None:
     for state in ("succeeded", "failed", "stopped"):
         assert not resume_point([{"kind": "job_finished", "state": state}]).resumable
     assert resume_point([{"kind": "job_started"}]).resumable  # its controller died
+
+
+def test_a_job_slurm_requeued_itself_resumes_even_though_it_ended_stopped(tmp_path: Path) -> None:
+    """Slurm's own requeue (preemption by SIGTERM, its batch node lost) stops the controller
+    with no notice: the next run, with a higher SLURM_RESTART_COUNT, resumes. A job stopped by
+    hand (the same restart count) or one whose controller still runs does not."""
+    from ftrun.cli.launch_inputs import resume_point as check
+
+    _journal(
+        tmp_path / "j",
+        {"kind": "job_started", "slurm_restart_count": 0, "controller_pid": None},
+        {"kind": "generation_launched", "gen": 1},
+        {"kind": "job_finished", "state": "stopped"},
+    )
+    problems: list[str] = []
+    point = check(tmp_path, "j", problems, slurm_restarts=1)
+    assert problems == [] and point is not None and point.generation == 1
+    check(tmp_path, "j", problems, slurm_restarts=0)
+    assert problems == ["job j already ended (stopped): only a preempted job is resumed"]
+    _journal(
+        tmp_path / "live",
+        {"kind": "job_started", "controller_pid": os.getpid(), "controller_create_time": None},
+    )
+    problems = []
+    check(tmp_path, "live", problems)
+    assert problems and "is running" in problems[0]
