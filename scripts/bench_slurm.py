@@ -5,8 +5,8 @@ a preemption notice → the requeued job's first step, and the steps lost to it.
     python scripts/bench_slurm.py [--trials N] [--json FILE]
 
 Both jobs run tests/bin/ckpt_train.py on 2 nodes × 1 rank (gloo, CPU). The plain job is the batch
-script people write: `srun --ntasks-per-node=1 torchrun --nnodes 2 --rdzv-backend c10d ...` with
-`--max-restarts 3`. torchrun cannot replace a node: after the power loss the table says what it
+script people write: `srun --unbuffered --ntasks-per-node=1 torchrun --nnodes 2 --rdzv-backend
+c10d ...` with `--max-restarts 3` (`--unbuffered`, so that its steps are seen when they happen). torchrun cannot replace a node: after the power loss the table says what it
 did within --wait seconds (no step again: its rendezvous waits for the lost node). It has no
 requeue either: a preemption notice ends it. A node is powered off (its slurmd, steps and tasks
 killed, `slurm_testbed.sh kill`) once rank 0 printed step 10; the notice is
@@ -21,6 +21,7 @@ import getpass
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BED = ["bash", str(ROOT / "scripts" / "slurm_testbed.sh")]
 TRAIN = str(ROOT / "tests" / "bin" / "ckpt_train.py")
 STEP = re.compile(r"LOSS rank=0 step=(\d+) ")
-ARGS = ["--steps", "60", "--step-time", "0.1"]
+ARGS = ["--steps", "150", "--step-time", "0.1"]
 
 
 class Bed:
@@ -169,7 +170,7 @@ PLAIN = """#!/bin/bash
 #SBATCH --ntasks-per-node=1
 #SBATCH --output={out}/slurm-%j.out
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
-srun --ntasks-per-node=1 {python} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \\
+srun --unbuffered --ntasks-per-node=1 {python} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \\
     --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} \\
     {train} {args} --ckpt-dir {out}/ckpt
 """
@@ -235,6 +236,8 @@ def main() -> None:
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for each phase")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so that the testbed and the temp dir are taken down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: dict[str, list[dict[str, Any]]] = {
         "srun torchrun": [],
         "ftrun spare": [],
