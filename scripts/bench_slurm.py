@@ -7,8 +7,9 @@ a preemption notice → the requeued job's first step, and the steps lost to it.
 Both jobs run tests/bin/ckpt_train.py on 2 nodes × 1 rank (gloo, CPU). The plain job is the batch
 script people write: `srun --unbuffered --ntasks-per-node=1 torchrun --nnodes 2 --rdzv-backend
 c10d ...` with `--max-restarts 3` (`--unbuffered`, so that its steps are seen when they happen). torchrun cannot replace a node: after the power loss the table says what it
-did within --wait seconds (no step again: its rendezvous waits for the lost node). It has no
-requeue either: a preemption notice ends it. A node is powered off (its slurmd, steps and tasks
+did within --wait seconds: it cannot go on without the node, and (JobRequeue=1, the default
+here and on many clusters) Slurm requeues the whole job once the node is declared down, and it
+starts over on other nodes. It has no checkpoint-then-requeue on a notice. A node is powered off (its slurmd, steps and tasks
 killed, `slurm_testbed.sh kill`) once rank 0 printed step 10; the notice is
 `scancel --batch --signal=USR2`, what `--signal=B:USR2@T` sends at a time of Slurm's choosing.
 Times are wall clock on this (shared, 2-core) machine: read the ratios.
@@ -36,7 +37,7 @@ from benchlib import Column, Table
 ROOT = Path(__file__).resolve().parent.parent
 BED = ["bash", str(ROOT / "scripts" / "slurm_testbed.sh")]
 TRAIN = str(ROOT / "tests" / "bin" / "ckpt_train.py")
-STEP = re.compile(r"LOSS rank=0 step=(\d+) ")
+STEP = re.compile(r"LOSS rank=0 step=(\d+) |RESTORED rank=0 step=(\d+) ")
 ARGS = ["--steps", "150", "--step-time", "0.1"]
 
 
@@ -70,9 +71,14 @@ class Bed:
         return done.stdout
 
     def state(self, job_id: str) -> str:
+        """JobState, and how many times Slurm requeued the job when it did."""
         out = self.run("scontrol", "show", "job", "-o", job_id)
         match = re.search(r"JobState=(\S+)", out)
-        return match.group(1) if match else "?"
+        restarts = re.search(r"Restarts=(\d+)", out)
+        state = match.group(1) if match else "?"
+        if restarts and restarts.group(1) != "0":
+            state += f" (requeued x{restarts.group(1)})"
+        return state
 
     def power_off(self, node: str) -> None:
         subprocess.run([*BED, "kill", node], env=self.env, check=True, capture_output=True)
@@ -94,7 +100,9 @@ class Follower:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.seen: dict[int, float] = {}
-        self.marks: list[tuple[float, int]] = []  # (time, step) in order: steps again after
+        self.marks: list[tuple[float, int]] = []  # (time seen, step) of each step line
+        # (time seen, is a RESTORED line: a run's start) of every line, in the file's order
+        self.lines: list[tuple[float, bool]] = []
         self._offset: dict[Path, int] = {}
 
     def poll(self) -> None:
@@ -103,17 +111,26 @@ class Follower:
                 f.seek(self._offset.get(path, 0))
                 text = f.read()
                 self._offset[path] = f.tell()
+            now = time.monotonic()
             for match in STEP.finditer(text):
-                self.marks.append((time.monotonic(), int(match.group(1))))
+                if match.group(1) is not None:
+                    self.marks.append((now, int(match.group(1))))
+                self.lines.append((now, match.group(1) is None))
 
     def step_after(self, t: float, timeout_s: float) -> float | None:
-        """Seconds from `t` to the first step printed after it (None: none within timeout)."""
+        """Seconds from `t` to the first step of a run that started after it: the first step
+        line after a RESTORED line seen after `t` (a rank of the old run may still print a step
+        or two). None: none within the timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.poll()
-            later = [when for when, _ in self.marks if when > t]
-            if later:
-                return later[0] - t
+            start = next(
+                (i for i, (when, restored) in enumerate(self.lines) if restored and when > t), None
+            )
+            if start is not None:
+                steps = [when for when, restored in self.lines[start:] if not restored]
+                if steps:
+                    return steps[0] - t
             time.sleep(0.05)
         return None
 
@@ -157,7 +174,11 @@ def ftrun_trial(bed: Bed, run_dir: Path, *, spares: int, wait_s: float) -> dict[
             last = next(e["step"] for e in ended if e["gen"] == gen)
             row["steps_lost"] = last - preempted[0]["committed_step"]
     deadline = time.monotonic() + wait_s * 2
-    while bed.state(submitted["slurm_job_id"]) not in ("COMPLETED", "FAILED", "CANCELLED"):
+    while bed.state(submitted["slurm_job_id"]).split()[0] not in (
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+    ):
         if time.monotonic() > deadline:
             break
         time.sleep(0.5)
