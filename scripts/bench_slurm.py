@@ -190,6 +190,7 @@ PLAIN = """#!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --output={out}/slurm-%j.out
+#SBATCH --open-mode=append
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
 srun --unbuffered --ntasks-per-node=1 {python} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 \\
     --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} \\
