@@ -63,6 +63,11 @@ class Bed:
 
     def __exit__(self, *exc: object) -> None:
         subprocess.run([*BED, "down"], env=self.env, capture_output=True, timeout=120)
+        # The agents of powered-off nodes could not remove their directories (the next agent
+        # on a host does): the bench leaves nothing behind either.
+        from ftrun.agent import workdir
+
+        workdir.sweep_stale(Path(tempfile.gettempdir()))
 
     def run(self, *argv: str) -> str:
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)

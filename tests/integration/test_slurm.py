@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
+from ftrun.agent import workdir
 from tests.conftest import BIN, Ftrun, tagged, wait_for
 from tests.slurmbed import SlurmBed, slurm_bed_fixture
 
@@ -34,6 +36,9 @@ def bed(slurm: SlurmBed) -> Iterator[SlurmBed]:
         yield slurm
     finally:
         slurm.cancel_all()
+        # A powered-off node's agent could not remove its directory; the next agent on the
+        # host would (the product's way), but the suite leaves nothing behind.
+        workdir.sweep_stale(Path(tempfile.gettempdir()))
         for node in slurm.nodes:
             state = slurm.node_state(node)
             if "DOWN" in state or "DRAIN" in state:
