@@ -44,9 +44,12 @@ ARGS = ["--steps", "150", "--step-time", "0.1"]
 class Bed:
     """The testbed in its own directory and ports, up for the whole run."""
 
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, scratch: str) -> None:
         self.env = {
             **os.environ,
+            # The jobs inherit it (sbatch --export=ALL): torchrun's and the agents' temp dirs
+            # go where the bench's temp dir goes away.
+            "TMPDIR": scratch,
             "FTRUN_SLURMBED_DIR": state_dir,
             "FTRUN_SLURMBED_CTLD_PORT": "16917",
             "FTRUN_SLURMBED_SLURMD_PORT": "17101",
@@ -63,11 +66,6 @@ class Bed:
 
     def __exit__(self, *exc: object) -> None:
         subprocess.run([*BED, "down"], env=self.env, capture_output=True, timeout=120)
-        # The agents of powered-off nodes could not remove their directories (the next agent
-        # on a host does): the bench leaves nothing behind either.
-        from ftrun.agent import workdir
-
-        workdir.sweep_stale(Path(tempfile.gettempdir()))
 
     def run(self, *argv: str) -> str:
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
@@ -257,6 +255,11 @@ def one(name: str, bed: Bed, tmp: Path, trial: int, wait_s: float) -> dict[str, 
     return ftrun_trial(bed, tmp / "runs", spares=spares, wait_s=wait_s)
 
 
+def _made(path: str) -> str:
+    os.makedirs(path)
+    return path
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=1)
@@ -270,7 +273,10 @@ def main() -> None:
         "ftrun spare": [],
         "ftrun shrink": [],
     }
-    with tempfile.TemporaryDirectory(prefix="ftrun-bench-slurm-") as tmp, Bed(f"{tmp}/bed") as bed:
+    with (
+        tempfile.TemporaryDirectory(prefix="ftrun-bench-slurm-") as tmp,
+        Bed(f"{tmp}/bed", scratch=_made(f"{tmp}/scratch")) as bed,
+    ):
         for trial in range(args.trials):
             for name in rows:
                 try:
