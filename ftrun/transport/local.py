@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import os
 import signal
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
-from ftrun import envcontract
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
-
-BOOTSTRAP_TIMEOUT_S = 10.0
+from ftrun.transport import child
 
 
 class LocalAgent:
@@ -58,8 +53,7 @@ class LocalAgent:
         )
 
     def _close_stdin(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
-            self.proc.stdin.close()
+        child.close_stdin(self.proc)
 
 
 class LocalTransport:
@@ -71,34 +65,24 @@ class LocalTransport:
 
     async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> LocalAgent:
         boot = dataclasses.replace(boot, controller_host="127.0.0.1", local=True)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    self.python,
-                    "-m",
-                    "ftrun.agent",
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                    env={**os.environ, envcontract.AGENT_ID: boot.process_tag},
-                )
-            except OSError as e:  # the interpreter is missing or not executable
-                raise HostUnreachable(
-                    boot.host,
-                    f"could not start the agent with {self.python}: {e.strerror or e}",
-                    hint="the local agent runs with the Python that runs "
-                    "ftrun: check that it is still installed",
-                ) from None
-        assert proc.stdin is not None
+        proc = await child.spawn(
+            [self.python, "-m", "ftrun.agent"],
+            boot,
+            log_path=log_path,
+            fail=lambda why: HostUnreachable(
+                boot.host,
+                f"could not start the agent with {self.python}: {why}",
+                hint="the local agent runs with the Python that runs "
+                "ftrun: check that it is still installed",
+            ),
+        )
         agent = LocalAgent(boot.host, boot.process_tag, proc)
-        proc.stdin.write(json.dumps(asdict(boot)).encode() + b"\n")
-        try:  # one line into an empty pipe: only an agent that never reads could block it
-            await asyncio.wait_for(proc.stdin.drain(), BOOTSTRAP_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError) as e:
-            await agent.terminate(BOOTSTRAP_TIMEOUT_S)
-            raise HostUnreachable(
-                boot.host, f"the agent did not read its bootstrap ({e.__class__.__name__})"
-            ) from None
+        await child.send_bootstrap(
+            proc,
+            boot,
+            terminate=agent.terminate,
+            fail=lambda why: HostUnreachable(
+                boot.host, f"the agent did not read its bootstrap ({why})"
+            ),
+        )
         return agent

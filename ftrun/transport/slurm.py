@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import os
 import shutil
 import signal
 from pathlib import Path
 
-from ftrun import envcontract
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED, HostUnreachable
-from ftrun.transport import slurm_allocation
+from ftrun.transport import child, slurm_allocation
 
 log = logging.getLogger("ftrun.transport")
 
-BOOTSTRAP_TIMEOUT_S = 10.0
 # srun exits with its task's code: these are the agent's own ways to end (it left nothing).
 AGENT_EXITS = (0, EXIT_FENCED, EXIT_AGENT_ERROR)
 SWEEP_TIMEOUT_S = 15.0
@@ -89,8 +85,7 @@ class SrunAgent:
         self._close_stdin()
 
     def _close_stdin(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
-            self.proc.stdin.close()
+        child.close_stdin(self.proc)
 
     def _sigterm_srun(self) -> None:
         # srun passes SIGTERM on to the step's task (the agent), which fences on it.
@@ -158,32 +153,19 @@ class SrunTransport:
         await self._check_node(boot.host)
         dial = self.controller_addr or await self._dial_address(boot.host)
         boot = dataclasses.replace(boot, controller_host=dial)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *srun_argv(boot.host, f"ftrun-agent-{boot.job_id}"),
-                    boot.python,
-                    "-m",
-                    "ftrun.agent",
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=log_file,
-                    stderr=log_file,
-                    start_new_session=True,
-                    env={**os.environ, envcontract.AGENT_ID: boot.process_tag},
-                )
-            except OSError as e:
-                raise unreachable(boot.host, f"could not run srun: {e.strerror or e}") from None
-        assert proc.stdin is not None
+        proc = await child.spawn(
+            [*srun_argv(boot.host, f"ftrun-agent-{boot.job_id}"), boot.python, "-m", "ftrun.agent"],
+            boot,
+            log_path=log_path,
+            fail=lambda why: unreachable(boot.host, f"could not run srun: {why}"),
+        )
         agent = SrunAgent(boot.host, boot.process_tag, boot.python, proc)
-        proc.stdin.write(json.dumps(dataclasses.asdict(boot)).encode() + b"\n")
-        try:  # one line into an empty pipe: only an srun that never reads could block it
-            await asyncio.wait_for(proc.stdin.drain(), BOOTSTRAP_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError) as e:
-            await agent.terminate(BOOTSTRAP_TIMEOUT_S)
-            raise unreachable(
-                boot.host, f"srun did not take the bootstrap ({e.__class__.__name__})"
-            ) from None
+        await child.send_bootstrap(
+            proc,
+            boot,
+            terminate=agent.terminate,
+            fail=lambda why: unreachable(boot.host, f"srun did not take the bootstrap ({why})"),
+        )
         return agent
 
     async def _check_node(self, node: str) -> None:
