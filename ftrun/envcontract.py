@@ -38,6 +38,8 @@ ZYGOTE_SOCK = "FTRUN_ZYGOTE_SOCK"
 ZYGOTE_PRELOAD = "FTRUN_ZYGOTE_PRELOAD"
 RESTART_COUNT = "FTRUN_TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS = "FTRUN_TORCHELASTIC_MAX_RESTARTS"
+PLAN = "FTRUN_PLAN"
+PROFILE_OUT = "FTRUN_PROFILE_OUT"
 
 # -- a user's settings for ftrun itself -------------------------------------------------------------
 RUN_DIR = "FTRUN_RUN_DIR"
@@ -93,6 +95,18 @@ CONTRACT: tuple[EnvVar, ...] = (
         "controller",
         "rank shim",
         "--max-restarts; replaces torchrun's TORCHELASTIC_MAX_RESTARTS",
+    ),
+    EnvVar(
+        PLAN,
+        "controller (a planned job: launch --profile)",
+        "ftrun.parallel",
+        "the generation's DP x PP plan as JSON (docs/planner.md): degrees, stages, micro-batches",
+    ),
+    EnvVar(
+        PROFILE_OUT,
+        "ftrun profile",
+        "ftrun.parallel",
+        "profile the script's layers in one process, write the profile JSON here, exit 0",
     ),
     EnvVar(RUN_DIR, "user", "config", "where job directories live"),
     EnvVar(DEBUG, "user", "cli", "=1: print tracebacks"),
