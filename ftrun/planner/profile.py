@@ -105,7 +105,8 @@ class Profile:
                 layer = _layer(raw, i, problems)
                 if layer is not None:
                     layers.append(layer)
-            names = [layer.name for layer in layers]
+            given = [r.get("name") for r in raw_layers if isinstance(r, Mapping)]
+            names: list[str] = [n for n in given if isinstance(n, str) and n]
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
                 problems.append(f"layer names appear twice: {', '.join(twice)}")
