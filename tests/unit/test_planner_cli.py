@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import Ftrun
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json")
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = str(ROOT / "tests" / "data" / "profile_gpt_small.json")
 PLAN_KEYS = {
     "version",
     "dp",
@@ -34,6 +35,23 @@ def test_table_shows_the_best_layout_first(ftrun: Ftrun) -> None:
     assert "DP8×PP3 1F1B" in rows[0] and "0-4|5-8|9" in rows[0] and "8 × 8" in rows[0]
     assert "24 (+7 spare)" in rows[0] and "1.00" in rows[0]
     assert "best: DP8×PP3 1F1B" in out.stdout and "host 3: none" in out.stdout
+
+
+def test_the_worked_example_in_the_docs_is_what_the_code_prints(ftrun: Ftrun) -> None:
+    out = ftrun.run(
+        "plan",
+        "--profile",
+        "tests/data/profile_gpt_small.json",
+        "--slots",
+        "8,8,8,7",
+        "--top",
+        "6",
+        cwd=str(ROOT),
+    )
+    assert out.returncode == 0, out.stderr
+    doc = (ROOT / "docs" / "planner.md").read_text()
+    missing = [line for line in out.stdout.splitlines() if line.strip() not in doc]
+    assert not missing, "docs/planner.md's worked example is stale: " + "\n".join(missing)
 
 
 def test_json_is_a_list_of_plans(ftrun: Ftrun) -> None:

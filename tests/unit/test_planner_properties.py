@@ -51,7 +51,8 @@ def cases(draw: st.DrawFn) -> dict:
     )
 
 
-FAST = settings(max_examples=60, deadline=None)
+# No example database: nothing written into the checkout (.hypothesis/).
+FAST = settings(max_examples=60, deadline=None, database=None)
 
 
 @FAST
