@@ -17,7 +17,6 @@ schedule order of layout.SCHEDULES. Slots per host may differ: only their sum co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from ftrun.errors import UsageError
 from ftrun.planner import cost
@@ -36,14 +35,6 @@ class NoLayoutFits(UsageError):
     """No layout keeps the global batch within the slots and the memory budget; says why."""
 
 
-@dataclass(frozen=True)
-class _Miss:
-    """The leanest layout tried that did not fit, for NoLayoutFits's message."""
-
-    memory_bytes: int
-    text: str
-
-
 def rank_layouts(
     profile: Profile,
     *,
@@ -54,7 +45,8 @@ def rank_layouts(
     schedules: Sequence[str] = SCHEDULES,
 ) -> list[Layout]:
     """Every layout that fits, fastest first; [] when none does (best_layout says why)."""
-    return _rank(profile, slots, global_batch, device_memory_bytes, granularity, schedules)[0]
+    search = _Search(profile, device_memory_bytes, sum(slots))
+    return search.rank(slots, global_batch, granularity, schedules)
 
 
 def best_layout(
@@ -67,10 +59,12 @@ def best_layout(
     schedules: Sequence[str] = SCHEDULES,
 ) -> Layout:
     """The fastest layout; raises NoLayoutFits (with the reason and what to change) if none."""
-    ranked, miss = _rank(profile, slots, global_batch, device_memory_bytes, granularity, schedules)
+    search = _Search(profile, device_memory_bytes, sum(slots))
+    ranked = search.rank(slots, global_batch, granularity, schedules, only_best=True)
     if ranked:
         return ranked[0]
     usable = sum(slots)
+    miss = search.leanest_miss()
     if miss is None:
         raise NoLayoutFits(
             f"no DP × PP layout keeps the global batch of {global_batch} on {usable} slots "
@@ -83,59 +77,113 @@ def best_layout(
     largest = max(profile.layers, key=lambda layer: layer.state_bytes)
     raise NoLayoutFits(
         f"no layout fits {format_bytes(device_memory_bytes)} per device: the leanest tried, "
-        f"{miss.text}, needs {format_bytes(miss.memory_bytes)} on its fullest device "
+        f"{miss[1]}, needs {format_bytes(miss[0])} on its fullest device "
         f"(layer {largest.name!r} alone holds {format_bytes(largest.state_bytes)} of state)",
         hint=_HINT_MEMORY,
-        data={"budget_bytes": device_memory_bytes, "leanest_bytes": miss.memory_bytes},
+        data={"budget_bytes": device_memory_bytes, "leanest_bytes": miss[0]},
     )
 
 
-def _rank(
-    profile: Profile,
-    slots: Sequence[int],
-    global_batch: int,
-    budget: int | None,
-    granularity: int,
-    schedules: Sequence[str],
-) -> tuple[list[Layout], _Miss | None]:
-    _check(slots, global_batch, budget, granularity, schedules)
-    usable = sum(slots)
-    n_layers = len(profile.layers)
-    found: list[Layout] = []
-    miss: _Miss | None = None
-    splits: dict[tuple[str, int, int, int], Stages | None] = {}
-    needs: dict[tuple[str, int, int, int], int] = {}  # what a layout that misses would need
-    for pp in range(1, min(n_layers, usable) + 1):
-        for dp in range(usable // pp, 0, -1):
-            if (dp * pp) % granularity or global_batch % dp:
-                continue
-            per_replica = global_batch // dp
-            for schedule in schedules:
-                v = STAGES_PER_RANK[schedule]
-                if v > 1 and (pp < 2 or n_layers < v * pp):
+class _Search:
+    """One ranking: the splits it has made (shared across DP degrees) and the layouts that
+    missed the budget (costed only if nothing fits, for NoLayoutFits)."""
+
+    def __init__(self, profile: Profile, budget: int | None, usable: int) -> None:
+        self.profile = profile
+        self.budget = budget
+        self.usable = usable
+        self.memories = cost.StageMemories(profile)
+        # A split depends on the stage count, m and what each position holds in flight (1F1B's
+        # does not depend on M, so one split serves every DP).
+        self.splits: dict[tuple[int, int, tuple[int, ...]], Stages | None] = {}
+        self.misses: set[tuple[str, int, int, int, int]] = set()
+
+    def rank(
+        self,
+        slots: Sequence[int],
+        global_batch: int,
+        granularity: int,
+        schedules: Sequence[str],
+        *,
+        only_best: bool = False,
+    ) -> list[Layout]:
+        """Every fitting layout, ranked; with `only_best`, layouts that cannot beat the best
+        found so far are not costed (the first is still the best, the rest incomplete)."""
+        _check(slots, global_batch, self.budget, granularity, schedules)
+        cutoff = float("inf")
+        n_layers = len(self.profile.layers)
+        found: list[Layout] = []
+        for pp in range(1, min(n_layers, self.usable) + 1):
+            for dp in range(self.usable // pp, 0, -1):
+                if (dp * pp) % granularity or global_batch % dp:
                     continue
-                best: Layout | None = None
-                for m in _divisors(per_replica):
-                    M = per_replica // m
-                    if M < pp or (v > 1 and M % pp):
+                for schedule in schedules:
+                    v = STAGES_PER_RANK[schedule]
+                    if v > 1 and (pp < 2 or n_layers < v * pp):
                         continue
-                    key = (schedule, pp, m, M)
-                    if key not in splits:
-                        splits[key] = _split(profile, schedule, pp, m, M, budget)
-                    stages = splits[key]
-                    if stages is None:
-                        miss = _leaner(miss, needs, profile, schedule, dp, pp, m, M)
-                        continue
-                    layout = _layout(profile, stages, schedule, dp, pp, m, M, budget, usable)
-                    if not layout.fits:  # Interleaved: the rank's stages together
-                        miss = _leaner(miss, needs, profile, schedule, dp, pp, m, M)
-                    elif best is None or layout.step_s < best.step_s:
-                        best = layout
-                if best is not None:
-                    found.append(best)
-    found = _undominated(found)
-    found.sort(key=_order)
-    return found, miss
+                    best = self._fastest_m(schedule, dp, pp, global_batch // dp, cutoff)
+                    if best is not None:
+                        found.append(best)
+                        if only_best:
+                            cutoff = min(cutoff, best.step_s)
+        found = _undominated(found)
+        found.sort(key=_order)
+        return found
+
+    def _fastest_m(
+        self, schedule: str, dp: int, pp: int, per_replica: int, cutoff: float
+    ) -> Layout | None:
+        """The fastest micro-batch size that fits (ties: the smaller m). Sizes whose lower bound
+        is slower than the best so far, or than `cutoff`, are not split at all."""
+        v = STAGES_PER_RANK[schedule]
+        sizes = [
+            (cost.step_lower_bound(self.profile, dp=dp, pp=pp, v=v, m=m, M=per_replica // m), m)
+            for m in _divisors(per_replica)
+            if per_replica // m >= pp and not (v > 1 and (per_replica // m) % pp)
+        ]
+        best: Layout | None = None
+        for bound, m in sorted(sizes):
+            if bound > min(cutoff, best.step_s if best else cutoff) * (1 + 1e-9):
+                break
+            layout = self._layout(schedule, dp, pp, m, per_replica // m)
+            if layout is None:
+                continue
+            if best is None or (layout.step_s, m) < (best.step_s, best.micro_batch):
+                best = layout
+        return best
+
+    def _layout(self, schedule: str, dp: int, pp: int, m: int, M: int) -> Layout | None:
+        v = STAGES_PER_RANK[schedule]
+        flights = tuple(cost.in_flight(schedule, pp=pp, position=p, M=M) for p in range(pp))
+        key = (pp * v, m, flights if self.budget is not None else ())
+        if key not in self.splits:
+            self.splits[key] = _split(self.profile, self.memories, pp * v, m, flights, self.budget)
+        stages = self.splits[key]
+        layout = None
+        if stages is not None:
+            layout = _layout(self.profile, stages, schedule, dp, pp, m, M, self.budget, self.usable)
+        if layout is None or not layout.fits:  # Interleaved: the rank's stages together
+            self.misses.add((schedule, dp, pp, m, M))
+            return None
+        return layout
+
+    def leanest_miss(self) -> tuple[int, str] | None:
+        """Of the layouts that missed the budget, the one that would need the least memory when
+        split for time alone: (bytes, a description)."""
+        leanest: tuple[int, str] | None = None
+        for schedule, dp, pp, m, M in sorted(self.misses):
+            times = [layer.time_s(m) for layer in self.profile.layers]
+            stages = balanced_split(times, pp * STAGES_PER_RANK[schedule])
+            assert stages is not None, "without a memory check every split is possible"
+            need = max(
+                cost.rank_memory(
+                    self.profile, stages, schedule=schedule, pp=pp, position=p, m=m, M=M
+                )
+                for p in range(pp)
+            )
+            if leanest is None or need < leanest[0]:
+                leanest = (need, f"DP{dp}×PP{pp} {schedule} at micro-batch {m}")
+        return leanest
 
 
 def _undominated(found: list[Layout]) -> list[Layout]:
@@ -190,17 +238,22 @@ def _divisors(n: int) -> list[int]:
 
 
 def _split(
-    profile: Profile, schedule: str, pp: int, m: int, M: int, budget: int | None
+    profile: Profile,
+    memories: cost.StageMemories,
+    k: int,
+    m: int,
+    flights: tuple[int, ...],
+    budget: int | None,
 ) -> Stages | None:
-    """The balanced split at micro-batch m; each stage checked alone against the budget."""
+    """The balanced split into k virtual stages at micro-batch m; each stage checked alone
+    against the budget, holding what its pipeline position holds in flight."""
     times = [layer.time_s(m) for layer in profile.layers]
-    k = pp * STAGES_PER_RANK[schedule]
     if budget is None:
         return balanced_split(times, k)
+    pp = len(flights)
 
     def fits(stage: int, start: int, end: int) -> bool:
-        flight = cost.in_flight(schedule, pp=pp, position=stage % pp, M=M)
-        return cost.stage_memory(profile, start, end, m=m, in_flight=flight) <= budget
+        return memories(start, end, m=m, in_flight=flights[stage % pp]) <= budget
 
     return balanced_split(times, k, fits=fits)
 
@@ -240,28 +293,3 @@ def _layout(
         device_memory_bytes=budget,
         slots_available=usable,
     )
-
-
-def _leaner(
-    miss: _Miss | None,
-    needs: dict[tuple[str, int, int, int], int],
-    profile: Profile,
-    schedule: str,
-    dp: int,
-    pp: int,
-    m: int,
-    M: int,
-) -> _Miss:
-    """The leaner of `miss` and this layout split for time alone (what it would need)."""
-    key = (schedule, pp, m, M)
-    if key not in needs:
-        stages = _split(profile, schedule, pp, m, M, None)
-        assert stages is not None
-        needs[key] = max(
-            cost.rank_memory(profile, stages, schedule=schedule, pp=pp, position=p, m=m, M=M)
-            for p in range(pp)
-        )
-    need = needs[key]
-    if miss is not None and miss.memory_bytes <= need:
-        return miss
-    return _Miss(need, f"DP{dp}×PP{pp} {schedule} at micro-batch {m}")

@@ -25,6 +25,8 @@ def balanced_split(times: Sequence[float], k: int, *, fits: Fits | None = None) 
     n = len(times)
     if not 1 <= k <= n:
         raise ValueError(f"cannot split {n} layers into {k} stages")
+    if fits is not None:
+        fits = _remembered(fits)  # the binary search asks the same stages again
     prefix = [0.0, *accumulate(times)]
     bounds = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)})
     if not _reachable(prefix, k, bounds[-1], fits):
@@ -37,6 +39,18 @@ def balanced_split(times: Sequence[float], k: int, *, fits: Fits | None = None) 
         else:
             lo = mid + 1
     return _most_even(prefix, k, bounds[lo], fits)
+
+
+def _remembered(fits: Fits) -> Fits:
+    known: dict[tuple[int, int, int], bool] = {}
+
+    def remembered(stage: int, start: int, end: int) -> bool:
+        key = (stage, start, end)
+        if key not in known:
+            known[key] = fits(stage, start, end)
+        return known[key]
+
+    return remembered
 
 
 def _reachable(prefix: Sequence[float], k: int, bound: float, fits: Fits | None) -> bool:

@@ -85,3 +85,15 @@ def test_interleaved_ranks_hold_both_their_stages_state() -> None:
     assert flight == 4
     # two layers' state; in-flight at the larger stage (stage 2: 5 kB + 1 kB received); 1 kB grad
     assert got == 8_000_000 + 4 * 1 * 6000 + 1000
+
+
+def test_the_splits_constant_time_memory_is_stage_memory() -> None:
+    from ftrun.planner.cost import StageMemories, stage_memory
+
+    model = four_layers()
+    table = StageMemories(model)
+    for start in range(4):
+        for end in range(start + 1, 5):
+            for m, flight in ((1, 1), (2, 3), (8, 4)):
+                expected = stage_memory(model, start, end, m=m, in_flight=flight)
+                assert table(start, end, m=m, in_flight=flight) == expected

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftrun.planner import SCHEDULES, LayerProfile, Links, Profile, rank_layouts
-from ftrun.planner.cost import rank_memory
+from ftrun.planner import (
+    SCHEDULES,
+    LayerProfile,
+    Links,
+    NoLayoutFits,
+    Profile,
+    best_layout,
+    rank_layouts,
+)
+from ftrun.planner.cost import rank_memory, step_lower_bound
 
 MiB = 1024**2
 
@@ -86,6 +95,10 @@ def test_every_layout_is_valid(profile: Profile, case: dict) -> None:
         assert memory == x.memory_bytes
         budget = case["device_memory_bytes"]
         assert budget is None or max(memory) <= budget
+        bound = step_lower_bound(
+            profile, dp=x.dp, pp=x.pp, v=x.stages_per_rank, m=x.micro_batch, M=x.micro_batches
+        )
+        assert bound <= x.step_s * (1 + 1e-9)
     keys = [(round(x.step_s, 12), x.slots_used, x.pp) for x in ranked]
     assert keys == sorted(keys)
     assert len({(x.dp, x.pp, x.schedule) for x in ranked}) == len(ranked)
@@ -108,3 +121,14 @@ def test_more_memory_never_predicts_slower(profile: Profile, case: dict) -> None
     after = rank_layouts(profile, **{**case, "device_memory_bytes": None})
     if before:
         assert after[0].step_s <= before[0].step_s
+
+
+@FAST
+@given(profiles(), cases())
+def test_best_layout_is_the_first_ranked(profile: Profile, case: dict) -> None:
+    ranked = rank_layouts(profile, **case)
+    if ranked:
+        assert best_layout(profile, **case) == ranked[0]
+    else:
+        with pytest.raises(NoLayoutFits):
+            best_layout(profile, **case)
