@@ -117,6 +117,13 @@ class LaunchConfig:
     preempt_signal: str = "SIGUSR2"
     preempt_grace_s: float = 60.0
     requeue: bool = False
+    # A planned job (docs/planner.md): the model profile (JSON, copied into the job directory),
+    # the global batch every plan keeps [the profile's], the memory of one slot's device [the
+    # profile's; none: unbounded], and how far ahead a grow must pay for its restart.
+    profile: str | None = None
+    global_batch: int | None = None
+    device_memory_bytes: int | None = None
+    replan_horizon_s: float = 1800.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -162,6 +169,16 @@ class LaunchConfig:
             )
         if not self.preempt_grace_s > 0:
             problems.append(f"--preempt-grace must be more than 0 (got {self.preempt_grace_s:g})")
+        if self.profile is None and (
+            self.global_batch is not None or self.device_memory_bytes is not None
+        ):
+            problems.append("--global-batch and --device-memory plan a job: they need --profile")
+        if self.global_batch is not None and self.global_batch < 1:
+            problems.append(f"--global-batch must be at least 1 (got {self.global_batch})")
+        if self.device_memory_bytes is not None and self.device_memory_bytes < 1:
+            problems.append("--device-memory must be more than 0")
+        if not self.replan_horizon_s > 0:
+            problems.append(f"--replan-horizon must be more than 0 (got {self.replan_horizon_s:g})")
         if self.progress_regex is not None:
             try:
                 compiled = re.compile(self.progress_regex)
@@ -183,6 +200,11 @@ class LaunchConfig:
             fence_timeout_s=self.fence_timeout_s,
             local_stall_timeout_s=self.local_stall_timeout_s,
         )
+
+    @property
+    def planned(self) -> bool:
+        """The controller plans DP x PP for the hosts at hand (docs/planner.md)."""
+        return self.profile is not None
 
     @property
     def remote(self) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import typer
@@ -15,6 +16,7 @@ from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
 from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
+from ftrun.controller.planning import PROFILE_FILE
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState
 from ftrun.envcontract import forwarded
@@ -65,6 +67,10 @@ def launch(
     host_lost_timeout: float | None = opts.HOST_LOST_TIMEOUT,
     fence_timeout: float | None = opts.FENCE_TIMEOUT,
     local_stall_timeout: float | None = opts.LOCAL_STALL_TIMEOUT,
+    profile: Path | None = opts.PROFILE,
+    global_batch: int | None = opts.GLOBAL_BATCH,
+    device_memory: str | None = opts.DEVICE_MEMORY,
+    replan_horizon: float = opts.REPLAN_HORIZON,
     hosts: str | None = typer.Option(
         None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."
     ),
@@ -160,6 +166,7 @@ def launch(
         fence_timeout=fence_timeout,
         local_stall_timeout=local_stall_timeout,
     )
+    device_memory_bytes = inputs.planning(profile, global_batch, device_memory, problems)
     try:
         config = LaunchConfig(
             job_id=job_id or new_job_id(name),
@@ -198,6 +205,10 @@ def launch(
             preempt_signal=signal_name(preempt_signal),
             preempt_grace_s=preempt_grace,
             requeue=requeue,
+            profile=str(profile.resolve()) if profile is not None else None,
+            global_batch=global_batch,
+            device_memory_bytes=device_memory_bytes,
+            replan_horizon_s=replan_horizon,
         )
     except UsageError as e:
         problems.insert(0, e.message)
@@ -218,6 +229,9 @@ def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = 
 
     journal = Journal(config.job_dir, existing=config.job_dir.is_dir())
     journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
+    if config.profile is not None and not (config.job_dir / PROFILE_FILE).exists():
+        # The job's own copy: a requeued or resumed job plans from it, never re-profiles.
+        shutil.copyfile(config.profile, config.job_dir / PROFILE_FILE)
     handler = logging.FileHandler(config.job_dir / "controller.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("ftrun").addHandler(handler)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfil
 from ftrun.jobview.fold import controller_alive
 from ftrun.journal import ResumePoint, read_events
 from ftrun.journal import resume_point as resume_point_of
+from ftrun.planner import Profile, parse_size
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.timeouts import ControlTimeouts
 from ftrun.transport.slurm_allocation import Allocation, read_allocation
@@ -135,6 +137,34 @@ def resume_point(
             f"job {job_id} already ended ({point.finished}): only a preempted job is resumed"
         )
     return point
+
+
+def planning(
+    profile: Path | None, global_batch: int | None, device_memory: str | None, problems: list[str]
+) -> int | None:
+    """--profile must be a profile the planner reads, with a global batch from it or from
+    --global-batch; --device-memory a size. Returns the device memory in bytes (None: the
+    profile's)."""
+    if profile is not None:
+        try:
+            loaded = Profile.from_dict(json.loads(profile.read_text()))
+            if global_batch is None and loaded.global_batch is None:
+                problems.append(
+                    f"--profile {str(profile)!r} has no global batch: give --global-batch"
+                )
+        except OSError as e:
+            problems.append(f"--profile {str(profile)!r} cannot be read: {e.strerror or e}")
+        except ValueError as e:  # JSONDecodeError
+            problems.append(f"--profile {str(profile)!r} is not JSON: {e}")
+        except FtrunError as e:
+            problems.append(f"--profile {str(profile)!r}: {e.message}")
+    if device_memory is None:
+        return None
+    try:
+        return parse_size(device_memory)
+    except ValueError as e:
+        problems.append(f"--device-memory: {e}")
+        return None
 
 
 def ssh_config_problems(path: Path) -> list[str]:
@@ -279,6 +309,8 @@ def hint(problems: list[str]) -> str:
             "hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "
             "line in a --hostfile); see `ftrun launch --help`"
         )
+    if any("--profile" in p or "--device-memory" in p for p in problems):
+        return "make a profile with `ftrun profile SCRIPT ARGS`; see docs/planner.md"
     if any("script" in p or "executable" in p for p in problems):
         return "check the path; use -m for a module or --no-python for an executable"
     return "see `ftrun launch --help`"

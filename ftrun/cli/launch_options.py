@@ -105,6 +105,29 @@ LOCAL_STALL_TIMEOUT: Any = typer.Option(
     "--local-stall-timeout",
     help="Seconds a local agent may be alive but silent before it is lost anyway; 0 = never [60].",
 )
+PROFILE: Any = typer.Option(
+    None,
+    "--profile",
+    metavar="FILE",
+    help="A model profile (`ftrun profile`): plan DP x PP for the hosts at hand, and again "
+    "whenever they change; see docs/planner.md.",
+)
+GLOBAL_BATCH: Any = typer.Option(
+    None,
+    "--global-batch",
+    help="With --profile: samples per step every plan keeps [the profile's].",
+)
+DEVICE_MEMORY: Any = typer.Option(
+    None,
+    "--device-memory",
+    metavar="SIZE",
+    help="With --profile: memory of one rank's device, e.g. 80GiB [the profile's].",
+)
+REPLAN_HORIZON: Any = typer.Option(
+    1800.0,
+    "--replan-horizon",
+    help="With --profile: seconds of training ahead a grow must pay its restart back in.",
+)
 
 # Shared by both commands but not passed on: the batch script gives the ones chosen at submission.
 JOB_NAME: Any = typer.Option(None, "--job-name", help="Name shown by status.")
@@ -137,6 +160,10 @@ PASSED_ON: dict[str, OptionInfo] = {
     "host_lost_timeout": HOST_LOST_TIMEOUT,
     "fence_timeout": FENCE_TIMEOUT,
     "local_stall_timeout": LOCAL_STALL_TIMEOUT,
+    "profile": PROFILE,
+    "global_batch": GLOBAL_BATCH,
+    "device_memory": DEVICE_MEMORY,
+    "replan_horizon": REPLAN_HORIZON,
 }
 
 

@@ -92,6 +92,10 @@ def sbatch(
     host_lost_timeout: float | None = opts.HOST_LOST_TIMEOUT,
     fence_timeout: float | None = opts.FENCE_TIMEOUT,
     local_stall_timeout: float | None = opts.LOCAL_STALL_TIMEOUT,
+    profile: Path | None = opts.PROFILE,
+    global_batch: int | None = opts.GLOBAL_BATCH,
+    device_memory: str | None = opts.DEVICE_MEMORY,
+    replan_horizon: float = opts.REPLAN_HORIZON,
 ) -> None:
     """Submit SCRIPT as a Slurm batch job that runs `ftrun launch` on NODES nodes (+ SPARES):
     a failed node is replaced, a preempted job checkpoints and requeues."""
@@ -192,6 +196,9 @@ def launch_problems(
         fence_timeout=values["fence_timeout"],
         local_stall_timeout=values["local_stall_timeout"],
     )
+    device_memory_bytes = inputs.planning(
+        values["profile"], values["global_batch"], values["device_memory"], problems
+    )
     try:
         LaunchConfig(
             job_id=job_id,
@@ -209,6 +216,10 @@ def launch_problems(
             host_lost_timeout_s=timeouts.host_lost_timeout_s,
             fence_timeout_s=timeouts.fence_timeout_s,
             local_stall_timeout_s=timeouts.local_stall_timeout_s,
+            profile=str(values["profile"]) if values["profile"] is not None else None,
+            global_batch=values["global_batch"],
+            device_memory_bytes=device_memory_bytes,
+            replan_horizon_s=values["replan_horizon"],
         )
     except UsageError as e:
         problems.insert(0, e.message)

@@ -199,14 +199,26 @@ class Fleet:
     # ---- generations -------------------------------------------------------------------------
 
     def launch(
-        self, number: int, hosts: list[str], *, hang: dict[str, Any], restarts: int
+        self,
+        number: int,
+        hosts: list[str],
+        *,
+        hang: dict[str, Any],
+        restarts: int,
+        env: dict[str, str] | None = None,
     ) -> list[str]:
         """Tell each host's agent to start its torchrun for generation `number` (node rank by
         position in `hosts`), with the hang detector's settings `hang` (a HangPolicy as the
-        agents take it); returns the agent ids in that order."""
+        agents take it) and ftrun's variables `env` for every rank (the plan); returns the
+        agent ids in that order."""
         agents = [self.agent_of(h) or "" for h in hosts]
         launch = self.rendezvous.launch(
-            number, agents, hang=hang, restarts=restarts, job_dir=self.journal.job_dir
+            number,
+            agents,
+            hang=hang,
+            restarts=restarts,
+            job_dir=self.journal.job_dir,
+            env=env or {},
         )
         for agent_id, msg in zip(agents, launch.messages, strict=True):
             self.server.send(agent_id, "launch", **msg)

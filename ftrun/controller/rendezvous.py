@@ -48,10 +48,17 @@ class Rendezvous:
         self.ports.pop(agent_id, None)
 
     def launch(
-        self, number: int, agents: list[str], *, hang: dict[str, Any], restarts: int, job_dir: Path
+        self,
+        number: int,
+        agents: list[str],
+        *,
+        hang: dict[str, Any],
+        restarts: int,
+        job_dir: Path,
+        env: dict[str, str],
     ) -> Launch:
         """Generation `number` on `agents` (node rank by position), with the hang detector's
-        settings `hang` (a HangPolicy as the agents take it)."""
+        settings `hang` (a HangPolicy as the agents take it) and `env` for every rank."""
         cfg = self.config
         master = agents[0]
         # A port the rendezvous host offered (it binds there), else one picked here.
@@ -62,6 +69,7 @@ class Rendezvous:
             envcontract.JOB_DIR: str(job_dir),
             envcontract.RESTART_COUNT: str(restarts),
             envcontract.MAX_RESTARTS: str(cfg.max_restarts),
+            **env,
         }
         messages = [
             {

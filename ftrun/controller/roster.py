@@ -140,6 +140,14 @@ class Roster:
         self.recently_lost.clear()
         return chosen
 
+    def keep(self, hosts: list[str]) -> None:
+        """Narrow the plan to `hosts` (a prefix of it: what a DP x PP layout uses); the others
+        go back to READY and wait as spares."""
+        for host in self.active:
+            if host not in hosts:
+                self.slots[host].state = HostState.READY
+        self.active = list(hosts)
+
     def can_grow(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:
         """Ready hosts a bigger next generation would add (empty when the job has what it wants)."""
         room = self.want - len(self.active)

@@ -35,13 +35,14 @@ from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
-from ftrun.controller.generation import Ending, GenWatch, Seen, WatchResult
+from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
+from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.preemption import PreemptWait, under
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
@@ -51,6 +52,7 @@ from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal, ResumePoint
+from ftrun.planner import NoLayoutFits
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
@@ -125,6 +127,7 @@ class Supervisor:
             reporter=reporter,
             generation=lambda: self.generation,
         )
+        self.plans = plan_desk(config, journal=journal, reporter=reporter)
         self.generation = 0
         if resume is not None:  # a requeued job goes on where its journal left off
             self.generation = resume.generation
@@ -211,9 +214,11 @@ class Supervisor:
 
     async def _supervise(self) -> JobOutcome:
         try:
-            hosts = self._plan()
+            hosts = self._plan("launch")
         except NotEnoughHosts as e:
             return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
+        except NoLayoutFits as e:
+            return JobOutcome.failed(f"cannot start: {e.message}", {"hint": e.hint})
         while True:
             if self.signals.count or self.signals.preempt_pending:
                 return self._interrupted()  # a Ctrl-C or a notice while we tore down or waited
@@ -222,7 +227,9 @@ class Supervisor:
             result = await self._watch(watch)
             end = self.judge(watch, result, stop_requests=self.signals.count)
             if end.graceful is not None:
+                began = time.monotonic()
                 await self.teardown(watch, graceful=end.graceful)
+                self.plans.torn_down(time.monotonic() - began)
                 if end.incident is not None:
                     self.journal.record("torn_down", incident=end.incident, gen=watch.number)
             self.journal.record(
@@ -251,9 +258,9 @@ class Supervisor:
         # Planned only now, right before the launch: hosts may have been lost (or come back)
         # while we waited.
         try:
-            hosts = self._plan()
-        except NotEnoughHosts as e:
-            reason = e.explain(end.why)
+            hosts = self._plan(end.why)
+        except (NotEnoughHosts, NoLayoutFits) as e:
+            reason = e.explain(end.why) if isinstance(e, NotEnoughHosts) else f"{end.why}; {e}"
             if end.failure is None:
                 return JobOutcome.failed(reason)
             self.reporter.notice(f"fatal: {reason}", level="error")
@@ -277,8 +284,13 @@ class Supervisor:
             why + ("; requeueing" if self.config.requeue else ""), requeue=self.config.requeue
         )
 
-    def _plan(self) -> list[str]:
-        return self.roster.plan(excluded=self._excluded())
+    def _plan(self, why: str) -> list[str]:
+        """The next generation's hosts; in a planned job, those its DP x PP layout uses (the
+        rest wait as spares)."""
+        hosts = self.roster.plan(excluded=self._excluded())
+        used = self.plans.choose(hosts, gen=self.generation + 1, why=why)
+        self.roster.keep(used)
+        return used
 
     def _excluded(self) -> Callable[[str], bool]:
         return self.health.excluded(time.monotonic())  # quarantined: not planned, no growing
@@ -303,8 +315,13 @@ class Supervisor:
             ),
         )
         agents = self.fleet.launch(
-            number, hosts, hang=dataclasses.asdict(hang), restarts=self.incidents.restarts
+            number,
+            hosts,
+            hang=dataclasses.asdict(hang),
+            restarts=self.incidents.restarts,
+            env=self.plans.rank_env(),
         )
+        self.plans.launched()
         return GenWatch(
             number,
             set(agents),
@@ -338,21 +355,33 @@ class Supervisor:
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
                 return under(preempt, evidence.host_lost(msg, host, watch.max_step))
             if self.inbox.side_channel(agent_id, msg, watch):
-                if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
+                if (change := self._reconfiguration(watch)) is not None:
                     return under(preempt, change)  # a host was added or removed
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
             if preempt is not None and (done := preempt.on_message(msg)) is not None:
                 return done
+            stepped = watch.first_step_seen
             news = watch.on_message(agent_id, msg)
             if news is None:
                 self.stalls.news(watch, agent_id, msg)
             elif news is Seen.PROGRESS:
-                if (change := watch.reconfiguration(self.roster, self._excluded())) is not None:
+                if not stepped:
+                    self.plans.first_step()
+                if (change := self._reconfiguration(watch)) is not None:
                     return under(preempt, change)
             elif news is not Seen.OUTPUT:
                 return under(preempt, news)
+
+    def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
+        """A host removed, or ready hosts to grow onto; in a planned job, a grow only when the
+        better plan pays for its restart (planning.py)."""
+        change = watch.reconfiguration(self.roster, self._excluded())
+        if change is None:
+            return None
+        joining = self.roster.can_grow(excluded=self._excluded())
+        return self.plans.gate(change, list(watch.hosts.values()), joining)
 
     def _preempt_wait(self, watch: GenWatch) -> PreemptWait:
         signal, self.signals.preempt_pending = self.signals.preempt_pending, None

@@ -29,6 +29,7 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
     gens: dict[int, Generation] = {}
     incidents: dict[int, Incident] = {}
     pending_recovery: Incident | None = None
+    plans: dict[int, dict[str, Any]] = {}  # gen → its plan_chosen event
     g: Generation | None
     inc: Incident | None
     create_time = None
@@ -45,8 +46,13 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
             view.slurm_job_id = ev.get("slurm_job_id", view.slurm_job_id)
             view.controller_pid = ev.get("controller_pid")
             create_time = ev.get("controller_create_time")
+        elif kind == "plan_chosen":
+            plans[ev.get("gen", -1)] = ev
         elif kind == "generation_launched":
             g = Generation(ev["gen"], t, ev.get("hosts", []), ev.get("world_size", 0))
+            if (plan := plans.get(g.number)) is not None:
+                g.plan, g.plan_why = plan.get("summary"), plan.get("why")
+                g.predicted_step_s = plan.get("predicted_step_s")
             gens[g.number] = g
             view.generation = g.number
             if pending_recovery is not None:
@@ -57,7 +63,9 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
             step = ev.get("step")
             if g is not None and step is not None:
                 if kind == "first_step" and g.first_step_t is None:
-                    g.first_step_t = t
+                    g.first_step_t, g.first_step = t, step
+                elif kind == "progress" and g.first_step_t is not None:
+                    g.last_progress = (step, t)
                 g.last_step = step if g.last_step is None else max(g.last_step, step)
                 view.step = g.last_step
             if (

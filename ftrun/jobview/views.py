@@ -130,6 +130,25 @@ class Generation:
     last_step: int | None = None
     ended_t: float | None = None
     outcome: str | None = None
+    # A planned job: the layout this generation ran and why, what the planner predicted.
+    plan: str | None = None
+    plan_why: str | None = None
+    predicted_step_s: float | None = None
+    # Steady-state step time as the journal saw it: from the first step to the last progress.
+    first_step: int | None = None
+    last_progress: tuple[int, float] | None = None  # (step, t)
+
+    @property
+    def measured_step_s(self) -> float | None:
+        if self.first_step is None or self.first_step_t is None or self.last_progress is None:
+            return None
+        steps = self.last_progress[0] - self.first_step
+        return (self.last_progress[1] - self.first_step_t) / steps if steps > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "last_progress"}
+        out["measured_step_s"] = _round(self.measured_step_s)
+        return out
 
 
 @dataclass
@@ -177,7 +196,7 @@ class JobView:
         if detail:
             out["root_cause"] = self.root_cause
             out["incidents"] = [i.to_json() for i in self.incidents]
-            out["generations"] = [vars(g) for g in self.generations]
+            out["generations"] = [g.to_json() for g in self.generations]
         return out
 
 

@@ -1,7 +1,8 @@
 """Imports point one way (STYLE.md), checked from the source of every module in ftrun/:
 
     cli ─▶ controller ─▶ transport ─▶ agent ─▶ ground floor (ftrun/*.py: config, errors, protocol…)
-    checkpoint, parallel, planner stand alone: they run inside ranks or stay pure
+    checkpoint, parallel, planner stand alone: they run inside ranks or stay pure (the
+    controller may import the planner: it plans with it)
     jobview stands alone too: the journal read back for status/inspect, imported by cli only
 
 No module-level import loop anywhere; the controller and agent never import torch, typer or
@@ -28,6 +29,8 @@ FORBIDDEN: dict[str, set[str]] = {
     part: set(LAYERS[: LAYERS.index(part)]) | STANDALONE for part in LAYERS
 }
 FORBIDDEN["cli"] = set()
+# The controller plans with the planner (STYLE.md: cli → controller → transport/planner/...).
+FORBIDDEN["controller"].discard("planner")
 FORBIDDEN.update({part: set(LAYERS) - {"ground"} for part in STANDALONE})
 
 

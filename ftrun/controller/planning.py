@@ -1,0 +1,234 @@
+"""The controller's side of the DP x PP planner: which layout each generation runs, on which of
+the hosts the roster offers, and whether growing onto ready hosts is worth a restart.
+
+The planner (ftrun/planner/) is pure and knows nothing of hosts' names or of time passing; this
+desk feeds it the hosts at hand (every host runs `nproc_per_node` ranks, so a layout uses whole
+hosts), keeps the plan of the running generation, measures what a switch costs here (the last
+teardown plus the last start-up to the first step), and journals every choice (`plan_chosen`,
+with the alternatives it beat) and every grow it declined (`grow_declined`, once per offer).
+The plan reaches the ranks as $FTRUN_PLAN (docs/planner.md), where ftrun.parallel builds it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ftrun import envcontract
+from ftrun.config import LaunchConfig
+from ftrun.controller.generation import Reconfigure
+from ftrun.controller.reporting import Reporter
+from ftrun.errors import FtrunError
+from ftrun.journal import Journal
+from ftrun.planner import (
+    Layout,
+    Profile,
+    SwitchDecision,
+    best_layout,
+    prefer_current_pp,
+    rank_layouts,
+    should_switch,
+)
+
+PROFILE_FILE = "profile.json"  # the job's copy of its profile, in the job directory
+ALTERNATIVES_JOURNALED = 4
+# Until a switch has been measured in this job: a guess on the side of not switching.
+UNMEASURED_SWITCH_S = 30.0
+# A layout with the current pipeline depth within this share of the best is kept: the same
+# stages mean no reshard of the pipeline, and a near tie is not worth changing the shape for.
+KEEP_PP_WITHIN = 0.05
+
+
+def load_profile(job_dir: Path) -> Profile:
+    """The job's copy of its profile (the launcher put it there, checked)."""
+    path = job_dir / PROFILE_FILE
+    try:
+        return Profile.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise FtrunError(
+            f"the job's profile {path} cannot be read: {e}",
+            hint="launch again with --profile FILE (made by `ftrun profile`)",
+        ) from None
+
+
+class PlanDesk:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        profile: Profile,
+        *,
+        journal: Journal,
+        reporter: Reporter,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.profile = profile
+        self.journal = journal
+        self.reporter = reporter
+        self.clock = clock
+        self.global_batch = config.global_batch or profile.global_batch or 0
+        self.device_memory_bytes = config.device_memory_bytes or profile.device_memory_bytes
+        self.current: Layout | None = None
+        self._launched_at: float | None = None
+        self._startup_s: float | None = None
+        self._teardown_s: float | None = None
+        self._declined: set[tuple[str, ...]] = set()
+
+    # ---- choosing -----------------------------------------------------------------------------
+
+    def ranked(self, n_hosts: int) -> list[Layout]:
+        """Every layout that fits on `n_hosts` whole hosts, fastest first (may be empty)."""
+        return rank_layouts(self.profile, **self._cluster(n_hosts))
+
+    def best(self, n_hosts: int) -> Layout:
+        """The layout for `n_hosts` hosts: the fastest, unless one with the running pipeline
+        depth is nearly as fast. Raises the planner's NoLayoutFits, which says why."""
+        ranked = self.ranked(n_hosts)
+        if not ranked:
+            return best_layout(self.profile, **self._cluster(n_hosts))  # raises: nothing fits
+        if self.current is None:
+            return ranked[0]
+        return prefer_current_pp(ranked, self.current.pp, within=KEEP_PP_WITHIN)
+
+    def _cluster(self, n_hosts: int) -> dict[str, Any]:
+        nproc = self.config.nproc_per_node
+        return {
+            "slots": [nproc] * n_hosts,
+            "global_batch": self.global_batch,
+            "device_memory_bytes": self.device_memory_bytes,
+            "granularity": nproc,  # torchrun starts nproc ranks on every host of a generation
+        }
+
+    def choose(self, hosts: list[str], *, gen: int, why: str) -> list[str]:
+        """The next generation's layout on (a prefix of) `hosts`, journaled; returns the hosts
+        it runs on (the rest wait as spares)."""
+        ranked = self.ranked(len(hosts))
+        layout = self.best(len(hosts))
+        used = hosts[: layout.slots_used // self.config.nproc_per_node]
+        before = self.current
+        self.current = layout
+        self.journal.record(
+            "plan_chosen",
+            gen=gen,
+            why=why,
+            hosts=used,
+            spare_hosts=hosts[len(used) :],
+            layout=layout.to_plan(),
+            summary=summary(layout),
+            predicted_step_s=layout.step_s,
+            previous=summary(before) if before is not None else None,
+            alternatives=[
+                {"summary": summary(alt), "predicted_step_s": alt.step_s}
+                for alt in ranked
+                if alt is not layout
+            ][:ALTERNATIVES_JOURNALED],
+        )
+        if before is None or summary(before) != summary(layout):
+            self.reporter.notice(
+                f"plan: {summary(layout)} on {len(used)} host(s), "
+                f"{layout.step_s:.3g} s/step predicted ({why})"
+            )
+        return used
+
+    def rank_env(self) -> dict[str, str]:
+        """What every rank of the next generation gets: its plan."""
+        assert self.current is not None, "choose() before launching"
+        return {envcontract.PLAN: json.dumps(self.current.to_plan(), separators=(",", ":"))}
+
+    # ---- growing ------------------------------------------------------------------------------
+
+    def gate(
+        self, change: Reconfigure, active: list[str], joining: list[str]
+    ) -> Reconfigure | None:
+        """A grow onto `joining` hosts goes ahead only when the better plan pays for its
+        restart; other changes (a host removed) always do."""
+        if change.why != "grow":
+            return change
+        decision = self.worth_growing(active, joining)
+        return Reconfigure("grow", decision.reason) if decision is not None else None
+
+    def worth_growing(self, active: list[str], joining: list[str]) -> SwitchDecision | None:
+        """Whether a generation on `active` + `joining` pays for its restart; None when it
+        does not (journaled once per offer, so a host that stays ready is not logged per step)."""
+        if self.current is None:
+            return None
+        candidate = self.ranked(len(active) + len(joining))
+        if not candidate:
+            return None
+        decision = should_switch(
+            self.current,
+            candidate[0],
+            switch_cost_s=self.switch_cost_s(),
+            horizon_s=self.config.replan_horizon_s,
+        )
+        if decision.switch:
+            return decision
+        offer = tuple(joining)
+        if offer not in self._declined:
+            self._declined.add(offer)
+            self.journal.record(
+                "grow_declined",
+                hosts=list(joining),
+                candidate=summary(candidate[0]),
+                reason=decision.reason,
+            )
+        return None
+
+    # ---- what a switch costs here --------------------------------------------------------------
+
+    def launched(self) -> None:
+        self._launched_at = self.clock()
+
+    def first_step(self) -> None:
+        if self._launched_at is not None:
+            self._startup_s = self.clock() - self._launched_at
+            self._launched_at = None
+
+    def torn_down(self, seconds: float) -> None:
+        self._teardown_s = seconds
+
+    def switch_cost_s(self) -> float:
+        """The last teardown plus the last start-up to a first step: what the next restart will
+        cost, measured on this job's hosts."""
+        if self._startup_s is None:
+            return UNMEASURED_SWITCH_S
+        return self._startup_s + (self._teardown_s or 0.0)
+
+
+class Unplanned:
+    """A job without --profile: every host the roster offers runs nproc ranks of data
+    parallelism, as torchrun would; nothing is planned, journaled or gated."""
+
+    def choose(self, hosts: list[str], *, gen: int, why: str) -> list[str]:
+        return hosts
+
+    def rank_env(self) -> dict[str, str]:
+        return {}
+
+    def gate(self, change: Reconfigure, active: list[str], joining: list[str]) -> Reconfigure:
+        return change
+
+    def launched(self) -> None:
+        pass
+
+    def first_step(self) -> None:
+        pass
+
+    def torn_down(self, seconds: float) -> None:
+        pass
+
+
+def plan_desk(
+    config: LaunchConfig, *, journal: Journal, reporter: Reporter
+) -> PlanDesk | Unplanned:
+    if not config.planned:
+        return Unplanned()
+    return PlanDesk(config, load_profile(journal.job_dir), journal=journal, reporter=reporter)
+
+
+def summary(layout: Layout) -> str:
+    """`DP2×PP2 1F1B m4×M6`: how people read a layout."""
+    return f"{layout.name} {layout.schedule} m{layout.micro_batch}×M{layout.micro_batches}"
