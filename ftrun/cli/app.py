@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ftrun import envcontract
-from ftrun.cli import chaos, hosts, inspect, launch, sbatch, status
+from ftrun.cli import chaos, hosts, inspect, launch, profile, sbatch, status
 from ftrun.cli.render import make_console
 from ftrun.errors import FtrunError
 
@@ -31,6 +31,7 @@ def _register() -> None:
     inspect.register(app)
     chaos.register(app)
     hosts.register(app)
+    profile.register(app)
 
 
 def main() -> None:
