@@ -180,11 +180,14 @@ def _problems(plan: Plan) -> list[str]:
     out: list[str] = []
     if plan.version != 1:
         out.append(f"version {plan.version} (only 1 is known)")
-    for name in ("dp", "pp", "stages_per_rank", "micro_batch", "micro_batches", "global_batch"):
-        if getattr(plan, name) < 1:
-            out.append(f"{name} must be >= 1, not {getattr(plan, name)}")
-    if out:
-        return out
+    sizes = ("dp", "pp", "stages_per_rank", "micro_batch", "micro_batches", "global_batch")
+    small = [
+        f"{name} must be >= 1, not {getattr(plan, name)}"
+        for name in sizes
+        if getattr(plan, name) < 1
+    ]
+    if small:  # the checks below would divide by them or index with them
+        return out + small
     if plan.schedule not in SCHEDULES:
         out.append(f"schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
     if plan.stages_per_rank > 1 and plan.schedule != "Interleaved1F1B":
