@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 import ftrun
 import ftrun.checkpoint as ckpt
+from ftrun.errors import FtrunError
 from ftrun.parallel import Parallel
 
 
@@ -177,4 +178,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except FtrunError as e:  # a plan or budget this run cannot use: the message, not a traceback
+        print(f"error: {e.message}" + (f"\nhint: {e.hint}" if e.hint else ""), file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -178,3 +178,21 @@ def test_budget():
     assert need == 1000 + 10 * 2 * 2
     with pytest.raises(BudgetError, match="memory budget"):
         check_budget(plan, 0, state_bytes=1000, act_bytes_per_sample=10, budget=1000, rank=0)
+
+
+def test_parallel_imports_neither_the_cli_nor_the_controller():
+    """ftrun.parallel runs inside ranks, like ftrun.checkpoint (STYLE.md: imports point one way)."""
+    import ast
+    from pathlib import Path
+
+    import ftrun.parallel
+
+    banned = ("ftrun.cli", "ftrun.controller", "ftrun.agent", "ftrun.planner", "typer", "rich")
+    for path in Path(ftrun.parallel.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )  # fmt: skip
+            for name in names:
+                assert not name.startswith(banned), f"{path.name} imports {name}"
