@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ftrun import envcontract
-from ftrun.cli import chaos, hosts, inspect, launch, plan, sbatch, status
+from ftrun.cli import chaos, hosts, inspect, launch, plan, profile, sbatch, status
 from ftrun.cli.render import make_console
 from ftrun.errors import FtrunError
 
@@ -32,6 +32,7 @@ def _register() -> None:
     chaos.register(app)
     hosts.register(app)
     plan.register(app)
+    profile.register(app)
 
 
 def main() -> None:

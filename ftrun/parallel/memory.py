@@ -1,0 +1,84 @@
+"""The per-device memory budget: parsing it, and checking a rank's stage against it at setup.
+
+The planner drops layouts whose stages do not fit (DESIGN.md section 7); the runtime checks again
+with the stage it actually holds, so that a run on CPU, where nothing would fail for lack of
+memory, behaves like a device with the budget: a layout that needs pipelining is refused as
+DP-only. The estimate is the planner's: parameters + gradients + Adam state (4 x the parameter
+bytes) plus the activations of the micro-batches in flight.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ftrun.parallel.plan import Plan, PlanError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "kib": 1024,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+}
+
+
+class BudgetError(PlanError):
+    """This rank's stage does not fit the memory budget."""
+
+
+def parse_bytes(text: str | int) -> int:
+    """'64MiB', '1.5GB', '4096' -> bytes (K/M/G alone are binary, as in `ulimit`)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise PlanError(
+            f"memory size {text!r} is not understood", hint="e.g. 64MiB, 2GiB, 500MB, 1048576"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def in_flight(plan: Plan, position: int) -> int:
+    """Micro-batches whose activations a stage at this position holds at once."""
+    if plan.pp == 1:
+        return 1  # gradient accumulation: one micro-batch at a time
+    if plan.schedule == "GPipe":
+        return plan.micro_batches * plan.stages_per_rank
+    warm = min(plan.micro_batches, plan.pp - position)
+    return (
+        warm
+        if plan.stages_per_rank == 1
+        else min(plan.micro_batches, plan.pp) * plan.stages_per_rank
+    )
+
+
+def check_budget(
+    plan: Plan,
+    position: int,
+    *,
+    state_bytes: int,
+    act_bytes_per_sample: int,
+    budget: int,
+    rank: int,
+) -> int:
+    """Raise BudgetError when the rank's stage needs more than `budget`; return what it needs."""
+    acts = act_bytes_per_sample * plan.micro_batch * in_flight(plan, position)
+    need = state_bytes + acts
+    if need > budget:
+        raise BudgetError(
+            f"rank {rank} (pipeline position {position} of {plan.pp}, dp {plan.dp}) needs "
+            f"~{need / 2**20:.1f} MiB (state {state_bytes / 2**20:.1f} MiB = 4 x parameters, "
+            f"activations {acts / 2**20:.1f} MiB) but the memory budget is "
+            f"{budget / 2**20:.1f} MiB",
+            hint="use more pipeline stages or smaller micro-batches (plan with `ftrun plan`), "
+            "or raise --memory-budget",
+            data={"rank": rank, "need_bytes": need, "budget_bytes": budget},
+        )
+    return need
