@@ -9,23 +9,8 @@ bytes) plus the activations of the micro-batches in flight.
 
 from __future__ import annotations
 
-import re
-
 from ftrun.parallel.plan import Plan, PlanError
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "kib": 1024,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-}
+from ftrun.units import parse_size
 
 
 class BudgetError(PlanError):
@@ -33,16 +18,13 @@ class BudgetError(PlanError):
 
 
 def parse_bytes(text: str | int) -> int:
-    """'64MiB', '1.5GB', '4096' -> bytes (K/M/G alone are binary, as in `ulimit`)."""
+    """'64MiB', '1.5GB', '4096' -> bytes (ftrun/units.py: one reading of sizes everywhere)."""
     if isinstance(text, int):
         return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise PlanError(
-            f"memory size {text!r} is not understood", hint="e.g. 64MiB, 2GiB, 500MB, 1048576"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise PlanError(str(e), hint="e.g. 64MiB, 2GiB, 500MB, 1048576") from None
 
 
 def in_flight(plan: Plan, position: int) -> int:

@@ -8,7 +8,7 @@ from ftrun.planner.layout import SCHEDULES, Layout, place_ranks
 from ftrun.planner.profile import InvalidProfile, LayerProfile, Links, Profile
 from ftrun.planner.rank import NoLayoutFits, best_layout, rank_layouts
 from ftrun.planner.switch import SwitchDecision, prefer_current_pp, should_switch
-from ftrun.planner.units import format_bytes, parse_size
+from ftrun.units import format_bytes, parse_size
 
 __all__ = [
     "SCHEDULES",

@@ -23,7 +23,7 @@ from ftrun.planner import cost
 from ftrun.planner.layout import SCHEDULES, STAGES_PER_RANK, Layout
 from ftrun.planner.profile import Profile
 from ftrun.planner.split import Stages, balanced_split
-from ftrun.planner.units import format_bytes
+from ftrun.units import format_bytes
 
 _HINT_MEMORY = (
     "more slots (a deeper pipeline spreads the layers thinner), a larger --device-memory, "

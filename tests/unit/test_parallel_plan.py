@@ -167,7 +167,7 @@ def test_parse_bytes(text, value):
 
 
 def test_parse_bytes_refuses_nonsense():
-    with pytest.raises(PlanError, match="not understood"):
+    with pytest.raises(PlanError, match="not a size"):
         parse_bytes("lots")
 
 

@@ -91,7 +91,7 @@ def test_shapes_that_are_not_profiles(d: Any) -> None:
         ("4GB", 4_000_000_000),
         ("1073741824", 1024**3),
         ("1e9", 1_000_000_000),
-        ("2k", 2000),
+        ("2k", 2048),  # a bare K/M/G is binary, as `ulimit` reads it
     ],
 )
 def test_sizes(text: str, size: int) -> None:

@@ -1,24 +1,26 @@
-"""Byte sizes as people write them (`16GiB`, `512MiB`, `1.5e9`) and as the planner prints them.
+"""Byte sizes as people write them (`16GiB`, `512MiB`, `1.5e9`) and as ftrun prints them.
 
-Owned here because the planner's budget (--device-memory) and its tables are the only places
-ftrun reads or shows memory sizes; pure, so the CLI and the controller parse the same way.
+One parser for every size ftrun reads (`--device-memory`, `ftrun plan`, a recipe's
+`--memory-budget` through ftrun.parallel), so a size means the same everywhere. Ground floor:
+the planner, the controller and the ranks all import it.
 """
 
 from __future__ import annotations
 
 import re
 
-# Binary units are what device memory is sold in; decimal ones are accepted for completeness.
+# Binary units are what device memory is sold in, and a bare K/M/G/T is binary too (as `ulimit`
+# and `docker --memory` read it); KB/MB/GB/TB are decimal.
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": 1000,
+    "k": 1024,
     "kb": 1000,
-    "m": 1000**2,
+    "m": 1024**2,
     "mb": 1000**2,
-    "g": 1000**3,
+    "g": 1024**3,
     "gb": 1000**3,
-    "t": 1000**4,
+    "t": 1024**4,
     "tb": 1000**4,
     "kib": 1024,
     "mib": 1024**2,
