@@ -9,6 +9,7 @@ bytes) plus the activations of the micro-batches in flight.
 
 from __future__ import annotations
 
+from ftrun.inflight import in_flight as shared_in_flight
 from ftrun.parallel.plan import Plan, PlanError
 from ftrun.units import parse_size
 
@@ -28,16 +29,14 @@ def parse_bytes(text: str | int) -> int:
 
 
 def in_flight(plan: Plan, position: int) -> int:
-    """Micro-batches whose activations a stage at this position holds at once."""
-    if plan.pp == 1:
-        return 1  # gradient accumulation: one micro-batch at a time
-    if plan.schedule == "GPipe":
-        return plan.micro_batches * plan.stages_per_rank
-    warm = min(plan.micro_batches, plan.pp - position)
-    return (
-        warm
-        if plan.stages_per_rank == 1
-        else min(plan.micro_batches, plan.pp) * plan.stages_per_rank
+    """Micro-batches whose activations a stage at this position holds at once, counted as the
+    planner counts them (ftrun/inflight.py); for Interleaved1F1B, virtual-stage micro-batches."""
+    return shared_in_flight(
+        plan.schedule,
+        pp=plan.pp,
+        position=position,
+        micro_batches=plan.micro_batches,
+        v=plan.stages_per_rank,
     )
 
 
@@ -51,7 +50,9 @@ def check_budget(
     rank: int,
 ) -> int:
     """Raise BudgetError when the rank's stage needs more than `budget`; return what it needs."""
-    acts = act_bytes_per_sample * plan.micro_batch * in_flight(plan, position)
+    # A virtual stage holds its share of the rank's activations (Interleaved1F1B: 1/v each).
+    per_sample = act_bytes_per_sample / plan.stages_per_rank
+    acts = int(per_sample * plan.micro_batch * in_flight(plan, position))
     need = state_bytes + acts
     if need > budget:
         raise BudgetError(

@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-from ftrun.planner.layout import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from ftrun.inflight import in_flight as shared_in_flight
+from ftrun.planner.layout import INTERLEAVED
 from ftrun.planner.profile import Links, Profile
 from ftrun.planner.split import Stages
 
@@ -113,15 +114,9 @@ def step_lower_bound(profile: Profile, *, dp: int, pp: int, v: int, m: int, M: i
 
 def in_flight(schedule: str, *, pp: int, position: int, M: int) -> int:
     """Micro-batches (virtual-stage micro-batches for Interleaved1F1B) whose activations
-    pipeline rank `position` holds at its peak."""
-    if schedule == GPIPE:
-        return M
-    if schedule == ONE_F_ONE_B:
-        return min(pp - position, M)
-    if schedule == INTERLEAVED:
-        v = 2
-        return min(2 * (pp - position - 1) + (v - 1) * pp + 1, v * M)
-    raise ValueError(f"unknown schedule {schedule!r}")
+    pipeline rank `position` holds at its peak (ftrun/inflight.py: the ranks count the same)."""
+    v = 2 if schedule == INTERLEAVED else 1
+    return shared_in_flight(schedule, pp=pp, position=position, micro_batches=M, v=v)
 
 
 def _held_per_sample(profile: Profile, start: int, end: int) -> int:

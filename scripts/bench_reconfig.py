@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Live reconfiguration: ftrun re-plans DP x PP when a host is lost and when it comes back, one run.
+
+On the namespace testbed (scripts/testbed.sh, docs/testbed.md: hosts node1..node4, real sshd and
+TCP, one shared filesystem), recipes/gpt_pipeline.py (a GPT of --layers blocks, snapshot every
+step) runs under `ftrun launch --profile` on 4 hosts, one rank each, with a per-device memory
+budget the whole model does not fit in, so every plan needs pipeline stages. The profile comes
+from `ftrun profile` on this machine, first. Then, in one job:
+
+  1. the 4-host plan runs --steps-per-phase steps;
+  2. node4 is powered off (link down, every process SIGKILLed): the controller detects it,
+     re-plans for the 3 hosts left, restores the checkpoint resharded, trains --steps-per-phase;
+  3. node4 is powered on: the controller's retries reach it, the planner finds the 4-host plan
+     pays for a restart, the job grows back and trains --steps-per-phase; then Ctrl-C.
+
+Measured, from the job's journal (`ftrun inspect --json`) and rank 0's per-step lines:
+  (a) per plan the controller chose: predicted step time vs measured (median of rank 0's step
+      times in that generation, its first 2 steps left out), and the error;
+  (b) host lost → first step under the new plan, split into detect / tear down / relaunch /
+      first step (the incident's phases);
+  (c) throughput kept after losing 1 of 4 hosts: the re-plan's measured samples/s vs the best
+      DP-only shrink (PP = 1) that fits the budget on 3 hosts, as the planner finds it: if
+      none fits, DP-only trains nothing (0 samples/s). The anchor: shrinking DP is all
+      torchrun elastic (and ftrun before the planner) can do. With --dp-only-fits also a
+      second job without the budget, where DP-only fits: both measured on 3 hosts;
+  (d) steps lost per switch: the steps trained again after each restore.
+
+    python scripts/bench_reconfig.py [--layers 8 --dim 128 --global-batch 32 --budget 24MiB]
+                                     [--steps-per-phase 30] [--json FILE]
+
+Targets (issue 12): (a) error <= 20 %; (b) <= 15 s; (c) >= 1.2x when the model needs PP >= 2;
+(d) <= 1 step with a snapshot every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib
+from benchlib import Column, Run, Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from ftrun.planner import Profile, rank_layouts  # noqa: E402
+from tests.testbed import Testbed, unavailable_reason  # noqa: E402
+
+PY = sys.executable
+RECIPE = str(ROOT / "recipes" / "gpt_pipeline.py")
+HOSTS = ("node1", "node2", "node3", "node4")
+VICTIM = "node4"
+STEP_LINE = re.compile(r"step (\d+) loss [\d.]+ \((\d+) ms\)")
+LEFT_OUT = 2  # a generation's first steps pay for warm-up
+
+
+def ftrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "ftrun", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "160"},
+    )
+
+
+def step_times(log: Path) -> dict[int, float]:
+    """step → seconds, from rank 0's `step N loss L (T ms)` lines of one generation."""
+    if not log.exists():
+        return {}
+    return {int(m[1]): int(m[2]) / 1000 for m in STEP_LINE.finditer(log.read_text())}
+
+
+def events(run_dir: Path, job_id: str) -> list[dict[str, Any]]:
+    path = run_dir / job_id / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gen_steps(evs: list[dict[str, Any]], gen: int) -> int:
+    """Progress the journal has seen in generation `gen` (0 before its first step)."""
+    steps = [e.get("step") or 0 for e in evs if e.get("gen") == gen and "step" in e]
+    return max(steps, default=0)
+
+
+class Job:
+    """One `ftrun launch` on the testbed, waited on through its journal."""
+
+    def __init__(self, bed: Testbed, run_dir: Path, model: list[str], flags: list[str]) -> None:
+        self.run_dir = run_dir
+        cmd = [
+            PY,
+            "-m",
+            "ftrun",
+            "launch",
+            "--ssh-config",
+            str(bed.ssh_config),
+            "--run-dir",
+            str(run_dir),
+            "--job-name",
+            "bench-reconfig",
+            *flags,
+            RECIPE,
+            *model,
+            "--steps",
+            "1000000",
+        ]
+        self.command = " ".join(cmd)
+        self.run = Run(cmd, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
+        self.job_id = ""
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.job_id:
+            found = [p.name for p in self.run_dir.iterdir() if (p / "events.jsonl").exists()]
+            if not found:
+                return []
+            self.job_id = found[0]
+        return events(self.run_dir, self.job_id)
+
+    def wait_steps(self, gen: int, n: int, timeout_s: float) -> None:
+        """Until generation `gen` has trained `n` steps past its first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            evs = self.events()
+            first = [e["step"] for e in evs if e["kind"] == "first_step" and e["gen"] == gen]
+            log = self.run_dir / self.job_id / "logs" / f"g{gen}" / "rank0.log"
+            if first and max(step_times(log), default=0) >= first[0] + n:
+                return
+            if self.run.proc.poll() is not None:
+                raise RuntimeError(f"the job ended: {self.run.tail(2000)}")
+            time.sleep(0.2)
+        raise RuntimeError(f"generation {gen} did not train {n} steps in {timeout_s:g} s")
+
+    def stop(self) -> int | None:
+        return self.run.interrupt(60)
+
+    def inspect(self) -> dict[str, Any]:
+        out = ftrun("inspect", self.job_id, "--json", "--run-dir", str(self.run_dir))
+        return json.loads(out.stdout)
+
+
+def measured_step_s(run_dir: Path, job_id: str, gen: int) -> float | None:
+    times = step_times(run_dir / job_id / "logs" / f"g{gen}" / "rank0.log")
+    kept = [t for _, t in sorted(times.items())[LEFT_OUT:]]
+    return statistics.median(kept) if kept else None
+
+
+def dp_only_on(profile: Profile, hosts: int, global_batch: int, budget: int | None) -> Any:
+    """The best DP-only (PP = 1) layout on `hosts` one-slot hosts, or None if none fits."""
+    layouts = rank_layouts(
+        profile, slots=[1] * hosts, global_batch=global_batch, device_memory_bytes=budget
+    )
+    return next((layout for layout in layouts if layout.pp == 1), None)
+
+
+def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str]) -> dict[str, Any]:
+    run_dir = tmp / "runs-replan"
+    run_dir.mkdir()
+    profile = tmp / "profile.json"
+    flags = ["--hosts", ",".join(HOSTS), "--min-nodes", "2", "--profile", str(profile)]
+    flags += ["--replan-horizon", str(a.horizon_s)]
+    job = Job(bed, run_dir, model, flags)
+    out: dict[str, Any] = {"command": job.command}
+    try:
+        job.wait_steps(1, a.steps_per_phase, a.timeout_s)
+        out["fault_t"] = time.time()
+        bed.kill(VICTIM)
+        job.wait_steps(2, a.steps_per_phase, a.timeout_s)
+        bed.start(VICTIM)
+        job.wait_steps(3, a.steps_per_phase, a.timeout_s)
+        out["exit_code"] = job.stop()
+    finally:
+        job.run.close()
+    evs = job.events()
+    view = job.inspect()
+    out["plans"] = [
+        {
+            "gen": p["gen"],
+            "plan": p["summary"],
+            "why": p["why"],
+            "hosts": len(p["hosts"]),
+            "predicted_step_s": p["predicted_step_s"],
+            "measured_step_s": measured_step_s(run_dir, job.job_id, p["gen"]),
+            "global_batch": p["layout"]["global_batch"],
+        }
+        for p in evs
+        if p["kind"] == "plan_chosen"
+    ]
+    for p in out["plans"]:
+        if p["measured_step_s"]:
+            p["error"] = p["predicted_step_s"] / p["measured_step_s"] - 1
+            p["samples_per_s"] = p["global_batch"] / p["measured_step_s"]
+    [lost] = [i for i in view["incidents"] if i["kind"] == "host-lost"]
+    phases = lost["phases"]
+    base = phases.get("fault") or phases["detected"]
+    out["host_lost"] = {
+        "detect_s": phases["detected"] - base,
+        "teardown_s": (phases.get("torn down") or phases["detected"]) - phases["detected"],
+        "relaunch_s": phases["relaunched"] - (phases.get("torn down") or phases["detected"]),
+        "first_step_s": phases["first step again"] - phases["relaunched"],
+        "total_s": phases["first step again"] - base,
+        "lost_steps": lost["lost_steps"],
+    }
+    ended = {e["gen"]: e.get("step") for e in evs if e["kind"] == "generation_ended"}
+    first = {e["gen"]: e["step"] for e in evs if e["kind"] == "first_step"}
+    out["grow_lost_steps"] = (ended.get(2) or 0) - (first.get(3, 1) - 1)
+    return out
+
+
+def dp_only_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], planned: bool):
+    """3 hosts, no budget: the planner's choice vs plain DP (no --profile), measured."""
+    name = "planned" if planned else "dp-only"
+    run_dir = tmp / f"runs-{name}"
+    run_dir.mkdir()
+    flags = ["--hosts", ",".join(HOSTS[:3])]
+    if planned:
+        flags += ["--profile", str(tmp / "profile-unbounded.json")]
+    job = Job(bed, run_dir, model, flags)
+    try:
+        job.wait_steps(1, a.steps_per_phase, a.timeout_s)
+        job.stop()
+    finally:
+        job.run.close()
+    step_s = measured_step_s(run_dir, job.job_id, 1)
+    plan = [e["summary"] for e in job.events() if e["kind"] == "plan_chosen"]
+    return {
+        "name": name,
+        "plan": plan[0] if plan else "DP3 (no plan)",
+        "step_s": step_s,
+        "samples_per_s": a.global_batch / step_s if step_s else None,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--budget", default="24MiB", help="memory per device: the model needs PP >= 2")
+    p.add_argument("--steps-per-phase", type=int, default=30)
+    p.add_argument("--horizon-s", type=float, default=3600.0, help="--replan-horizon")
+    p.add_argument("--timeout-s", type=float, default=180.0, help="per phase")
+    p.add_argument("--dp-only-fits", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--prefix", default="ftbr", help="testbed name prefix")
+    p.add_argument("--subnet", default="10.213.62.0/24", help="testbed /24")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    a = p.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        print(f"bench_reconfig: {reason}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below runs
+    model = ["--layers", str(a.layers), "--dim", str(a.dim), "--global-batch", str(a.global_batch)]
+    budgeted = [*model, "--memory-budget", a.budget]
+    result: dict[str, Any] = {"model": model, "budget": a.budget}
+    with tempfile.TemporaryDirectory(prefix="bench-reconfig-") as tmp_name:
+        tmp = Path(tmp_name)
+        made = ftrun("profile", "--out", str(tmp / "profile.json"), RECIPE, *budgeted)
+        if made.returncode != 0:
+            print(made.stdout + made.stderr, file=sys.stderr)
+            return 1
+        profile = Profile.from_dict(json.loads((tmp / "profile.json").read_text()))
+        fits = dp_only_on(profile, 3, a.global_batch, profile.device_memory_bytes)
+        with Testbed(4, state_dir=tmp / "testbed", subnet=a.subnet, prefix=a.prefix) as bed:
+            result["replan"] = replan_job(bed, tmp, a, budgeted)
+            if a.dp_only_fits:
+                ftrun("profile", "--out", str(tmp / "profile-unbounded.json"), RECIPE, *model)
+                result["unbounded"] = [
+                    dp_only_job(bed, tmp, a, model, planned=True),
+                    dp_only_job(bed, tmp, a, model, planned=False),
+                ]
+    report(result, fits, a)
+    if a.json:
+        benchlib.write_json(a.json, result)
+    return 0
+
+
+def report(result: dict[str, Any], dp_only: Any, a: argparse.Namespace) -> None:
+    r = result["replan"]
+    print(f"\nmodel: {' '.join(result['model'])}, {result['budget']} per device, 1 rank per host")
+    print("\n(a) every plan the controller chose: predicted vs measured step time")
+    table = Table(
+        [
+            Column("gen", "gen"),
+            Column("plan", "plan", align="<"),
+            Column("hosts", "hosts"),
+            Column("predicted_step_s", "predicted s", ".3f"),
+            Column("measured_step_s", "measured s", ".3f"),
+            Column("error", "error", "+.0%"),
+            Column("samples_per_s", "samples/s", ".0f"),
+            Column("why", "why", align="<"),
+        ]
+    )
+    print(table.render(r["plans"]))
+    h = r["host_lost"]
+    print(
+        f"\n(b) host lost → first step under the new plan: {h['total_s']:.2f} s "
+        f"(detect {h['detect_s']:.2f}, tear down {h['teardown_s']:.2f}, relaunch "
+        f"{h['relaunch_s']:.2f}, first step {h['first_step_s']:.2f}); target <= 15 s"
+    )
+    before, after = r["plans"][0], r["plans"][1]
+    kept = after.get("samples_per_s") or 0.0
+    print("\n(c) throughput after losing 1 of 4 hosts")
+    print(f"    re-plan {after['plan']}: {kept:.0f} samples/s measured")
+    if before.get("samples_per_s"):
+        print(f"    (the 4-host plan before: {before['samples_per_s']:.0f} samples/s)")
+    if dp_only is None:
+        print("    best DP-only shrink on 3 hosts: none fits the budget → 0 samples/s; ratio: inf")
+    else:
+        print(f"    best DP-only shrink fits: {dp_only.name}, predicted {dp_only.step_s:.3f} s")
+    for row in result.get("unbounded", []):
+        print(
+            f"    no budget, 3 hosts, {row['name']}: {row['plan']}: {row['samples_per_s']:.0f} samples/s"
+        )
+    if len(result.get("unbounded", [])) == 2:
+        planned, plain = result["unbounded"]
+        ratio = benchlib.ratio(planned["samples_per_s"], plain["samples_per_s"])
+        print(f"    planned / DP-only, both fitting: {ratio:.2f}x")
+    print(
+        f"\n(d) steps lost: host lost {h['lost_steps']}, grow back {r['grow_lost_steps']} "
+        "(snapshot every step; target <= 1)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
