@@ -60,6 +60,10 @@ HOSTS = ("node1", "node2", "node3", "node4")
 VICTIM = "node4"
 STEP_LINE = re.compile(r"step (\d+) loss [\d.]+ \((\d+) ms\)")
 LEFT_OUT = 2  # a generation's first steps pay for warm-up
+# The testbed's hosts share this machine's cores: one thread per rank (torchrun sets it only
+# with more than one rank per host), as one host's own cores would be on a cluster. Without
+# it 4 ranks x 2 OpenMP threads spin on 2 cores and every step takes 10-30x longer.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def ftrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -69,7 +73,7 @@ def ftrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "160"},
+        env={**ONE_THREAD, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "160"},
     )
 
 
@@ -107,6 +111,8 @@ class Job:
             str(run_dir),
             "--job-name",
             "bench-reconfig",
+            "--env",
+            "OMP_NUM_THREADS=1",
             *flags,
             RECIPE,
             *model,
@@ -215,12 +221,15 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
     return out
 
 
-def dp_only_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], planned: bool):
-    """3 hosts, no budget: the planner's choice vs plain DP (no --profile), measured."""
+def dp_only_job(
+    bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], *, hosts: int, planned: bool
+) -> dict[str, Any]:
+    """No budget: the planner's choice on 3 hosts vs plain DP (no --profile) on as many of them
+    as keep the global batch, measured."""
     name = "planned" if planned else "dp-only"
     run_dir = tmp / f"runs-{name}"
     run_dir.mkdir()
-    flags = ["--hosts", ",".join(HOSTS[:3])]
+    flags = ["--hosts", ",".join(HOSTS[:hosts])]
     if planned:
         flags += ["--profile", str(tmp / "profile-unbounded.json")]
     job = Job(bed, run_dir, model, flags)
@@ -233,7 +242,7 @@ def dp_only_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str]
     plan = [e["summary"] for e in job.events() if e["kind"] == "plan_chosen"]
     return {
         "name": name,
-        "plan": plan[0] if plan else "DP3 (no plan)",
+        "plan": plan[0] if plan else f"DP{hosts} (no plan)",
         "step_s": step_s,
         "samples_per_s": a.global_batch / step_s if step_s else None,
     }
@@ -252,7 +261,11 @@ def main() -> int:
     p.add_argument("--prefix", default="ftbr", help="testbed name prefix")
     p.add_argument("--subnet", default="10.213.62.0/24", help="testbed /24")
     p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument("--report", default=None, help="print the figures of an earlier --json")
     a = p.parse_args()
+    if a.report:
+        report(json.loads(Path(a.report).read_text()))
+        return 0
     reason = unavailable_reason()
     if reason:
         print(f"bench_reconfig: {reason}", file=sys.stderr)
@@ -272,31 +285,36 @@ def main() -> int:
         with Testbed(4, state_dir=tmp / "testbed", subnet=a.subnet, prefix=a.prefix) as bed:
             result["replan"] = replan_job(bed, tmp, a, budgeted)
             if a.dp_only_fits:
-                ftrun("profile", "--out", str(tmp / "profile-unbounded.json"), RECIPE, *model)
+                unbounded = tmp / "profile-unbounded.json"
+                ftrun("profile", "--out", str(unbounded), RECIPE, *model)
+                plain = dp_only_on(
+                    Profile.from_dict(json.loads(unbounded.read_text())), 3, a.global_batch, None
+                )
                 result["unbounded"] = [
-                    dp_only_job(bed, tmp, a, model, planned=True),
-                    dp_only_job(bed, tmp, a, model, planned=False),
+                    dp_only_job(bed, tmp, a, model, hosts=3, planned=True),
+                    dp_only_job(bed, tmp, a, model, hosts=plain.dp, planned=False),
                 ]
-    report(result, fits, a)
+    result["dp_only_fits_budget"] = None if fits is None else fits.name
     if a.json:
         benchlib.write_json(a.json, result)
+    report(result)
     return 0
 
 
-def report(result: dict[str, Any], dp_only: Any, a: argparse.Namespace) -> None:
+def report(result: dict[str, Any]) -> None:
     r = result["replan"]
     print(f"\nmodel: {' '.join(result['model'])}, {result['budget']} per device, 1 rank per host")
     print("\n(a) every plan the controller chose: predicted vs measured step time")
     table = Table(
         [
-            Column("gen", "gen"),
-            Column("plan", "plan", align="<"),
-            Column("hosts", "hosts"),
-            Column("predicted_step_s", "predicted s", ".3f"),
-            Column("measured_step_s", "measured s", ".3f"),
-            Column("error", "error", "+.0%"),
-            Column("samples_per_s", "samples/s", ".0f"),
-            Column("why", "why", align="<"),
+            Column(key="gen", header="gen"),
+            Column(key="plan", header="plan", align="<"),
+            Column(key="hosts", header="hosts"),
+            Column(key="predicted_step_s", header="predicted s", spec=".3f"),
+            Column(key="measured_step_s", header="measured s", spec=".3f"),
+            Column(key="error", header="error", spec="+.0%"),
+            Column(key="samples_per_s", header="samples/s", spec=".0f"),
+            Column(key="why", header="why", align="<"),
         ]
     )
     print(table.render(r["plans"]))
@@ -312,10 +330,10 @@ def report(result: dict[str, Any], dp_only: Any, a: argparse.Namespace) -> None:
     print(f"    re-plan {after['plan']}: {kept:.0f} samples/s measured")
     if before.get("samples_per_s"):
         print(f"    (the 4-host plan before: {before['samples_per_s']:.0f} samples/s)")
-    if dp_only is None:
+    if result["dp_only_fits_budget"] is None:
         print("    best DP-only shrink on 3 hosts: none fits the budget → 0 samples/s; ratio: inf")
     else:
-        print(f"    best DP-only shrink fits: {dp_only.name}, predicted {dp_only.step_s:.3f} s")
+        print(f"    best DP-only shrink that fits the budget: {result['dp_only_fits_budget']}")
     for row in result.get("unbounded", []):
         print(
             f"    no budget, 3 hosts, {row['name']}: {row['plan']}: {row['samples_per_s']:.0f} samples/s"
