@@ -248,6 +248,31 @@ def dp_only_job(
     }
 
 
+def two_host_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str]):
+    """The model's accuracy where each rank has a core of its own: 2 hosts, 2 ranks."""
+    run_dir = tmp / "runs-two-hosts"
+    run_dir.mkdir()
+    flags = ["--hosts", ",".join(HOSTS[:2]), "--profile", str(tmp / "profile.json")]
+    job = Job(bed, run_dir, model, flags)
+    try:
+        job.wait_steps(1, a.steps_per_phase, a.timeout_s)
+        job.stop()
+    finally:
+        job.run.close()
+    [plan] = [e for e in job.events() if e["kind"] == "plan_chosen"]
+    measured = measured_step_s(run_dir, job.job_id, 1)
+    return {
+        "gen": 1,
+        "plan": plan["summary"],
+        "hosts": 2,
+        "predicted_step_s": plan["predicted_step_s"],
+        "measured_step_s": measured,
+        "error": plan["predicted_step_s"] / measured - 1 if measured else None,
+        "samples_per_s": a.global_batch / measured if measured else None,
+        "why": "2 hosts: a core per rank",
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
@@ -284,6 +309,7 @@ def main() -> int:
         fits = dp_only_on(profile, 3, a.global_batch, profile.device_memory_bytes)
         with Testbed(4, state_dir=tmp / "testbed", subnet=a.subnet, prefix=a.prefix) as bed:
             result["replan"] = replan_job(bed, tmp, a, budgeted)
+            result["two_hosts"] = two_host_job(bed, tmp, a, budgeted)
             if a.dp_only_fits:
                 unbounded = tmp / "profile-unbounded.json"
                 ftrun("profile", "--out", str(unbounded), RECIPE, *model)
@@ -318,6 +344,10 @@ def report(result: dict[str, Any]) -> None:
         ]
     )
     print(table.render(r["plans"]))
+    if "two_hosts" in result:
+        print("    the same model where each rank has a core of its own (the testbed's 4 hosts")
+        print("    share this machine's 2 cores; the model assumes a device per rank):")
+        print("    " + table.render([result["two_hosts"]]).replace("\n", "\n    "))
     h = r["host_lost"]
     print(
         f"\n(b) host lost → first step under the new plan: {h['total_s']:.2f} s "
