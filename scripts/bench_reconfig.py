@@ -206,7 +206,7 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
             p["samples_per_s"] = p["global_batch"] / p["measured_step_s"]
     [lost] = [i for i in view["incidents"] if i["kind"] == "host-lost"]
     phases = lost["phases"]
-    base = phases.get("fault") or phases["detected"]
+    base = out["fault_t"]  # just before the power-off, on the clock every host shares
     out["host_lost"] = {
         "detect_s": phases["detected"] - base,
         "teardown_s": (phases.get("torn down") or phases["detected"]) - phases["detected"],
