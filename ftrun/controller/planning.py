@@ -110,6 +110,7 @@ class PlanDesk:
         used = hosts[: layout.slots_used // self.config.nproc_per_node]
         before = self.current
         self.current = layout
+        self._declined.clear()  # a new generation weighs every offer again
         self.journal.record(
             "plan_chosen",
             gen=gen,
@@ -153,10 +154,12 @@ class PlanDesk:
     def worth_growing(self, active: list[str], joining: list[str]) -> SwitchDecision | None:
         """Whether a generation on `active` + `joining` pays for its restart; None when it
         does not (journaled once per offer, so a host that stays ready is not logged per step)."""
-        if self.current is None:
-            return None
+        offer = tuple(joining)
+        if self.current is None or offer in self._declined:
+            return None  # decided for this generation already: no planning on every step
         candidate = self.ranked(len(active) + len(joining))
         if not candidate:
+            self._declined.add(offer)
             return None
         decision = should_switch(
             self.current,
@@ -166,15 +169,15 @@ class PlanDesk:
         )
         if decision.switch:
             return decision
-        offer = tuple(joining)
-        if offer not in self._declined:
-            self._declined.add(offer)
-            self.journal.record(
-                "grow_declined",
-                hosts=list(joining),
-                candidate=summary(candidate[0]),
-                reason=decision.reason,
-            )
+        self._declined.add(offer)
+        if candidate[0].same_plan(self.current):
+            return None  # hosts the plan itself left as spares: nothing was offered
+        self.journal.record(
+            "grow_declined",
+            hosts=list(joining),
+            candidate=summary(candidate[0]),
+            reason=decision.reason,
+        )
         return None
 
     # ---- what a switch costs here --------------------------------------------------------------

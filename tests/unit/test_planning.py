@@ -118,8 +118,11 @@ def test_a_grow_goes_ahead_only_when_it_pays_for_its_restart(tmp_path):
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
     [declined] = events(journal, "grow_declined")
     assert declined["hosts"] == HOSTS[2:] and "stay" in declined["reason"]
-    # With an hour ahead, the faster plan pays for it.
+    # Decided for this generation: the offer is not weighed again until the next one.
     plans.config = dataclasses.replace(plans.config, replan_horizon_s=3600.0)
+    assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
+    # In the next generation, with an hour ahead, the faster plan pays for it.
+    plans.choose(HOSTS[:2], gen=2, why="a rank crashed")
     change = plans.gate(grow, HOSTS[:2], HOSTS[2:])
     assert change is not None and change.why == "grow" and "grow" in change.detail
     # A removed host is never held back.
