@@ -143,7 +143,9 @@ class _Search:
         ]
         best: Layout | None = None
         for bound, m in sorted(sizes):
-            if bound > min(cutoff, best.step_s if best else cutoff) * (1 + 1e-9):
+            # Pruned only when surely slower, at the precision the ranking compares (_order):
+            # a tie there is broken by slots, so a tied layout must still be costed.
+            if round(bound, 12) > round(min(cutoff, best.step_s if best else cutoff), 12):
                 break
             layout = self._layout(schedule, dp, pp, m, per_replica // m)
             if layout is None:
