@@ -87,3 +87,16 @@ def test_exit_and_idle_timeouts_from_flags_or_environment(ftrun):
     )
     assert_clean_usage_error(result, "no such script")
     assert "timeout" not in result.stderr
+
+
+def test_bad_planning_input_is_one_message_before_anything_starts(ftrun, tmp_path):
+    corrupt = tmp_path / "profile.json"
+    corrupt.write_text('{"version": 1, "layers": [{"name": "a", "fwd_s": "fast"}]}')
+    result = ftrun.run("launch", "--profile", str(corrupt), "--device-memory", "lots", TOY)
+    assert_clean_usage_error(result, "--profile", "--device-memory", "ftrun profile")
+    assert not list((ftrun.run_dir).glob("*/events.jsonl"))  # no job was started
+    missing = ftrun.run("launch", "--profile", str(tmp_path / "none.json"), TOY)
+    assert_clean_usage_error(missing, "cannot be read")
+    assert_clean_usage_error(
+        ftrun.run("launch", "--global-batch", "64", TOY), "--global-batch", "need --profile"
+    )
