@@ -132,6 +132,9 @@ def print_job(console: Console, v: JobView) -> None:
     )
     if v.reason:
         console.print(f"reason: {v.reason}", soft_wrap=True)
+    current = v.generations[-1] if v.generations else None
+    if current is not None and current.plan is not None:
+        console.print(f"plan: {current.plan} on {len(current.hosts)} host(s)", soft_wrap=True)
     console.print(
         f"started {clock(v.started_t)}, "
         + (f"ended {clock(v.ended_t)}" if v.ended_t else f"running for {age(v.age_s())}")

@@ -116,6 +116,11 @@ def test_a_lost_host_replans_dp_x_pp_and_the_job_grows_back(ftrun, testbed, tmp_
     launched = kinds(events, "generation_launched")
     assert [g["world_size"] for g in launched] == [4, shrunk["dp"] * shrunk["pp"], 4]
 
+    # status shows the plan running last; inspect each generation's, predicted and measured.
+    shown = ftrun.run("inspect", job_id)
+    assert shown.returncode == 0 and shown.stdout.count("predicted ") == 3, shown.stdout
+    assert "plan: DP" in ftrun.run("status", job_id).stdout
+
     # Every printed loss, whatever layout printed it, matches one process's uninterrupted run.
     logs = ftrun.run_dir / job_id / "logs"
     got = losses("".join(p.read_text() for p in sorted(logs.glob("g*/rank0.log"))))
