@@ -3,8 +3,10 @@
 A script builds its full model (same seed on every rank), hands it over with its loss and a way
 to fetch samples by global index, and calls `step()` once per step. Under FTRUN_PLAN the rank
 keeps its stage(s), pipelines micro-batches with torch.distributed.pipelining over the "pp"
-group and averages gradients over the "dp" group with DDP; without a plan every rank is a full
-DDP replica (plain torchrun or python). Either way the gradient is the mean over the global
+group and averages gradients over the "dp" group (with DDP when PP = 1; with one flat
+all-reduce after the schedule when PP > 1, because in torch 2.13 GPipe over DDP-wrapped stages
+trips DDP's reducer on the second step); without a plan every rank is a full DDP replica (plain
+torchrun or python). Either way the gradient is the mean over the global
 batch and the returned loss is the global mean, so the training curve does not depend on the
 layout, and `module`'s state_dict keys are the full model's, so checkpoints reshard.
 
