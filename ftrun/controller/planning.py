@@ -83,10 +83,12 @@ class PlanDesk:
         """Every layout that fits on `n_hosts` whole hosts, fastest first (may be empty)."""
         return rank_layouts(self.profile, **self._cluster(n_hosts))
 
-    def best(self, n_hosts: int) -> Layout:
-        """The layout for `n_hosts` hosts: the fastest, unless one with the running pipeline
-        depth is nearly as fast. Raises the planner's NoLayoutFits, which says why."""
-        ranked = self.ranked(n_hosts)
+    def best(self, n_hosts: int, ranked: list[Layout] | None = None) -> Layout:
+        """The layout for `n_hosts` hosts (`ranked`: their layouts, if ranked already): the
+        fastest, unless one with the running pipeline depth is nearly as fast. Raises the
+        planner's NoLayoutFits, which says why."""
+        if ranked is None:
+            ranked = self.ranked(n_hosts)
         if not ranked:
             return best_layout(self.profile, **self._cluster(n_hosts))  # raises: nothing fits
         if self.current is None:
@@ -105,8 +107,8 @@ class PlanDesk:
     def choose(self, hosts: list[str], *, gen: int, why: str) -> list[str]:
         """The next generation's layout on (a prefix of) `hosts`, journaled; returns the hosts
         it runs on (the rest wait as spares)."""
-        ranked = self.ranked(len(hosts))
-        layout = self.best(len(hosts))
+        ranked = self.ranked(len(hosts))  # once: on the recovery path, and seconds at scale
+        layout = self.best(len(hosts), ranked)
         used = hosts[: layout.slots_used // self.config.nproc_per_node]
         before = self.current
         self.current = layout
