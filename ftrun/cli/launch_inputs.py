@@ -158,10 +158,15 @@ def planning(
             problems.append(f"--profile {str(profile)!r} is not JSON: {e}")
         except FtrunError as e:
             problems.append(f"--profile {str(profile)!r}: {e.message}")
-    if device_memory is None:
+    return device_memory_bytes(device_memory, problems)
+
+
+def device_memory_bytes(text: str | None, problems: list[str]) -> int | None:
+    """--device-memory SIZE in bytes (None when not given), as `launch` and `plan` read it."""
+    if text is None:
         return None
     try:
-        return parse_size(device_memory)
+        return parse_size(text)
     except ValueError as e:
         problems.append(f"--device-memory: {e}")
         return None

@@ -13,6 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from ftrun.cli.launch_inputs import device_memory_bytes
 from ftrun.cli.render import make_console
 from ftrun.errors import UsageError
 from ftrun.planner import (
@@ -21,7 +22,6 @@ from ftrun.planner import (
     Profile,
     best_layout,
     format_bytes,
-    parse_size,
     place_ranks,
     rank_layouts,
 )
@@ -58,7 +58,7 @@ def plan(
     """Rank the DP x PP layouts of a profiled model on the given slots, fastest first."""
     problems: list[str] = []
     per_host = _slots(slots, problems)
-    budget = _size(device_memory, problems)
+    budget = device_memory_bytes(device_memory, problems)
     if top < 1:
         problems.append(f"--top {top} must be at least 1")
     if problems:
@@ -145,16 +145,6 @@ def _slots(text: str, problems: list[str]) -> list[int]:
         problems.append(f"--slots {text!r} is not a comma-separated list of slots per host (8,8,7)")
         return []
     return counts
-
-
-def _size(text: str | None, problems: list[str]) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        problems.append(f"--device-memory: {e}")
-        return None
 
 
 def _load(path: Path) -> Profile:
