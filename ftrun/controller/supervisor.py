@@ -378,8 +378,8 @@ class Supervisor:
         """A host removed, or ready hosts to grow onto; in a planned job, a grow only when the
         better plan pays for its restart (planning.py)."""
         change = watch.reconfiguration(self.roster, self._excluded())
-        if change is None:
-            return None
+        if change is None or change.why != "grow":
+            return change
         joining = self.roster.can_grow(excluded=self._excluded())
         return self.plans.gate(change, list(watch.hosts.values()), joining)
 
