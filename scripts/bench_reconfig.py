@@ -221,6 +221,19 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
     return out
 
 
+def one_generation(
+    bed: Testbed, run_dir: Path, model: list[str], flags: list[str], a: argparse.Namespace
+) -> Job:
+    """A job that trains --steps-per-phase steps in its first generation, then is stopped."""
+    job = Job(bed, run_dir, model, flags)
+    try:
+        job.wait_steps(1, a.steps_per_phase, a.timeout_s)
+        job.stop()
+    finally:
+        job.run.close()
+    return job
+
+
 def dp_only_job(
     bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], *, hosts: int, planned: bool
 ) -> dict[str, Any]:
@@ -232,12 +245,7 @@ def dp_only_job(
     flags = ["--hosts", ",".join(HOSTS[:hosts])]
     if planned:
         flags += ["--profile", str(tmp / "profile-unbounded.json")]
-    job = Job(bed, run_dir, model, flags)
-    try:
-        job.wait_steps(1, a.steps_per_phase, a.timeout_s)
-        job.stop()
-    finally:
-        job.run.close()
+    job = one_generation(bed, run_dir, model, flags, a)
     step_s = measured_step_s(run_dir, job.job_id, 1)
     plan = [e["summary"] for e in job.events() if e["kind"] == "plan_chosen"]
     return {
@@ -253,12 +261,7 @@ def two_host_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str
     run_dir = tmp / "runs-two-hosts"
     run_dir.mkdir()
     flags = ["--hosts", ",".join(HOSTS[:2]), "--profile", str(tmp / "profile.json")]
-    job = Job(bed, run_dir, model, flags)
-    try:
-        job.wait_steps(1, a.steps_per_phase, a.timeout_s)
-        job.stop()
-    finally:
-        job.run.close()
+    job = one_generation(bed, run_dir, model, flags, a)
     [plan] = [e for e in job.events() if e["kind"] == "plan_chosen"]
     measured = measured_step_s(run_dir, job.job_id, 1)
     return {
