@@ -8,23 +8,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Ftrun
+from tests.unit.test_planner_rank import PLAN_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "tests" / "data" / "profile_gpt_small.json")
-PLAN_KEYS = {
-    "version",
-    "dp",
-    "pp",
-    "stages",
-    "stages_per_rank",
-    "layer_names",
-    "micro_batch",
-    "micro_batches",
-    "global_batch",
-    "schedule",
-    "mesh",
-    "predicted_step_s",
-}
 
 
 def test_table_shows_the_best_layout_first(ftrun: Ftrun) -> None:

@@ -23,6 +23,23 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json"
 GiB = 1024**3
 
 
+# The keys of the FTRUN_PLAN document (docs/planner.md, the contract ftrun.parallel reads).
+PLAN_KEYS = {
+    "version",
+    "dp",
+    "pp",
+    "stages",
+    "stages_per_rank",
+    "layer_names",
+    "micro_batch",
+    "micro_batches",
+    "global_batch",
+    "schedule",
+    "mesh",
+    "predicted_step_s",
+}
+
+
 def sample() -> Profile:
     return Profile.from_dict(json.loads(SAMPLE.read_text()))
 
@@ -54,20 +71,7 @@ def test_the_sample_on_four_hosts() -> None:
 def test_to_plan_is_the_contract() -> None:
     best = best_layout(sample(), slots=[4, 4], global_batch=48, device_memory_bytes=None)
     plan = best.to_plan()
-    assert set(plan) == {
-        "version",
-        "dp",
-        "pp",
-        "stages",
-        "stages_per_rank",
-        "layer_names",
-        "micro_batch",
-        "micro_batches",
-        "global_batch",
-        "schedule",
-        "mesh",
-        "predicted_step_s",
-    }
+    assert set(plan) == PLAN_KEYS
     assert plan["version"] == 1
     assert plan["dp"] * plan["micro_batch"] * plan["micro_batches"] == plan["global_batch"] == 48
     assert plan["mesh"] == [
