@@ -41,7 +41,6 @@ class Layout:
     global_batch: int
     schedule: str
     layer_names: tuple[str, ...]
-    step_s: float
     compute_s: float
     bubble_s: float
     allreduce_s: float
@@ -49,6 +48,11 @@ class Layout:
     memory_bytes: tuple[int, ...]
     device_memory_bytes: int | None
     slots_available: int
+
+    @property
+    def step_s(self) -> float:
+        """The predicted step: the sum of its parts (cost.StepCost's, in the same order)."""
+        return self.compute_s + self.bubble_s + self.allreduce_s + self.p2p_s
 
     @property
     def name(self) -> str:

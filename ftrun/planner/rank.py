@@ -286,7 +286,6 @@ def _layout(
         global_batch=dp * m * M,
         schedule=schedule,
         layer_names=profile.layer_names,
-        step_s=step.step_s,
         compute_s=step.compute_s,
         bubble_s=step.bubble_s,
         allreduce_s=step.allreduce_s,

@@ -20,7 +20,6 @@ def layout(dp: int, pp: int, step_s: float) -> Layout:
         global_batch=dp * max(pp, 12 // dp),
         schedule="1F1B",
         layer_names=tuple(f"l{i}" for i in range(pp)),
-        step_s=step_s,
         compute_s=step_s,
         bubble_s=0.0,
         allreduce_s=0.0,
@@ -78,7 +77,7 @@ def test_no_current_layout_starts_and_the_same_plan_stays() -> None:
     assert first.switch and first.reason.startswith("start with DP2×PP2 1F1B")
     same = layout(2, 2, 1.0)
     again = should_switch(
-        same, dataclasses.replace(same, step_s=0.5), switch_cost_s=0, horizon_s=600
+        same, dataclasses.replace(same, compute_s=0.5), switch_cost_s=0, horizon_s=600
     )
     assert not again.switch and "is the current plan" in again.reason
 
