@@ -25,7 +25,7 @@ BIN = Path(__file__).parent / "bin"
 TESTS = Path(__file__).resolve().parent
 # The tiers (scripts/test.sh --fast runs the first alone). A test's tier follows from where it
 # lives and what it asks for, so that a new test cannot land in the fast tier by forgetting a mark.
-PROCESS_DIRS = (TESTS / "integration", TESTS / "conformance")
+PROCESS_DIRS = (TESTS / "integration", TESTS / "conformance", TESTS / "hostile" / "live")
 TESTBED_FIXTURES = {"testbed", "bed", "slurm"}
 
 

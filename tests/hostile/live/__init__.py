@@ -1,0 +1,1 @@
+"""Live attacks: each starts a real job (or agent, or controller) and attacks it."""
