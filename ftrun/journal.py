@@ -7,13 +7,27 @@
 
 Only the controller writes here; `status` and `inspect` only read. A reader tolerates a torn last
 line, because the controller may have been killed in the middle of writing it.
+
+The journal must get its last event even when the machine is short of something (docs/security.md:
+a flood of connections can use up file descriptors, a chatty rank the disk). So the writer:
+- keeps events.jsonl open from the start, and writes each event with os.write (no buffer that a
+  failed write leaves half full); an event it cannot write now waits, in order, for the next one;
+- holds RESERVE_BYTES of disk in a reserve file beside it, and frees it at the first "disk full",
+  so the events that follow (the job's end among them) have room;
+- never lets a rank log that cannot be opened or written take the controller down: the lines are
+  dropped and counted, once journaled as `log_write_failed`, and after a "disk full" rank logs
+  stop for good, so they cannot eat the reserve meant for the events.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import re
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +37,13 @@ from ftrun.errors import UsageError
 
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
+RESERVE_FILE = ".events-reserve"
+RESERVE_BYTES = 256 * 1024  # a few thousand events: the end of a job and then some
+MAX_PENDING_EVENTS = 100_000
+# What a log stream's name may hold: it becomes a file name in the job directory.
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.@:+-]")
+
+log = logging.getLogger("ftrun.journal")
 
 
 class Journal:
@@ -34,38 +55,126 @@ class Journal:
         self.job_dir = job_dir
         try:
             job_dir.mkdir(parents=True, exist_ok=existing)
-            self._events = open(job_dir / EVENTS_FILE, "a", encoding="utf-8")
-            if existing and self._events.tell() > 0 and not _ends_with_newline(job_dir):
-                self._events.write("\n")  # a killed controller's torn last line stays apart
+            self._events_fd = os.open(
+                job_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+            )
+            if (
+                existing
+                and os.fstat(self._events_fd).st_size > 0
+                and not _ends_with_newline(job_dir)
+            ):
+                os.write(self._events_fd, b"\n")  # a killed controller's torn last line stays apart
         except OSError as e:
             raise UsageError(
                 f"cannot create the job directory {job_dir}: {e.strerror or e}",
                 hint="pass a writable --run-dir or set FTRUN_RUN_DIR",
             ) from None
+        self._pending: deque[bytes] = deque()
+        self._reserve: Path | None = _make_reserve(job_dir)
         self._logs: dict[tuple[int, str], IO[str]] = {}
+        self._log_failures: dict[str, int] = {}  # errno name → lines dropped
+        self._logs_stopped = False
 
     def write_config(self, config: dict[str, Any]) -> None:
         path = self.job_dir / CONFIG_FILE
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
     def record(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append one event. Never raises for the disk's sake: an event that cannot be written
+        now is kept and written before the next one (see the module's docstring)."""
         event = {"t": time.time(), "kind": kind, **fields}
-        self._events.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
-        self._events.flush()
+        line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
+        if len(self._pending) < MAX_PENDING_EVENTS:
+            self._pending.append(line.encode("utf-8", "backslashreplace"))
+        self._write_pending()
         return event
 
+    def _write_pending(self) -> None:
+        while self._pending:
+            data = self._pending[0]
+            try:
+                written = os.write(self._events_fd, data)
+            except OSError as e:
+                if e.errno == errno.ENOSPC and self._free_reserve():
+                    continue
+                log.error("cannot write the journal (%s); %d event(s) wait", e, len(self._pending))
+                return
+            if written < len(data):  # short write (disk full part way): the rest goes next
+                self._pending[0] = data[written:]
+                continue
+            self._pending.popleft()
+
+    def _free_reserve(self) -> bool:
+        """The disk is full: give the events the room held for them, and stop rank logs from
+        taking it back. False when it was already given."""
+        if self._reserve is None:
+            return False
+        try:
+            self._reserve.unlink()
+        except OSError:
+            pass
+        self._reserve = None
+        self._stop_logs("the disk is full (ENOSPC)")
+        return True
+
+    def _stop_logs(self, why: str) -> None:
+        if self._logs_stopped:
+            return
+        self._logs_stopped = True
+        for handle in self._logs.values():
+            try:
+                handle.close()
+            except OSError:
+                pass
+        self._logs.clear()
+        log.error("rank logs stopped: %s", why)
+        self.record("logs_stopped", reason=why)
+
     def log_path(self, generation: int, stream: str) -> Path:
-        return self.job_dir / "logs" / f"g{generation}" / f"{stream}.log"
+        """Where a stream's lines go. The stream's name (a rank, a host) is made a plain file
+        name here, whatever it holds: no separators, no leading dot."""
+        name = _UNSAFE_IN_NAME.sub("_", stream).lstrip(".") or "_"
+        return self.job_dir / "logs" / f"g{int(generation)}" / f"{name[:200]}.log"
 
     def append_log(self, generation: int, stream: str, lines: Iterable[str]) -> None:
+        """Append a stream's lines. Lines that cannot be written (no file descriptor left, no
+        disk, an I/O error) are dropped and counted, never raised: the controller goes on."""
+        lines = list(lines)
+        if self._logs_stopped:
+            self._log_failures["stopped"] = self._log_failures.get("stopped", 0) + len(lines)
+            return
         key = (generation, stream)
-        handle = self._logs.get(key)
-        if handle is None:
-            path = self.log_path(generation, stream)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = self._logs[key] = open(path, "a", encoding="utf-8")
-        handle.writelines(line + "\n" for line in lines)
-        handle.flush()
+        try:
+            handle = self._logs.get(key)
+            if handle is None:
+                path = self.log_path(generation, stream)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle = self._logs[key] = open(path, "a", encoding="utf-8", errors="replace")
+            handle.writelines(line + "\n" for line in lines)
+            handle.flush()
+        except OSError as e:
+            self._log_failed(key, e, len(lines))
+
+    def _log_failed(self, key: tuple[int, str], e: OSError, lines: int) -> None:
+        reason = errno.errorcode.get(e.errno or 0, type(e).__name__)
+        first = reason not in self._log_failures
+        self._log_failures[reason] = self._log_failures.get(reason, 0) + lines
+        handle = self._logs.pop(key, None)
+        if handle is not None:
+            try:
+                handle.close()  # its buffer may hold what failed; drop it with the handle
+            except OSError:
+                pass
+        if first:
+            log.error("cannot write the log of %s: %s", key[1], e)
+            self.record("log_write_failed", gen=key[0], stream=key[1], reason=reason)
+        if e.errno == errno.ENOSPC:
+            self._free_reserve()
+
+    @property
+    def dropped_log_lines(self) -> dict[str, int]:
+        """Lines dropped so far, by reason (an errno name, or "stopped")."""
+        return dict(self._log_failures)
 
     def close_generation_logs(self, generation: int) -> None:
         for key in [k for k in self._logs if k[0] == generation]:
@@ -73,12 +182,47 @@ class Journal:
 
     def close(self) -> None:
         for handle in self._logs.values():
-            handle.close()
+            try:
+                handle.close()
+            except OSError:
+                pass
         self._logs.clear()
-        if not self._events.closed:
-            self._events.flush()
-            os.fsync(self._events.fileno())
-            self._events.close()
+        if self._events_fd < 0:
+            return
+        if self._log_failures:
+            self.record("log_lines_dropped", by_reason=self._log_failures)
+        self._write_pending()
+        try:
+            os.fsync(self._events_fd)
+        except OSError as e:
+            log.error("cannot sync the journal: %s", e)
+        os.close(self._events_fd)
+        self._events_fd = -1
+        if self._reserve is not None:
+            try:
+                self._reserve.unlink()
+            except OSError:
+                pass
+            self._reserve = None
+
+
+def _make_reserve(job_dir: Path) -> Path | None:
+    """RESERVE_BYTES of real blocks (written, not sparse) that the journal frees when the disk
+    fills up; None when even that cannot be had (then there is nothing to give back)."""
+    path = job_dir / RESERVE_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, bytes(RESERVE_BYTES))
+        finally:
+            os.close(fd)
+    except OSError:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+    return path
 
 
 def _ends_with_newline(job_dir: Path) -> bool:

@@ -4,10 +4,19 @@ One TCP connection per agent, both ways. Each frame is
 
     length (4 bytes, big-endian) | HMAC-SHA256 tag (32 bytes) | JSON body
 
-The tag is keyed with a per-connection key derived from the per-job secret and a random nonce
-the server sends first, so a frame captured on one connection is worthless on another, and a
-strictly increasing ``seq`` in every body makes a frame replayed on the same connection stale.
-Bodies carry the protocol version; frames over MAX_FRAME_BYTES are refused before reading them.
+The handshake: the server sends a fresh nonce, the client answers with one of its own, and each
+side derives two keys from the per-job secret and both nonces, one per direction. So a frame
+captured on one connection is worthless on another, a frame the controller sent can never be
+passed off as the agent's (or back), and neither side alone chooses the keys. A strictly
+increasing ``seq`` in every body makes a frame replayed on the same connection stale. Bodies
+carry the protocol version. A frame over the reader's limit is refused from its length prefix,
+before it is read: the limit is PREAUTH_MAX_FRAME_BYTES until the peer has said a valid hello,
+so an unauthenticated peer can make the controller hold a few KiB, not a MiB.
+
+Authenticated is not the same as well-formed: messages.py checks what each role may say, and
+Channel.receive applies it once the peer's role is known.
+
+The bytes are authenticated, not encrypted (docs/security.md says why, and what that means).
 
 asyncio streams rather than grpcio or pyzmq: the controller's load is thousands of tiny,
 latency-sensitive messages, which one event loop serves without threads or a compiled dependency
@@ -25,9 +34,12 @@ import struct
 from typing import Any
 
 from ftrun.errors import ProtocolError
+from ftrun.messages import Role, validate
 
-VERSION = 1
+VERSION = 2
 MAX_FRAME_BYTES = 1 << 20
+# A hello is a few hundred bytes; until a peer has said one, this is all it may send in a frame.
+PREAUTH_MAX_FRAME_BYTES = 4096
 NONCE_BYTES = 16
 _LENGTH = struct.Struct("!I")
 _TAG_BYTES = 32
@@ -41,8 +53,10 @@ def new_nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
 
 
-def connection_key(secret: str, nonce: bytes) -> bytes:
-    return hmac.new(bytes.fromhex(secret), b"ftrun-conn" + nonce, hashlib.sha256).digest()
+def direction_key(secret: str, server_nonce: bytes, client_nonce: bytes, direction: bytes) -> bytes:
+    """The key for one direction of one connection: b"c2s" (client to server) or b"s2c"."""
+    label = b"ftrun-v2-" + direction + b"\0" + server_nonce + client_nonce
+    return hmac.new(bytes.fromhex(secret), label, hashlib.sha256).digest()
 
 
 def encode(body: dict[str, Any], key: bytes) -> bytes:
@@ -74,46 +88,64 @@ def decode(frame: bytes, key: bytes) -> dict[str, Any]:
     return body
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes:
-    """Read one length-prefixed frame. Raises IncompleteReadError on EOF, ProtocolError if too big."""
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """Read one length-prefixed frame. Raises IncompleteReadError on EOF, ProtocolError if its
+    length is over max_bytes (then nothing of it is read)."""
     header = await reader.readexactly(_LENGTH.size)
     (length,) = _LENGTH.unpack(header)
-    if length > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    if length > max_bytes:
+        raise ProtocolError(f"frame of {length} bytes exceeds {max_bytes}")
     return await reader.readexactly(length)
 
 
 class Channel:
-    """One authenticated direction-pair on a stream: numbers what it sends, refuses replays."""
+    """One authenticated connection: a key per direction; numbers what it sends, refuses
+    replays, and once the peer's role is set, refuses what that role may not say."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        send_key: bytes,
+        recv_key: bytes,
+        peer: Role | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.reader = reader
         self.writer = writer
-        self._key = key
+        self._send_key = send_key
+        self._recv_key = recv_key
+        self.peer = peer  # None: not known yet (the server, before the hello)
+        self.max_frame_bytes = max_frame_bytes
         self._sent_seq = 0
         self._recv_seq = 0
+
+    def trust(self, peer: Role) -> None:
+        """The peer said a valid hello as `peer`: from now on hold it to that role's schema,
+        and let it send full-size frames."""
+        self.peer = peer
+        self.max_frame_bytes = MAX_FRAME_BYTES
 
     def send(self, kind: str, **fields: Any) -> None:
         """Queue a message; never blocks (the transport buffers). Errors surface on the next read."""
         self._sent_seq += 1
         body = {"v": VERSION, "kind": kind, "seq": self._sent_seq, **fields}
         if not self.writer.is_closing():
-            self.writer.write(encode(body, self._key))
+            self.writer.write(encode(body, self._send_key))
 
     async def receive(self) -> dict[str, Any]:
         """Next valid message. ProtocolError for a bad message, which the caller drops and logs;
         IncompleteReadError / ConnectionError when the peer is gone or the stream is unusable."""
         try:
-            frame = await read_frame(self.reader)
+            frame = await read_frame(self.reader, self.max_frame_bytes)
         except ProtocolError as e:  # an oversized frame leaves the stream unreadable
             raise ConnectionResetError(str(e)) from None
-        body = decode(frame, self._key)
+        body = decode(frame, self._recv_key)
         if body["seq"] <= self._recv_seq:
             raise ProtocolError(f"replayed or reordered message seq={body['seq']}")
         self._recv_seq = body["seq"]
-        return body
+        return body if self.peer is None else validate(self.peer, body)
 
     async def drain(self, timeout_s: float) -> None:
         """Wait until what was sent has left, at most timeout_s (asyncio.TimeoutError after):
@@ -129,17 +161,41 @@ NONCE_SEND_TIMEOUT_S = 5.0
 
 
 async def open_channel(host: str, port: int, secret: str, timeout_s: float) -> Channel:
-    """Client side of the handshake: connect, read the server's nonce, derive the key."""
+    """Client side of the handshake: connect, read the server's nonce, send ours, derive the
+    keys. The server is the controller: what it sends is held to its schema."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), timeout_s)
-    return Channel(reader, writer, connection_key(secret, nonce))
+    try:
+        server_nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), timeout_s)
+        client_nonce = new_nonce()
+        writer.write(client_nonce)
+    except BaseException:
+        writer.close()
+        raise
+    return Channel(
+        reader,
+        writer,
+        send_key=direction_key(secret, server_nonce, client_nonce, b"c2s"),
+        recv_key=direction_key(secret, server_nonce, client_nonce, b"s2c"),
+        peer=Role.CONTROLLER,
+    )
 
 
 async def accept_channel(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    secret: str,
+    timeout_s: float = NONCE_SEND_TIMEOUT_S,
 ) -> Channel:
-    """Server side of the handshake: send a fresh nonce."""
-    nonce = new_nonce()
-    writer.write(nonce)
+    """Server side of the handshake: send a fresh nonce, read the client's (within timeout_s).
+    The channel takes only small frames until the caller trusts the peer's hello."""
+    server_nonce = new_nonce()
+    writer.write(server_nonce)
     await asyncio.wait_for(writer.drain(), NONCE_SEND_TIMEOUT_S)
-    return Channel(reader, writer, connection_key(secret, nonce))
+    client_nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), timeout_s)
+    return Channel(
+        reader,
+        writer,
+        send_key=direction_key(secret, server_nonce, client_nonce, b"s2c"),
+        recv_key=direction_key(secret, server_nonce, client_nonce, b"c2s"),
+        max_frame_bytes=PREAUTH_MAX_FRAME_BYTES,
+    )

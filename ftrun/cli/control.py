@@ -35,7 +35,7 @@ async def _request(
         chan = await open_channel(
             control["host"], control["port"], control["secret"], timeout_s=REPLY_TIMEOUT_S
         )
-        chan.send("hello", role="chaos")
+        chan.send("hello", role="client")
         chan.send(kind, **request)
         await chan.drain(REPLY_TIMEOUT_S)
         reply = await asyncio.wait_for(chan.receive(), REPLY_TIMEOUT_S)

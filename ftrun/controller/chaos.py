@@ -37,7 +37,7 @@ class ChaosDesk:
                 gen=msg.get("gen"),
                 action=msg.get("action"),
                 rank=msg.get("rank"),
-                host=msg.get("host"),
+                host=self.server.host_of(sender),  # its own, whatever it claims
                 injected_t=msg.get("t"),
             )
             if watch is not None and msg.get("gen") == watch.number:

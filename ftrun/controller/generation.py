@@ -45,6 +45,25 @@ class GenWatch:
     first_step_seen: bool = False
     last_progress_event: float = 0.0
     injected: dict[str, Any] | None = None
+    nproc_per_node: int = 0  # ranks per host, numbered by node rank; 0: not checked
+
+    def forged(self, agent_id: str, msg: dict[str, Any]) -> str | None:
+        """Why this message of the generation is not its sender's to send; None if it is. An
+        agent speaks for its own host's ranks only: a holder of the job's keys must not report
+        another host's rank as crashed (messages.py has already checked every field's shape)."""
+        if agent_id not in self.agents:
+            return f"{agent_id} has no part in generation {self.number}"
+        if not self.nproc_per_node:
+            return None
+        first = self.order.index(agent_id) * self.nproc_per_node
+        mine = range(first, first + self.nproc_per_node)
+        strays = sorted({r for r in _claimed_ranks(msg) if r not in mine})
+        if strays:
+            return (
+                f"{agent_id} runs ranks {first}..{mine[-1]} but spoke for rank(s) "
+                f"{', '.join(map(str, strays[:8]))}"
+            )
+        return None
 
     def on_message(
         self, agent_id: str, msg: dict[str, Any]
@@ -176,6 +195,20 @@ class GenWatch:
             "tail": (failure.detail.get("tail") or [])[-15:],
             "log": str(self.journal.log_path(self.number, stream)),
         }
+
+
+def _claimed_ranks(msg: dict[str, Any]) -> list[int]:
+    """Every rank a message speaks for: `rank`, lists of ranks, and maps keyed by rank."""
+    claimed: list[int] = []
+    if isinstance(msg.get("rank"), int):
+        claimed.append(msg["rank"])
+    for name in ("ranks", "overdue", "stacks", "states", "tails"):
+        value = msg.get(name)
+        if isinstance(value, list):
+            claimed += [r for r in value if isinstance(r, int)]
+        elif isinstance(value, dict):
+            claimed += [int(k) for k in value if str(k).isdigit()]
+    return claimed
 
 
 @dataclass

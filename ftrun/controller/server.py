@@ -16,6 +16,12 @@ Heartbeat lateness and our loop's lag are journaled every STATS_INTERVAL_S (`hea
 
 A bug while reading one agent's messages is reported (TaskSupervisor.report) and loses that
 agent, the way a closed connection does, rather than leaving it connected and unheard.
+
+Before its hello a connection is a stranger's (docs/security.md): at most MAX_PREAUTH of them at
+once (more are closed on arrival), each with HELLO_TIMEOUT_S for the whole handshake and frames
+of at most PREAUTH_MAX_FRAME_BYTES. The hello binds the connection to a role and an identity for
+its life: an agent id the controller started and that is not already connected, or a client
+(`ftrun chaos`/`ftrun hosts`); messages.py holds each to what its role may say.
 """
 
 from __future__ import annotations
@@ -30,12 +36,17 @@ from typing import Any
 
 from ftrun.controller.lateness import Lateness
 from ftrun.errors import ProtocolError
+from ftrun.messages import Role, validate
 from ftrun.protocol import Channel, accept_channel
 from ftrun.tasks import TaskSupervisor
 
 log = logging.getLogger("ftrun.controller")
 
 HELLO_TIMEOUT_S = 5.0
+# Connections not yet past their hello. Agents connect once each, at start-up and after a
+# reconnect, so a legitimate burst is the number of hosts; this bounds what strangers can hold.
+MAX_PREAUTH = 256
+REFUSALS_JOURNALED = 20
 LOSS_CHECK_INTERVAL_S = 0.05
 # A silence check that wakes this much later than asked was stalled itself: it defers one tick.
 STALLED_TICK_S = 0.1
@@ -55,7 +66,7 @@ class AgentLink:
     last_seen: float
     last_heartbeat: float | None = None
     lost: bool = False
-    role: str = "agent"  # or "chaos": a `ftrun chaos` client, not a host
+    role: Role = Role.AGENT  # or CLIENT: a `ftrun chaos`/`ftrun hosts` client, not a host
 
 
 class ControlServer:
@@ -88,6 +99,8 @@ class ControlServer:
         self.lateness = Lateness(heartbeat_interval_s)
         self.clients: dict[str, AgentLink] = {}
         self.dropped_messages = 0
+        self.refused_connections = 0
+        self._preauth = 0
         self._server: asyncio.base_events.Server | None = None
         self._clients = 0
         self._heartbeats: asyncio.Task[None] | None = None
@@ -101,7 +114,15 @@ class ControlServer:
     def send(self, agent_id: str, kind: str, **fields: Any) -> None:
         link = self.links.get(agent_id) or self.clients.get(agent_id)
         if link is not None and not link.lost:
-            link.channel.send(kind, **fields)
+            try:
+                link.channel.send(kind, **fields)
+            except ProtocolError as e:  # too big for a frame: a bug here, never the peer's doing
+                log.error("did not send %s to %s: %s", kind, agent_id, e)
+
+    def host_of(self, agent_id: str) -> str | None:
+        """The host an agent said in its hello (which the fleet started it on)."""
+        link = self.links.get(agent_id)
+        return link.host if link is not None else None
 
     def broadcast(self, kind: str, **fields: Any) -> None:
         for agent_id in list(self.links):
@@ -128,20 +149,13 @@ class ControlServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         peer = writer.get_extra_info("peername")
+        if self._preauth >= MAX_PREAUTH:
+            self._refuse_connection(peer, f"{self._preauth} are already waiting to authenticate")
+            writer.close()
+            return
+        self._preauth += 1
         try:
-            channel = await accept_channel(reader, writer, self.secret)
-            hello = await asyncio.wait_for(channel.receive(), HELLO_TIMEOUT_S)
-            role = hello.get("role", "agent")
-            agent_id = hello.get("agent_id")
-            if role == "chaos" and hello["kind"] == "hello":
-                self._clients += 1
-                agent_id = f"chaos#{self._clients}"
-            elif (
-                hello["kind"] != "hello"
-                or agent_id not in self.expected
-                or (agent_id in self.links and not self.links[agent_id].lost)
-            ):
-                raise ProtocolError(f"unexpected first message {hello['kind']!r} from {agent_id!r}")
+            admitted = await asyncio.wait_for(self._handshake(reader, writer), HELLO_TIMEOUT_S)
         except (
             ProtocolError,
             asyncio.TimeoutError,
@@ -149,29 +163,54 @@ class ControlServer:
             ConnectionError,
             OSError,
         ) as e:
-            self.dropped_messages += 1
-            log.warning("refused a connection from %s: %s", peer, e)
+            self._refuse_connection(peer, str(e)[:200] or type(e).__name__)
             writer.close()
             return
-        link = AgentLink(
-            agent_id,
-            str(hello.get("host")),
-            int(hello.get("pid", 0)),
-            channel,
-            time.monotonic(),
-            role=role,
-        )
-        if role == "chaos":
-            self.clients[agent_id] = link
+        finally:
+            self._preauth -= 1
+        link, hello = admitted
+        if link.role is Role.CLIENT:
+            self.clients[link.agent_id] = link
         else:
-            self.links[agent_id] = link
-            self._by_last_seen[agent_id] = link
-            await self.inbox.put((agent_id, hello))
+            self.links[link.agent_id] = link
+            self._by_last_seen[link.agent_id] = link
+            await self.inbox.put((link.agent_id, hello))
         try:
             await self._read(link)
         except Exception as e:  # noqa: BLE001 - reported, and the link is lost, not the loop
             failure = self.tasks.report(f"reading {link.host}", e)
             self._lose(link, f"the controller failed reading its messages ({failure.error})")
+
+    def _refuse_connection(self, peer: Any, why: str) -> None:
+        """A stranger turned away: logged and journaled (`connection_refused`) the first few
+        times and then every thousandth, with the count, so a flood costs the journal little."""
+        self.refused_connections += 1
+        n = self.refused_connections
+        if n <= REFUSALS_JOURNALED or n % 1000 == 0:
+            log.warning("refused a connection from %s: %s (%d so far)", peer, why, n)
+            self._event("connection_refused", peer=str(peer)[:80], reason=why, refused_so_far=n)
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[AgentLink, dict[str, Any]]:
+        """Keys, then the hello, which fixes who the peer is for the connection's life."""
+        channel = await accept_channel(reader, writer, self.secret, HELLO_TIMEOUT_S)
+        hello = await channel.receive()
+        if hello["kind"] != "hello":
+            raise ProtocolError(f"first message is {str(hello['kind'])[:40]!r}, not a hello")
+        role = Role.CLIENT if hello.get("role") in ("client", "chaos") else Role.AGENT
+        validate(role, hello)
+        if role is Role.CLIENT:
+            self._clients += 1
+            agent_id, host, pid = f"client#{self._clients}", "client", 0
+        else:
+            agent_id, host, pid = hello["agent_id"], hello.get("host", "?"), hello.get("pid", 0)
+            if agent_id not in self.expected:
+                raise ProtocolError(f"agent {agent_id[:80]!r} is not one this job started")
+            if agent_id in self.links and not self.links[agent_id].lost:
+                raise ProtocolError(f"agent {agent_id[:80]!r} is already connected")
+        channel.trust(role)
+        return AgentLink(agent_id, host, pid, channel, time.monotonic(), role=role), hello
 
     async def _read(self, link: AgentLink) -> None:
         reason = "its connection closed"
@@ -179,19 +218,34 @@ class ControlServer:
             try:
                 msg = await link.channel.receive()
             except ProtocolError as e:
-                self.dropped_messages += 1
-                log.warning("dropped a message from %s: %s", link.host, e)
+                self.refuse(link.agent_id, None, str(e))
                 continue
             except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
                 reason = f"its connection closed ({e.__class__.__name__})"
                 break
             now = time.monotonic()
-            if link.role == "agent":
+            if link.role is Role.AGENT:
                 self._heard(link, msg["kind"] == "heartbeat", now)
             link.last_seen = now
             if msg["kind"] != "heartbeat":
                 await self.inbox.put((link.agent_id, msg))
         self._lose(link, reason)
+
+    def refuse(self, sender: str, msg: dict[str, Any] | None, why: str) -> None:
+        """A message dropped for what it says (not its shape's fault alone): logged, counted,
+        and journaled as `message_refused` the first few times and then every thousandth, so an
+        attack shows in `ftrun inspect` without flooding the journal."""
+        self.dropped_messages += 1
+        kind = str(msg.get("kind"))[:40] if msg else None
+        log.warning("refused a message from %s: %s", sender, why[:300])
+        if self.dropped_messages <= REFUSALS_JOURNALED or self.dropped_messages % 1000 == 0:
+            self._event(
+                "message_refused",
+                agent=sender,
+                message_kind=kind,
+                reason=why[:300],
+                refused_so_far=self.dropped_messages,
+            )
 
     def _heard(self, link: AgentLink, heartbeat: bool, now: float) -> None:
         if heartbeat:
@@ -229,7 +283,7 @@ class ControlServer:
         link.channel.close()
         self._by_last_seen.pop(link.agent_id, None)
         self._slow.pop(link.agent_id, None)
-        if link.role == "chaos":
+        if link.role is Role.CLIENT:
             self.clients.pop(link.agent_id, None)
             return
         self.inbox.put_nowait(

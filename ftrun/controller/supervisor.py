@@ -330,6 +330,7 @@ class Supervisor:
             stall=self.stalls.watch(set(agents)),
             journal=self.journal,
             reporter=self.reporter,
+            nproc_per_node=self.config.nproc_per_node,
         )
 
     async def _watch(self, watch: GenWatch) -> WatchResult:
@@ -360,6 +361,9 @@ class Supervisor:
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
+            if (why := watch.forged(agent_id, msg)) is not None:
+                self.server.refuse(agent_id, msg, why)
+                continue
             if preempt is not None and (done := preempt.on_message(msg)) is not None:
                 return done
             stepped = watch.first_step_seen

@@ -82,7 +82,10 @@ class Teardown:
             elif msg["kind"] == "agent_error":
                 self.internal.on_agent_error(agent_id, msg)
             elif msg.get("gen") == number and agent_id in watch.agents:
-                watch.record_output(watch.hosts[agent_id], msg)
+                if (why := watch.forged(agent_id, msg)) is not None:
+                    self.server.refuse(agent_id, msg, why)
+                else:
+                    watch.record_output(watch.hosts[agent_id], msg)
             else:
                 self.inbox.side_channel(agent_id, msg, None)
         self.journal.close_generation_logs(number)

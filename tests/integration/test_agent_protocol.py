@@ -42,10 +42,12 @@ def test_agent_survives_malformed_messages(tmp_path, test_id, no_survivors):
         assert hello["kind"] == "hello" and hello["agent_id"] == "a#0"
 
         chan.send("heartbeat")
-        good = protocol.encode({"v": 1, "kind": "heartbeat", "seq": 1}, chan._key)
+        good = protocol.encode(
+            {"v": protocol.VERSION, "kind": "heartbeat", "seq": 1}, chan._send_key
+        )
         chan.writer.write(good)  # replayed: seq 1 again
         chan.writer.write(struct.pack("!I", 40) + b"\x01" * 40)  # bad tag
-        bad_version = protocol.encode({"v": 99, "kind": "launch", "seq": 50}, chan._key)
+        bad_version = protocol.encode({"v": 99, "kind": "launch", "seq": 50}, chan._send_key)
         chan.writer.write(bad_version)
         chan._sent_seq = 60
         chan.send("launch_me_not")  # unknown kind: ignored

@@ -116,7 +116,7 @@ def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(
     assert events[-1]["kind"] == "job_finished" and events[-1]["root_cause"]["kind"] == "internal"
 
 
-def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(
+def test_an_agent_drops_an_ill_typed_order_and_reports_a_failed_launch(
     tmp_path, test_id, no_survivors
 ):
     secret = protocol.new_secret()
@@ -144,11 +144,12 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(
         chan = await asyncio.wait_for(connected.get(), 10)
         assert (await asyncio.wait_for(chan.receive(), 10))["kind"] == "hello"
 
-        chan.send("stop", gen=1, grace_s="soon")  # raises in the receive loop itself
+        # Once raised in the receive loop itself; messages.py now drops it before it is read.
+        chan.send("stop", gen=1, grace_s="soon")
         chan.send("launch", gen=7)  # raises in the launch: no nnodes, no entrypoint
         await chan.drain(10.0)
         said, beats = [], 0
-        while beats < 10 or len(said) < 3:  # and it still hears us, and still heartbeats
+        while beats < 10 or len(said) < 2:  # and it still hears us, and still heartbeats
             msg = await asyncio.wait_for(chan.receive(), 5)
             if msg["kind"] == "heartbeat":
                 beats += 1
@@ -163,11 +164,9 @@ def test_an_agent_loop_that_raises_reports_it_restarts_and_keeps_working(
     said, code = asyncio.run(scenario())
     assert code == 0
     errors = [m for m in said if m["kind"] == "agent_error"]
-    assert [(e["task"], e["restarting"], e["fatal"]) for e in errors] == [
-        ("receive loop", True, False),
-        ("launch", False, False),
-    ]
-    assert errors[0]["error"].startswith("TypeError") and "_receive_loop" in errors[0]["traceback"]
+    assert [(e["task"], e["restarting"], e["fatal"]) for e in errors] == [("launch", False, False)]
     [gen_exited] = [m for m in said if m["kind"] == "gen_exited"]
     assert gen_exited["gen"] == 7 and "could not launch" in gen_exited["tail"][0]
-    assert "receive loop failed" in log_path.read_text()
+    agent_log = log_path.read_text()
+    assert "dropped a message from the controller: stop: field 'grace_s'" in agent_log
+    assert "receive loop failed" not in agent_log

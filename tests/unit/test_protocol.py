@@ -9,7 +9,9 @@ import pytest
 from ftrun import protocol
 from ftrun.errors import ProtocolError
 
-KEY = protocol.connection_key(protocol.new_secret(), protocol.new_nonce())
+SECRET = protocol.new_secret()
+KEY = protocol.direction_key(SECRET, protocol.new_nonce(), protocol.new_nonce(), b"c2s")
+V = protocol.VERSION
 
 
 def frame_body(frame: bytes) -> bytes:
@@ -17,7 +19,7 @@ def frame_body(frame: bytes) -> bytes:
 
 
 def test_round_trip():
-    frame = protocol.encode({"v": 1, "kind": "launch", "seq": 1, "gen": 3}, KEY)
+    frame = protocol.encode({"v": V, "kind": "launch", "seq": 1, "gen": 3}, KEY)
     assert protocol.decode(frame_body(frame), KEY)["gen"] == 3
 
 
@@ -30,14 +32,14 @@ def test_round_trip():
     ],
 )
 def test_tampered_or_truncated_frames_are_refused(mutate, why):
-    body = frame_body(protocol.encode({"v": 1, "kind": "x", "seq": 1}, KEY))
+    body = frame_body(protocol.encode({"v": V, "kind": "x", "seq": 1}, KEY))
     with pytest.raises(ProtocolError, match=why):
         protocol.decode(mutate(body), KEY)
 
 
 def test_wrong_key_is_refused():
-    other = protocol.connection_key(protocol.new_secret(), protocol.new_nonce())
-    body = frame_body(protocol.encode({"v": 1, "kind": "x", "seq": 1}, other))
+    other = protocol.direction_key(protocol.new_secret(), b"s" * 16, b"c" * 16, b"c2s")
+    body = frame_body(protocol.encode({"v": V, "kind": "x", "seq": 1}, other))
     with pytest.raises(ProtocolError, match="authentication"):
         protocol.decode(body, KEY)
 
@@ -45,9 +47,9 @@ def test_wrong_key_is_refused():
 @pytest.mark.parametrize(
     "body, why",
     [
-        ({"v": 2, "kind": "x", "seq": 1}, "version"),
-        ({"v": 1, "seq": 1}, "kind"),
-        ({"v": 1, "kind": "x"}, "seq"),
+        ({"v": 1, "kind": "x", "seq": 1}, "version"),
+        ({"v": V, "seq": 1}, "kind"),
+        ({"v": V, "kind": "x"}, "seq"),
     ],
 )
 def test_malformed_bodies_are_refused(body, why):
@@ -57,7 +59,7 @@ def test_malformed_bodies_are_refused(body, why):
 
 def test_oversized_messages_are_refused_both_ways():
     with pytest.raises(ProtocolError, match="exceeds"):
-        protocol.encode({"v": 1, "kind": "log", "seq": 1, "x": "a" * protocol.MAX_FRAME_BYTES}, KEY)
+        protocol.encode({"v": V, "kind": "log", "seq": 1, "x": "a" * protocol.MAX_FRAME_BYTES}, KEY)
 
     async def read_huge():
         reader = asyncio.StreamReader()
@@ -71,10 +73,10 @@ def test_oversized_messages_are_refused_both_ways():
 def test_channel_refuses_replayed_messages():
     async def scenario():
         reader = asyncio.StreamReader()
-        first = protocol.encode({"v": 1, "kind": "a", "seq": 1}, KEY)
-        second = protocol.encode({"v": 1, "kind": "b", "seq": 2}, KEY)
+        first = protocol.encode({"v": V, "kind": "a", "seq": 1}, KEY)
+        second = protocol.encode({"v": V, "kind": "b", "seq": 2}, KEY)
         reader.feed_data(first + first + second)
-        chan = protocol.Channel(reader, writer=None, key=KEY)  # type: ignore[arg-type]
+        chan = protocol.Channel(reader, None, send_key=KEY, recv_key=KEY)  # type: ignore[arg-type]
         got = [await chan.receive()]
         with pytest.raises(ProtocolError, match="replayed"):
             await chan.receive()

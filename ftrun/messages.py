@@ -1,0 +1,345 @@
+"""What each peer of the control plane may say: a schema for every message kind, by role.
+
+Authentication (protocol.py) proves a message came from a holder of the job's keys; it does not
+make the message well-formed or the sender entitled to it. So every message is checked here
+before anything reads it: its kind must be one its sender's role may send, each field must have
+its type, range and length, and no field may be unknown. A message that fails is dropped and
+logged by the caller, never passed on, so no reader further in has to defend itself against
+`"rank": "/../x"` or a 1 MiB action name.
+
+Roles:
+- AGENT: a per-host agent, to the controller;
+- CLIENT: a `ftrun chaos` / `ftrun hosts` client (it holds control.json), to the controller;
+- CONTROLLER: the controller, to an agent or a client.
+Kinds the controller makes for itself (`agent_lost`, `stop_requested`, `preempt_notice`) are in
+no role's list: from the wire they are refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ftrun.errors import ProtocolError
+
+# Bounds that no honest message comes near (reports are clipped at their source, see
+# agent/genrun.py), and that keep one message from costing the controller much to hold.
+MAX_TEXT = 256 * 1024  # a traceback, a stack dump
+MAX_LINE = 64 * 1024  # one log line, one exception line
+MAX_NAME = 512  # a host, an agent id, a signal or action name
+MAX_LINES = 10_000  # a batch of log lines, a tail
+MAX_RANKS = 1 << 20
+MAX_PID = 1 << 32
+MAX_STEP = 1 << 62
+RANK_KEY = re.compile(r"\d{1,7}")
+
+
+class Role(enum.Enum):
+    AGENT = "agent"
+    CLIENT = "client"
+    CONTROLLER = "controller"
+
+
+class Field:
+    """A field's type and bounds; `check` returns a reason when the value is not one."""
+
+    nullable = False
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None if self.nullable else "is null"
+        return self._check(value)
+
+    def _check(self, value: Any) -> str | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Int(Field):
+    lo: int = 0
+    hi: int = MAX_STEP
+    nullable: bool = False
+
+    def _check(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"is not an integer ({type(value).__name__})"
+        if not self.lo <= value <= self.hi:
+            return f"{value} is out of range {self.lo}..{self.hi}"
+        return None
+
+
+@dataclass(frozen=True)
+class Num(Field):
+    lo: float = 0.0
+    hi: float = 1e12
+    nullable: bool = False
+
+    def _check(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"is not a number ({type(value).__name__})"
+        if not math.isfinite(value) or not self.lo <= value <= self.hi:
+            return f"{value} is out of range {self.lo:g}..{self.hi:g}"
+        return None
+
+
+@dataclass(frozen=True)
+class Bool(Field):
+    nullable: bool = False
+
+    def _check(self, value: Any) -> str | None:
+        return None if isinstance(value, bool) else f"is not a boolean ({type(value).__name__})"
+
+
+@dataclass(frozen=True)
+class Str(Field):
+    max_len: int = MAX_NAME
+    nullable: bool = False
+    pattern: re.Pattern[str] | None = None
+    choices: tuple[str, ...] = ()
+
+    def _check(self, value: Any) -> str | None:
+        if not isinstance(value, str):
+            return f"is not a string ({type(value).__name__})"
+        if len(value) > self.max_len:
+            return f"is {len(value)} characters, over {self.max_len}"
+        if self.choices and value not in self.choices:
+            return f"{value[:40]!r} is not one of {', '.join(self.choices)}"
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            return f"{value[:40]!r} is not a plain name"
+        return None
+
+
+@dataclass(frozen=True)
+class ListOf(Field):
+    item: Field
+    max_items: int = MAX_LINES
+    nullable: bool = False
+
+    def _check(self, value: Any) -> str | None:
+        if not isinstance(value, list):
+            return f"is not a list ({type(value).__name__})"
+        if len(value) > self.max_items:
+            return f"has {len(value)} items, over {self.max_items}"
+        for i, item in enumerate(value):
+            if (why := self.item.check(item)) is not None:
+                return f"item {i} {why}"
+        return None
+
+
+@dataclass(frozen=True)
+class ByRank(Field):
+    """A map from a rank (as a decimal string: JSON keys are strings) to a value."""
+
+    value: Field
+    nullable: bool = False
+
+    def _check(self, value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return f"is not an object ({type(value).__name__})"
+        if len(value) > MAX_RANKS:
+            return f"has {len(value)} entries, over {MAX_RANKS}"
+        for k, v in value.items():
+            if not RANK_KEY.fullmatch(k):
+                return f"key {k[:40]!r} is not a rank"
+            if (why := self.value.check(v)) is not None:
+                return f"[{k}] {why}"
+        return None
+
+
+@dataclass(frozen=True)
+class Json(Field):
+    """Any JSON value: for what the controller passes through opaquely (the launch spec)."""
+
+    nullable: bool = True
+
+    def _check(self, value: Any) -> str | None:
+        return None
+
+
+def opt(field: Field) -> Field:
+    """The same field, null allowed."""
+    return type(field)(**{**field.__dict__, "nullable": True})
+
+
+GEN = Int(0, 1 << 31)
+RANK = Int(0, MAX_RANKS)
+STEP = Int(-1, MAX_STEP)
+PID = Int(0, MAX_PID)
+WALL_T = Num(0.0, 1e11)  # a wall-clock time (seconds since the epoch)
+SECONDS = Num(0.0, 1e9)
+PORT = Int(0, 65535)
+SIGNAL = Str(32)
+LINES = ListOf(Str(MAX_LINE))
+TEXT = Str(MAX_TEXT)
+EXIT_CODE = Int(-(1 << 31), 1 << 31)
+CHAOS_ACTIONS = ("kill-rank", "hang-rank", "kill-agent", "freeze-agent")
+
+
+@dataclass(frozen=True)
+class Schema:
+    fields: Mapping[str, Field]
+    required: tuple[str, ...] = ()
+    open: bool = False  # other fields pass unchecked (only for what the controller sends)
+
+
+AGENT_REPORT = {"gen": opt(GEN), "shrunk": Str(MAX_LINE)}  # shrunk: link.py cut it to fit
+
+SCHEMAS: dict[Role, dict[str, Schema]] = {
+    Role.AGENT: {
+        "hello": Schema(
+            {
+                "role": Str(16, choices=("agent",)),
+                "agent_id": Str(),  # and one the controller started: server.py checks
+                "host": Str(),
+                "pid": PID,
+                "addr": Str(),
+                "port": PORT,
+            },
+            required=("agent_id",),
+        ),
+        "heartbeat": Schema({"gen": opt(GEN)}),
+        "rank_started": Schema({**AGENT_REPORT, "rank": RANK, "pid": PID}, ("gen", "rank")),
+        "rank_exited": Schema(
+            {
+                **AGENT_REPORT,
+                "rank": RANK,
+                "pid": opt(PID),
+                "exit_code": opt(EXIT_CODE),
+                "signal": opt(SIGNAL),
+                "t_exit": opt(WALL_T),
+                "step": opt(STEP),
+                "tail": LINES,
+                "traceback": opt(TEXT),
+                "exception": opt(Str(MAX_LINE)),
+                "traceback_source": opt(Str(32)),
+                "usage_error": Bool(),
+            },
+            ("gen", "rank"),
+        ),
+        "rank_hung": Schema(
+            {
+                **AGENT_REPORT,
+                "step": opt(STEP),
+                "detected_t": opt(WALL_T),
+                "rank": RANK,
+                "rank_step": opt(STEP),
+                "last_progress_t": opt(WALL_T),
+                "allowance_s": opt(SECONDS),
+                "section": opt(Str()),
+                "stacks": ByRank(TEXT),
+                "states": ByRank(opt(Str(64))),
+                "overdue": ListOf(RANK, MAX_RANKS),
+                "tail": LINES,
+            },
+            ("gen", "rank"),
+        ),
+        "progress": Schema(
+            {**AGENT_REPORT, "rank": opt(RANK), "step": opt(STEP), "first": Bool(), "t": WALL_T},
+            ("gen",),
+        ),
+        "log": Schema({**AGENT_REPORT, "rank": opt(RANK), "lines": LINES}, ("gen", "lines")),
+        "checkpoint_committed": Schema(
+            {**AGENT_REPORT, "rank": RANK, "step": opt(STEP)}, ("gen", "rank")
+        ),
+        "signalled": Schema(
+            {**AGENT_REPORT, "signal": SIGNAL, "ranks": ListOf(RANK, MAX_RANKS)}, ("gen",)
+        ),
+        "injected": Schema(
+            {
+                **AGENT_REPORT,
+                "action": Str(32, choices=CHAOS_ACTIONS),
+                "rank": opt(RANK),
+                "host": Str(),
+                "t": WALL_T,
+            },
+            ("gen", "action"),
+        ),
+        "idle": Schema({**AGENT_REPORT, "ranks": opt(ByRank(SECONDS))}, ("gen",)),
+        "stacks": Schema(
+            {
+                **AGENT_REPORT,
+                "stacks": ByRank(TEXT),
+                "states": ByRank(opt(Str(64))),
+                "tails": ByRank(LINES),
+            },
+            ("gen",),
+        ),
+        "gen_exited": Schema({**AGENT_REPORT, "exit_code": EXIT_CODE, "tail": LINES}, ("gen",)),
+        "stopped": Schema(
+            {**AGENT_REPORT, "survivors": ListOf(PID, MAX_RANKS), "port": PORT}, ("port",)
+        ),
+        "agent_error": Schema(
+            {
+                **AGENT_REPORT,
+                "host": Str(),
+                "task": Str(MAX_LINE),
+                "error": Str(MAX_LINE),
+                "traceback": opt(TEXT),
+                "restarting": Bool(),
+                "fatal": Bool(),
+            },
+            ("task", "error"),
+        ),
+    },
+    Role.CLIENT: {
+        "hello": Schema({"role": Str(16, choices=("client", "chaos"))}, ("role",)),
+        "chaos": Schema(
+            {
+                "action": Str(32, choices=CHAOS_ACTIONS),
+                "rank": opt(RANK),
+                "host": opt(Str()),
+                "at_step": opt(STEP),
+            },
+            ("action",),
+        ),
+        "hosts": Schema({"action": Str(16, choices=("add", "remove")), "host": Str()}, ("action",)),
+    },
+    Role.CONTROLLER: {
+        "heartbeat": Schema({}),
+        "launch": Schema({"gen": GEN}, ("gen",), open=True),
+        "stop": Schema({"gen": opt(GEN), "grace_s": SECONDS}),
+        "signal": Schema({"gen": opt(GEN), "signal": SIGNAL}, ("signal",)),
+        "preempt": Schema({"gen": opt(GEN), "signal": SIGNAL}, ("signal",)),
+        "inject": Schema(
+            {
+                "gen": GEN,
+                "action": Str(32, choices=CHAOS_ACTIONS),
+                "rank": opt(RANK),
+                "at_step": opt(STEP),
+            },
+            ("gen", "action"),
+        ),
+        "finishing": Schema({"gen": GEN}, ("gen",)),
+        "capture_stacks": Schema({"gen": opt(GEN)}),
+        "shutdown": Schema({}),
+        "chaos_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
+        "hosts_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
+    },
+}
+ENVELOPE = ("v", "kind", "seq")  # protocol.py's own fields, checked there
+
+
+def validate(role: Role, body: dict[str, Any]) -> dict[str, Any]:
+    """The body if `role` may send it as it is; ProtocolError naming the first problem."""
+    kind = body.get("kind")
+    schema = SCHEMAS[role].get(kind) if isinstance(kind, str) else None
+    if schema is None:
+        raise ProtocolError(f"a {role.value} may not send {str(kind)[:40]!r}")
+    for name in schema.required:
+        if name not in body:
+            raise ProtocolError(f"{kind}: missing field {name!r}")
+    for name, value in body.items():
+        if name in ENVELOPE:
+            continue
+        field = schema.fields.get(name)
+        if field is None:
+            if schema.open:
+                continue
+            raise ProtocolError(f"{kind}: unknown field {name[:40]!r}")
+        if (why := field.check(value)) is not None:
+            raise ProtocolError(f"{kind}: field {name!r} {why}")
+    return body
