@@ -1,0 +1,58 @@
+"""Live attacks on a running job's control plane (scripts/attacks.py): strangers without the
+secret, and secret holders posing as an agent, as the controller, or replaying frames. Every
+attack must be refused, the job must go on to a clean finish, the refusals must be in its
+journal, and nothing may be written outside the job's directory."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import BIN, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+import attacks
+
+
+def open_fds(pid: int) -> int:
+    return psutil.Process(pid).num_fds()
+
+
+def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
+    started = time.time()
+    proc = ftrun.start(
+        "launch", str(BIN / "plain_loop.py"), "--steps", "500", "--interval", "0.05"
+    )
+    try:
+        job_dir = wait_for(
+            lambda: next((d for d in ftrun.run_dir.glob("*/control.json")), None), 30, "the job"
+        ).parent
+        rank_log = job_dir / "logs" / "g1" / "rank0.log"
+        wait_for(lambda: rank_log.exists() and "step 3" in rank_log.read_text(), 60, "step 3")
+        controller = psutil.Process(proc.pid)
+        fds_before = open_fds(controller.pid)
+        target = attacks.Target.of_job(job_dir)
+        outcomes = asyncio.run(attacks.run_all(target))
+        for outcome in outcomes:
+            assert outcome.refused, outcome
+        # The flood's sockets are all gone again: nothing held for strangers.
+        wait_for(lambda: open_fds(controller.pid) <= fds_before + 2, 10, "the controller's fds")
+        assert ftrun.status_json(job_dir.name)["state"] == "running"
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=20)
+    assert proc.returncode == 0, out[-3000:]
+    events = attacks.events(job_dir)
+    assert events[-1]["kind"] == "job_finished" and events[-1]["state"] == "succeeded"
+    assert sum(e["kind"] == "generation_launched" for e in events) == 1  # no restart was forced
+    refused = [e for e in events if e["kind"] == "message_refused"]
+    assert {e["message_kind"] for e in refused} >= {None}  # the reflected frame: no body
+    assert any(e["kind"] == "connection_refused" for e in events)
+    assert [p.name for p in ftrun.run_dir.iterdir()] == [job_dir.name]
+    assert attacks.written_outside(tmp_path, job_dir, started) == 0
