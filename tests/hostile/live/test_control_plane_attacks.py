@@ -24,9 +24,7 @@ def open_fds(pid: int) -> int:
 
 def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
     started = time.time()
-    proc = ftrun.start(
-        "launch", str(BIN / "plain_loop.py"), "--steps", "500", "--interval", "0.05"
-    )
+    proc = ftrun.start("launch", str(BIN / "plain_loop.py"), "--steps", "500", "--interval", "0.05")
     try:
         job_dir = wait_for(
             lambda: next((d for d in ftrun.run_dir.glob("*/control.json")), None), 30, "the job"

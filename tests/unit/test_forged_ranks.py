@@ -1,0 +1,54 @@
+"""GenWatch.forged: an agent speaks for its own host's ranks only (issue 11: a holder of the
+job's keys must not report another host's rank as crashed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftrun.controller.generation import GenWatch
+
+AGENTS = ["n1#0", "n2#0", "n3#0"]
+
+
+def watch() -> GenWatch:
+    return GenWatch(
+        4,
+        set(AGENTS),
+        {a: a.split("#")[0] for a in AGENTS},
+        order=list(AGENTS),
+        stall=None,  # type: ignore[arg-type]  # forged() never looks at it
+        journal=None,  # type: ignore[arg-type]
+        reporter=None,  # type: ignore[arg-type]
+        nproc_per_node=2,
+    )
+
+
+@pytest.mark.parametrize(
+    "agent, msg",
+    [
+        ("n2#0", {"kind": "rank_exited", "rank": 2}),
+        ("n2#0", {"kind": "rank_exited", "rank": 3}),
+        ("n1#0", {"kind": "log", "rank": None}),  # torchrun's own output
+        ("n3#0", {"kind": "idle", "ranks": {"4": 1.0, "5": 2.0}}),
+        ("n3#0", {"kind": "signalled", "ranks": [4, 5]}),
+        ("n1#0", {"kind": "rank_hung", "rank": 1, "overdue": [0, 1], "stacks": {"0": "s"}}),
+    ],
+)
+def test_an_agent_may_speak_for_its_own_ranks(agent, msg):
+    assert watch().forged(agent, msg) is None
+
+
+@pytest.mark.parametrize(
+    "agent, msg, why",
+    [
+        ("n1#0", {"kind": "rank_exited", "rank": 2}, "spoke for rank(s) 2"),
+        ("n2#0", {"kind": "log", "rank": 0}, "runs ranks 2..3"),
+        ("n3#0", {"kind": "idle", "ranks": {"0": 1.0}}, "rank(s) 0"),
+        ("n1#0", {"kind": "rank_hung", "rank": 0, "overdue": [0, 5]}, "rank(s) 5"),
+        ("n1#0", {"kind": "stacks", "tails": {"4": []}}, "rank(s) 4"),
+        ("spare#0", {"kind": "rank_exited", "rank": 0}, "no part in generation 4"),
+    ],
+)
+def test_an_agent_speaking_for_another_hosts_ranks_is_refused(agent, msg, why):
+    reason = watch().forged(agent, msg)
+    assert reason is not None and why in reason
