@@ -34,6 +34,9 @@ class Bootstrap:
     zygote_preload: str = ""
     # Started by the local transport: the controller is our parent, on this host.
     local: bool = False
+    # The controller's TLS certificate (PEM), the only one the agent trusts; "" on loopback,
+    # where the connection is plain (tls.py).
+    controller_cert: str = ""
 
     @property
     def process_tag(self) -> str:

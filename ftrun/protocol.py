@@ -35,6 +35,7 @@ from typing import Any
 
 from ftrun.errors import ProtocolError
 from ftrun.messages import Role, validate
+from ftrun.tls import client_context
 
 VERSION = 2
 MAX_FRAME_BYTES = 1 << 20
@@ -160,10 +161,14 @@ class Channel:
 NONCE_SEND_TIMEOUT_S = 5.0
 
 
-async def open_channel(host: str, port: int, secret: str, timeout_s: float) -> Channel:
-    """Client side of the handshake: connect, read the server's nonce, send ours, derive the
-    keys. The server is the controller: what it sends is held to its schema."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+async def open_channel(
+    host: str, port: int, secret: str, timeout_s: float, *, cert_pem: str = ""
+) -> Channel:
+    """Client side of the handshake: connect (over TLS pinned to `cert_pem` when given), read
+    the server's nonce, send ours, derive the keys. The server is the controller: what it
+    sends is held to its schema."""
+    tls = client_context(cert_pem) if cert_pem else None
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls), timeout_s)
     try:
         server_nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), timeout_s)
         client_nonce = new_nonce()

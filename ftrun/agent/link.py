@@ -58,6 +58,7 @@ class ControlLink:
             self.boot.controller_port,
             self.boot.secret,
             timeout_s=self.boot.fence_timeout_s,
+            cert_pem=self.boot.controller_cert,
         )
         # Our end of the control connection is an address the other hosts can reach too:
         # the controller makes it the rendezvous address when we are node rank 0.

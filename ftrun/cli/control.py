@@ -33,7 +33,11 @@ async def _request(
 ) -> tuple[bool, str]:
     try:
         chan = await open_channel(
-            control["host"], control["port"], control["secret"], timeout_s=REPLY_TIMEOUT_S
+            control["host"],
+            control["port"],
+            control["secret"],
+            timeout_s=REPLY_TIMEOUT_S,
+            cert_pem=control.get("cert") or "",
         )
         chan.send("hello", role="client")
         chan.send(kind, **request)

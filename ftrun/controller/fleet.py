@@ -60,6 +60,7 @@ class Fleet:
         self.rendezvous = Rendezvous(config)
         self.handles: dict[str, AgentHandle] = {}
         self.port = 0
+        self.controller_cert = ""  # set by the supervisor when agents dial over TLS (tls.py)
         # back-offs, hello deadlines: cancelled at the end
         self._waits: set[asyncio.Task[Any]] = set()
         self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
@@ -94,6 +95,7 @@ class Fleet:
             python=cfg.agent_python,
             env=self.env,
             zygote_preload=cfg.zygote_preload,
+            controller_cert=self.controller_cert,
         )
         try:
             self.handles[agent_id] = await self.transport.start_agent(

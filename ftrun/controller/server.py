@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -105,9 +106,18 @@ class ControlServer:
         self._clients = 0
         self._heartbeats: asyncio.Task[None] | None = None
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext | None = None
+    ) -> int:
         # A deep backlog: thousands of agents connect at once when a big job starts.
-        self._server = await asyncio.start_server(self._serve, host, port, backlog=4096)
+        self._server = await asyncio.start_server(
+            self._serve,
+            host,
+            port,
+            backlog=4096,
+            ssl=tls,
+            ssl_handshake_timeout=HELLO_TIMEOUT_S if tls is not None else None,
+        )
         self.tasks.spawn("heartbeat check", self._heartbeat_loop, restart=True)
         return self._server.sockets[0].getsockname()[1]
 

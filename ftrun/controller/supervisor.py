@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import psutil
 
+from ftrun import tls
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
 from ftrun.controller.chaos import ChaosDesk
@@ -139,7 +140,11 @@ class Supervisor:
     async def run(self) -> JobOutcome:
         cfg = self.config
         bind = self.transport.bind_address()
-        port = await self.server.start(host=bind)
+        # Agents on other hosts talk to us over the network: encrypted (tls.py). Loopback: plain.
+        identity = tls.new_identity() if bind != "127.0.0.1" else None
+        context = tls.server_context(identity, self.journal.job_dir) if identity else None
+        port = await self.server.start(host=bind, tls=context)
+        self.fleet.controller_cert = identity.cert_pem if identity else ""
         me = psutil.Process()
         self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
         self.journal.record(
@@ -208,7 +213,15 @@ class Supervisor:
         path = self.journal.job_dir / CONTROL_FILE
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"host": host, "port": port, "secret": self.secret}, f)
+            json.dump(
+                {
+                    "host": host,
+                    "port": port,
+                    "secret": self.secret,
+                    "cert": self.fleet.controller_cert,
+                },
+                f,
+            )
 
     # ---- generations ------------------------------------------------------------------------
 
