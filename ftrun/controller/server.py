@@ -18,7 +18,7 @@ A bug while reading one agent's messages is reported (TaskSupervisor.report) and
 agent, the way a closed connection does, rather than leaving it connected and unheard.
 
 Before its hello a connection is a stranger's (docs/security.md): at most MAX_PREAUTH of them at
-once (more are closed on arrival), each with HELLO_TIMEOUT_S for the whole handshake and frames
+once beyond the agents still awaited (more are closed on arrival), each with HELLO_TIMEOUT_S for the whole handshake and frames
 of at most PREAUTH_MAX_FRAME_BYTES. The hello binds the connection to a role and an identity for
 its life: an agent id the controller started and that is not already connected, or a client
 (`ftrun chaos`/`ftrun hosts`); messages.py holds each to what its role may say.
@@ -44,8 +44,8 @@ from ftrun.tasks import TaskSupervisor
 log = logging.getLogger("ftrun.controller")
 
 HELLO_TIMEOUT_S = 5.0
-# Connections not yet past their hello. Agents connect once each, at start-up and after a
-# reconnect, so a legitimate burst is the number of hosts; this bounds what strangers can hold.
+# Connections not yet past their hello, beyond the agents we are waiting for (thousands of them
+# connect at once when a big job starts): this bounds what strangers can hold.
 MAX_PREAUTH = 256
 REFUSALS_JOURNALED = 20
 LOSS_CHECK_INTERVAL_S = 0.05
@@ -159,7 +159,8 @@ class ControlServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         peer = writer.get_extra_info("peername")
-        if self._preauth >= MAX_PREAUTH:
+        awaited = max(0, len(self.expected) - len(self._by_last_seen) - len(self._slow))
+        if self._preauth >= MAX_PREAUTH + awaited:
             self._refuse_connection(peer, f"{self._preauth} are already waiting to authenticate")
             writer.close()
             return
