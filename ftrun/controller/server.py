@@ -245,11 +245,16 @@ class ControlServer:
     def refuse(self, sender: str, msg: dict[str, Any] | None, why: str) -> None:
         """A message dropped for what it says (not its shape's fault alone): logged, counted,
         and journaled as `message_refused` the first few times and then every thousandth, so an
-        attack shows in `ftrun inspect` without flooding the journal."""
+        attack shows in `ftrun inspect` without flooding the journal or the log."""
         self.dropped_messages += 1
         kind = str(msg.get("kind"))[:40] if msg else None
-        log.warning("refused a message from %s: %s", sender, why[:300])
         if self.dropped_messages <= REFUSALS_JOURNALED or self.dropped_messages % 1000 == 0:
+            log.warning(
+                "refused a message from %s: %s (%d so far)",
+                sender,
+                why[:300],
+                self.dropped_messages,
+            )
             self._event(
                 "message_refused",
                 agent=sender,
