@@ -27,7 +27,10 @@ its life: an agent id the controller started and that is not already connected, 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import resource
+import socket
 import ssl
 import time
 from collections import OrderedDict
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftrun.controller.lateness import Lateness
+from ftrun.controller.listener import Listener
 from ftrun.errors import ProtocolError
 from ftrun.messages import Role, validate
 from ftrun.protocol import Channel, accept_channel
@@ -48,6 +52,10 @@ HELLO_TIMEOUT_S = 5.0
 # connect at once when a big job starts): this bounds what strangers can hold.
 MAX_PREAUTH = 256
 REFUSALS_JOURNALED = 20
+# Descriptors kept for the controller's own use (logs, the journal, agents' pipes): a stranger's
+# connection that would eat into them is closed at once. Linux gives the lowest free number,
+# so a new socket's number tells how full the table is, at no cost.
+FD_HEADROOM = 32
 LOSS_CHECK_INTERVAL_S = 0.05
 # A silence check that wakes this much later than asked was stalled itself: it defers one tick.
 STALLED_TICK_S = 0.1
@@ -102,24 +110,64 @@ class ControlServer:
         self.dropped_messages = 0
         self.refused_connections = 0
         self._preauth = 0
-        self._server: asyncio.base_events.Server | None = None
+        self._listener: Listener | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.exhaustions = 0
+        self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._clients = 0
         self._heartbeats: asyncio.Task[None] | None = None
 
     async def start(
         self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext | None = None
     ) -> int:
-        # A deep backlog: thousands of agents connect at once when a big job starts.
-        self._server = await asyncio.start_server(
-            self._serve,
-            host,
-            port,
-            backlog=4096,
-            ssl=tls,
-            ssl_handshake_timeout=HELLO_TIMEOUT_S if tls is not None else None,
+        self._listener = Listener(
+            accepted=self._accepted,
+            exhausted=self._exhausted,
+            tls=tls,
+            handshake_timeout_s=HELLO_TIMEOUT_S,
         )
+        self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        bound = self._listener.start(host, port)
         self.tasks.spawn("heartbeat check", self._heartbeat_loop, restart=True)
-        return self._server.sockets[0].getsockname()[1]
+        return bound
+
+    def _accepted(self, conn: socket.socket, peer: Any) -> None:
+        """A new connection: refused at once past the pre-auth cap, else served in a task that
+        holds one pre-auth place until its hello is in (or it is refused)."""
+        awaited = max(0, len(self.expected) - len(self._by_last_seen) - len(self._slow))
+        if self._preauth >= MAX_PREAUTH + awaited:
+            conn.close()
+            self._refuse_connection(peer, f"{self._preauth} are already waiting to authenticate")
+            return
+        if conn.fileno() >= self._fd_limit - FD_HEADROOM:
+            conn.close()
+            self._refuse_connection(peer, "the controller is short of file descriptors")
+            return
+        self._preauth += 1
+        task = asyncio.get_running_loop().create_task(self._serve_accepted(conn, peer))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _serve_accepted(self, conn: socket.socket, peer: Any) -> None:
+        assert self._listener is not None
+        try:
+            reader, writer = await self._listener.streams(conn)
+        except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+            self._preauth -= 1
+            self._refuse_connection(
+                peer, f"TLS handshake failed ({str(e)[:120] or type(e).__name__})"
+            )
+            return
+        await self._serve(reader, writer)
+
+    def _exhausted(self, error: OSError) -> None:
+        """accept() ran out of descriptors or memory: accepting pauses (listener.py). Said in the
+        log and the journal the first time and every hundredth, never as a failure of ours."""
+        self.exhaustions += 1
+        if self.exhaustions == 1 or self.exhaustions % 100 == 0:
+            reason = errno.errorcode.get(error.errno or 0, str(error))
+            log.warning("cannot accept connections: %s (%d times so far)", error, self.exhaustions)
+            self._event("accept_paused", reason=reason, times=self.exhaustions)
 
     def send(self, agent_id: str, kind: str, **fields: Any) -> None:
         link = self.links.get(agent_id) or self.clients.get(agent_id)
@@ -144,9 +192,11 @@ class ControlServer:
             self._report_lateness()  # the last period's figures
         for link in [*self.links.values(), *self.clients.values()]:
             link.channel.close()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._listener is not None:
+            self._listener.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -159,13 +209,7 @@ class ControlServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         peer = writer.get_extra_info("peername")
-        awaited = max(0, len(self.expected) - len(self._by_last_seen) - len(self._slow))
-        if self._preauth >= MAX_PREAUTH + awaited:
-            self._refuse_connection(peer, f"{self._preauth} are already waiting to authenticate")
-            writer.close()
-            return
-        self._preauth += 1
-        try:
+        try:  # the pre-auth place was taken in _accepted
             admitted = await asyncio.wait_for(self._handshake(reader, writer), HELLO_TIMEOUT_S)
         except (
             ProtocolError,

@@ -54,3 +54,41 @@ def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
     assert any(e["kind"] == "connection_refused" for e in events)
     assert [p.name for p in ftrun.run_dir.iterdir()] == [job_dir.name]
     assert attacks.written_outside(tmp_path, job_dir, started) == 0
+
+
+def test_a_flood_past_the_descriptor_limit_does_not_take_the_controller_down(ftrun, tmp_path):
+    """The controller and its agent under a 64-descriptor limit, and 300 connections at once:
+    accept() fails with EMFILE for most of them. The job must go on and its journal must end."""
+    import resource
+    import subprocess
+
+    def low_fd_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftrun", "launch", str(BIN / "plain_loop.py"), "--steps", "150"]
+        + ["--interval", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ftrun.env,
+        start_new_session=True,
+        preexec_fn=low_fd_limit,
+    )
+    try:
+        job_dir = wait_for(
+            lambda: next((d for d in ftrun.run_dir.glob("*/control.json")), None), 30, "the job"
+        ).parent
+        rank_log = job_dir / "logs" / "g1" / "rank0.log"
+        wait_for(lambda: rank_log.exists() and "step 3" in rank_log.read_text(), 60, "step 3")
+        outcome = asyncio.run(attacks.flood(attacks.Target.of_job(job_dir), connections=300))
+        assert outcome.refused, outcome
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=20)
+    assert proc.returncode == 0, out[-3000:]
+    events = attacks.events(job_dir)
+    assert events[-1]["kind"] == "job_finished" and events[-1]["state"] == "succeeded"
+    assert "step 150" in rank_log.read_text()
