@@ -17,17 +17,18 @@ Heartbeat lateness and our loop's lag are journaled every STATS_INTERVAL_S (`hea
 A bug while reading one agent's messages is reported (TaskSupervisor.report) and loses that
 agent, the way a closed connection does, rather than leaving it connected and unheard.
 
-Before its hello a connection is a stranger's (docs/security.md): at most MAX_PREAUTH of them at
-once beyond the agents still awaited (more are closed on arrival), each with HELLO_TIMEOUT_S for the whole handshake and frames
-of at most PREAUTH_MAX_FRAME_BYTES. The hello binds the connection to a role and an identity for
-its life: an agent id the controller started and that is not already connected, or a client
+Before its hello a connection is a stranger's (docs/security.md): at most MAX_PREAUTH of them
+at once beyond the agents still awaited, and none that would take the controller's last
+FD_HEADROOM descriptors (more are closed as they are accepted: listener.py); each has
+HELLO_TIMEOUT_S for the whole handshake, and frames of at most PREAUTH_MAX_FRAME_BYTES. What is
+turned away is counted and told without flooding (refusals.py). The hello binds the connection
+to a role and an identity for its life: an agent id the controller started and that is not already connected, or a client
 (`ftrun chaos`/`ftrun hosts`); messages.py holds each to what its role may say.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import resource
 import socket
@@ -40,6 +41,7 @@ from typing import Any
 
 from ftrun.controller.lateness import Lateness
 from ftrun.controller.listener import Listener
+from ftrun.controller.refusals import Refusals
 from ftrun.errors import ProtocolError
 from ftrun.messages import Role, validate
 from ftrun.protocol import Channel, accept_channel
@@ -51,7 +53,6 @@ HELLO_TIMEOUT_S = 5.0
 # Connections not yet past their hello, beyond the agents we are waiting for (thousands of them
 # connect at once when a big job starts): this bounds what strangers can hold.
 MAX_PREAUTH = 256
-REFUSALS_JOURNALED = 20
 # Descriptors kept for the controller's own use (logs, the journal, agents' pipes): a stranger's
 # connection that would eat into them is closed at once. Linux gives the lowest free number,
 # so a new socket's number tells how full the table is, at no cost.
@@ -107,12 +108,10 @@ class ControlServer:
         self._slow: dict[str, AgentLink] = {}
         self.lateness = Lateness(heartbeat_interval_s)
         self.clients: dict[str, AgentLink] = {}
-        self.dropped_messages = 0
-        self.refused_connections = 0
+        self.refusals = Refusals(on_event)
         self._preauth = 0
         self._listener: Listener | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self.exhaustions = 0
         self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._clients = 0
         self._heartbeats: asyncio.Task[None] | None = None
@@ -122,7 +121,7 @@ class ControlServer:
     ) -> int:
         self._listener = Listener(
             accepted=self._accepted,
-            exhausted=self._exhausted,
+            exhausted=self.refusals.exhausted,
             tls=tls,
             handshake_timeout_s=HELLO_TIMEOUT_S,
         )
@@ -137,11 +136,11 @@ class ControlServer:
         awaited = max(0, len(self.expected) - len(self._by_last_seen) - len(self._slow))
         if self._preauth >= MAX_PREAUTH + awaited:
             conn.close()
-            self._refuse_connection(peer, f"{self._preauth} are already waiting to authenticate")
+            self.refusals.connection(peer, f"{self._preauth} are already waiting to authenticate")
             return
         if conn.fileno() >= self._fd_limit - FD_HEADROOM:
             conn.close()
-            self._refuse_connection(peer, "the controller is short of file descriptors")
+            self.refusals.connection(peer, "the controller is short of file descriptors")
             return
         self._preauth += 1
         task = asyncio.get_running_loop().create_task(self._serve_accepted(conn, peer))
@@ -154,20 +153,11 @@ class ControlServer:
             reader, writer = await self._listener.streams(conn)
         except (OSError, asyncio.TimeoutError, ConnectionError) as e:
             self._preauth -= 1
-            self._refuse_connection(
+            self.refusals.connection(
                 peer, f"TLS handshake failed ({str(e)[:120] or type(e).__name__})"
             )
             return
         await self._serve(reader, writer)
-
-    def _exhausted(self, error: OSError) -> None:
-        """accept() ran out of descriptors or memory: accepting pauses (listener.py). Said in the
-        log and the journal the first time and every hundredth, never as a failure of ours."""
-        self.exhaustions += 1
-        if self.exhaustions == 1 or self.exhaustions % 100 == 0:
-            reason = errno.errorcode.get(error.errno or 0, str(error))
-            log.warning("cannot accept connections: %s (%d times so far)", error, self.exhaustions)
-            self._event("accept_paused", reason=reason, times=self.exhaustions)
 
     def send(self, agent_id: str, kind: str, **fields: Any) -> None:
         link = self.links.get(agent_id) or self.clients.get(agent_id)
@@ -218,7 +208,7 @@ class ControlServer:
             ConnectionError,
             OSError,
         ) as e:
-            self._refuse_connection(peer, str(e)[:200] or type(e).__name__)
+            self.refusals.connection(peer, str(e)[:200] or type(e).__name__)
             writer.close()
             return
         finally:
@@ -235,15 +225,6 @@ class ControlServer:
         except Exception as e:  # noqa: BLE001 - reported, and the link is lost, not the loop
             failure = self.tasks.report(f"reading {link.host}", e)
             self._lose(link, f"the controller failed reading its messages ({failure.error})")
-
-    def _refuse_connection(self, peer: Any, why: str) -> None:
-        """A stranger turned away: logged and journaled (`connection_refused`) the first few
-        times and then every thousandth, with the count, so a flood costs the journal little."""
-        self.refused_connections += 1
-        n = self.refused_connections
-        if n <= REFUSALS_JOURNALED or n % 1000 == 0:
-            log.warning("refused a connection from %s: %s (%d so far)", peer, why, n)
-            self._event("connection_refused", peer=str(peer)[:80], reason=why, refused_so_far=n)
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -287,25 +268,8 @@ class ControlServer:
         self._lose(link, reason)
 
     def refuse(self, sender: str, msg: dict[str, Any] | None, why: str) -> None:
-        """A message dropped for what it says (not its shape's fault alone): logged, counted,
-        and journaled as `message_refused` the first few times and then every thousandth, so an
-        attack shows in `ftrun inspect` without flooding the journal or the log."""
-        self.dropped_messages += 1
-        kind = str(msg.get("kind"))[:40] if msg else None
-        if self.dropped_messages <= REFUSALS_JOURNALED or self.dropped_messages % 1000 == 0:
-            log.warning(
-                "refused a message from %s: %s (%d so far)",
-                sender,
-                why[:300],
-                self.dropped_messages,
-            )
-            self._event(
-                "message_refused",
-                agent=sender,
-                message_kind=kind,
-                reason=why[:300],
-                refused_so_far=self.dropped_messages,
-            )
+        """A message dropped for what it says (its shape, or who sent it): see refusals.py."""
+        self.refusals.message(sender, str(msg.get("kind"))[:40] if msg else None, why)
 
     def _heard(self, link: AgentLink, heartbeat: bool, now: float) -> None:
         if heartbeat:
