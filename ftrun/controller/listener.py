@@ -25,6 +25,10 @@ BACKLOG = 4096
 ACCEPT_BATCH = 256  # connections taken per wake-up, so accepting never starves the loop
 ACCEPT_RETRY_S = 1.0
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+# A stream buffers up to twice this before it stops reading from the socket (asyncio's rule):
+# what a peer that sends more than we read can make us hold. Frames bigger than this are still
+# read whole: readexactly resumes reading as it waits.
+STREAM_BUFFER_LIMIT = 32 * 1024
 
 
 class Listener:
@@ -88,7 +92,7 @@ class Listener:
         """An accepted socket as streams (TLS first, within the handshake deadline). Raises
         OSError (ssl.SSLError is one), TimeoutError or ConnectionError, the socket closed."""
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
+        reader = asyncio.StreamReader(limit=STREAM_BUFFER_LIMIT)
         protocol = asyncio.StreamReaderProtocol(reader)
         try:
             transport, _ = await loop.connect_accepted_socket(
