@@ -12,6 +12,7 @@ line, because the controller may have been killed in the middle of writing it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftrun.errors import UsageError
+from ftrun.journal_schema import event_problem
 
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
@@ -87,25 +89,102 @@ def _ends_with_newline(job_dir: Path) -> bool:
         return f.read(1) == b"\n"
 
 
+# One event is a few KiB (a traceback, a rank's stacks); a line past this is not one of ftrun's,
+# and is skipped without being held in memory whole.
+MAX_EVENT_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class JournalRead:
+    """A journal as read: its well-formed events, and how many lines were not (not UTF-8, not
+    JSON, not an event: see journal_schema.py), with the first few reasons. A torn last line
+    (a controller killed mid-write) is not damage: it is what every crash leaves."""
+
+    events: list[dict[str, Any]]
+    bad_lines: int = 0
+    problems: tuple[str, ...] = ()
+
+    @property
+    def damage(self) -> str | None:
+        """`3 bad lines in events.jsonl (line 2: ...)`, or None for a sound journal."""
+        if not self.bad_lines:
+            return None
+        plural = "s" if self.bad_lines != 1 else ""
+        return f"{self.bad_lines} bad line{plural} in {EVENTS_FILE} ({'; '.join(self.problems)})"
+
+
 def read_events(job_dir: Path) -> list[dict[str, Any]]:
-    events = []
+    """The job's well-formed events; bad lines are skipped (read_journal counts them)."""
+    return read_journal(job_dir).events
+
+
+def read_journal(job_dir: Path) -> JournalRead:
     try:
-        with open(job_dir / EVENTS_FILE, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line from a killed controller
-                if isinstance(event, dict) and "kind" in event:
-                    events.append(event)
+        with open(job_dir / EVENTS_FILE, "rb") as f:
+            return _parse(f)
     except FileNotFoundError:
-        pass
+        return JournalRead([])
     except OSError as e:  # not a directory, not readable
         raise UsageError(
             f"cannot read the journal of {job_dir}: {e.strerror or e}",
             hint="check the run directory (--run-dir) and its permissions",
         ) from None
-    return events
+
+
+def _parse(f: IO[bytes]) -> JournalRead:
+    events: list[dict[str, Any]] = []
+    bad = 0
+    problems: list[str] = []
+    number = 0
+    while True:
+        line = f.readline(MAX_EVENT_BYTES)
+        if not line:
+            break
+        number += 1
+        if not line.strip():
+            continue
+        problem: str | None
+        if len(line) == MAX_EVENT_BYTES and not line.endswith(b"\n"):
+            while (more := f.readline(MAX_EVENT_BYTES)) and not more.endswith(b"\n"):
+                pass  # the rest of an oversized line, read and dropped a piece at a time
+            problem = f"longer than {MAX_EVENT_BYTES >> 20} MiB"
+        else:
+            event, problem = _event(line)
+            if event is not None:
+                events.append(event)
+                continue
+            if problem in ("torn", "not UTF-8") and not line.endswith(b"\n"):
+                continue  # a torn last line (the only one without a newline): a killed writer
+            if problem == "torn":
+                problem = "not JSON"
+        bad += 1
+        if len(problems) < 3:
+            problems.append(f"line {number}: {problem}")
+    return JournalRead(events, bad, tuple(problems))
+
+
+def _event(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    try:
+        event = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError):
+        return None, "torn"
+    problem = event_problem(event)
+    return (event, None) if problem is None else (None, problem)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number an event holds")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 @dataclass(frozen=True)

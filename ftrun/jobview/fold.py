@@ -36,7 +36,7 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
     for ev in events:
         kind, t = ev["kind"], ev.get("t", 0.0)
         if kind == "job_started":
-            view.name = ev.get("name", "")
+            view.name = ev.get("name") or ""
             if view.started_t is None:
                 view.started_t = t
             # A requeued job's next run: running again, whatever the previous run ended as.
