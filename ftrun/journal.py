@@ -237,14 +237,36 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
     )
 
 
+def check_run_dir_path(run_dir: Path) -> None:
+    """A run directory (or one to be made) whose path runs into a file is a mistake to name
+    plainly (`FTRUN_RUN_DIR=/etc/passwd`), not a "File exists" or an empty listing."""
+    for part in (run_dir, *run_dir.parents):
+        if part.exists() and not part.is_dir():
+            what = "is" if part == run_dir else f"is inside {part}, which is"
+            raise UsageError(
+                f"the run directory {run_dir} {what} a file, not a directory",
+                hint="pass a directory to --run-dir or FTRUN_RUN_DIR (default ~/.ftrun/runs)",
+            )
+        if part.exists():
+            return
+
+
 def list_job_dirs(run_dir: Path) -> list[Path]:
+    check_run_dir_path(run_dir)
     if not run_dir.is_dir():
         return []
-    return [p for p in run_dir.iterdir() if (p / EVENTS_FILE).is_file()]
+    try:
+        return [p for p in run_dir.iterdir() if (p / EVENTS_FILE).is_file()]
+    except OSError as e:
+        raise UsageError(
+            f"cannot list the run directory {run_dir}: {e.strerror or e}",
+            hint="check the run directory (--run-dir) and its permissions",
+        ) from None
 
 
 def find_job_dir(run_dir: Path, job: str) -> Path:
     """A job by exact id, or by a prefix that names exactly one job."""
+    check_run_dir_path(run_dir)
     exact = run_dir / job
     if (exact / EVENTS_FILE).is_file():
         return exact

@@ -145,8 +145,9 @@ def launch(
     if master_port is not None and 0 < master_port < 65536 and inputs.port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
+    run_dir_ok = inputs.run_dir_path(resolved_run_dir, problems)
     name = job_name or Path(script).stem or script
-    if job_id is None and allocation is not None:
+    if job_id is None and allocation is not None and run_dir_ok:
         job_id = inputs.slurm_job_id(resolved_run_dir, name, allocation)
     resume = inputs.resume_point(
         resolved_run_dir,

@@ -52,7 +52,7 @@ class SafeConsole(Console):
     """A rich Console for untrusted text: markup, emoji codes and highlighting off; strings and
     rendered segments cleaned of control characters (rich's own cursor controls are kept)."""
 
-    def render_str(self, text: str, **kwargs: object) -> Text:  # type: ignore[override]
+    def render_str(self, text: str, **kwargs: object) -> Text:
         return super().render_str(clean(text), **kwargs)  # type: ignore[arg-type]
 
     def render(
