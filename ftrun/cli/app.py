@@ -25,6 +25,8 @@ err_console = make_console(stderr=True)
 
 def _register() -> None:
     # Commands register here, from the one module that imports them all: none imports app back.
+    if app.registered_commands:  # main() run again in one process (the CLI tests do)
+        return
     launch.register(app)
     sbatch.register(app)
     status.register(app)
