@@ -15,12 +15,12 @@ from ftrun.jobview.views import Generation, Incident, JobView
 
 
 def controller_alive(pid: int | None, create_time: float | None) -> bool:
-    if pid is None:
+    if pid is None or pid <= 0:  # psutil raises ValueError for these: a journal's bad pid
         return False
     try:
         proc = psutil.Process(pid)
         return create_time is None or abs(proc.create_time() - create_time) < 1.0
-    except psutil.Error:
+    except (psutil.Error, OverflowError):
         return False
 
 
