@@ -101,7 +101,11 @@ def launch(
         "an allocation when no --hosts are given].",
     ),
     slurm_spares: int = typer.Option(
-        0, "--slurm-spares", metavar="K", help="Under --slurm: the last K nodes wait as spares."
+        0,
+        "--slurm-spares",
+        min=0,
+        metavar="K",
+        help="Under --slurm: the last K nodes wait as spares.",
     ),
     job_id: str | None = typer.Option(
         None,
