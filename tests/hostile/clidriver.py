@@ -30,8 +30,13 @@ class Run:
 
     @property
     def clean(self) -> bool:
-        """No internal error, no traceback: whatever went wrong was said as a message."""
-        return "internal error" not in self.stderr and "Traceback" not in self.output
+        """No internal error, no traceback: whatever went wrong was said as a message; and no
+        raw ESC (the output is piped, so rich styles nothing: an ESC could only be injected)."""
+        return (
+            "internal error" not in self.stderr
+            and "Traceback" not in self.output
+            and "\x1b" not in self.output
+        )
 
 
 def ftrun_cli(args: list[str], env: Mapping[str, str | None] | None = None) -> Run:

@@ -220,3 +220,38 @@ def test_launch_with_a_bad_policy_gets_the_policy_hint(tmp_path: Path, policy: s
     assert run.code == 2 and needle in run.stderr, run.output
     assert "hint: see docs/policy.md for the policy file format" in run.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_unreadable_journal_is_one_damaged_job(tmp_path: Path, monkeypatch):
+    """A journal that cannot be opened (as root, permissions cannot make one: a patched open)."""
+    import builtins
+
+    t = time.time()
+    write_job(tmp_path, "locked", [{"t": t, "kind": "job_started", "name": "locked"}])
+    write_job(tmp_path, "open", [{"t": t, "kind": "job_started", "name": "open"}])
+    real_open = builtins.open
+
+    def deny(file, *args, **kwargs):
+        if str(file).endswith("locked/events.jsonl"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", deny)
+    run = ftrun_cli(["status"], {"FTRUN_RUN_DIR": str(tmp_path)})
+    assert run.code == 0, run.output
+    rows = {line.split()[0]: line for line in run.stdout.splitlines()[1:]}
+    assert "(damaged)" in rows["locked"] and "(damaged)" not in rows["open"]
+    detail = ftrun_cli(["status", "locked"], {"FTRUN_RUN_DIR": str(tmp_path)})
+    assert (
+        "damaged: cannot read the journal of" in detail.stdout
+        and "Permission denied" in detail.stdout
+    )
+
+
+def test_a_job_directory_named_with_markup_and_escapes(tmp_path: Path):
+    name = "[bold]\x1b[2J[red"  # no "/": a directory name
+    hostile_job(tmp_path, name, "x")
+    for args in (["status"], ["status", "[bold]"], ["inspect", name]):
+        run = ftrun_cli(args, {"FTRUN_RUN_DIR": str(tmp_path)})
+        assert run.code == 0 and "internal error" not in run.stderr, (args, run.output)
+        assert clean(name) in run.stdout and "\x1b" not in run.output

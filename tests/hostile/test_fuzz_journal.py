@@ -144,6 +144,7 @@ def shows(data: bytes) -> None:
         for args in (["status"], ["status", "--json"], ["status", "job-1"], ["inspect", "job-1"]):
             run = ftrun_cli([*args, "--run-dir", tmp])
             assert run.code == 0 and "internal error" not in run.stderr, (args, run.output)
+            assert "\x1b" not in run.output and "\u202e" not in run.output
             assert "job-1" in run.stdout
 
 
