@@ -63,11 +63,16 @@ def parse_host_list(text: str, *, what: str = "--hosts") -> list[HostEntry]:
 def read_hostfile(path: Path) -> list[HostEntry]:
     """`host [slots=N]` per line, `#` comments, blank lines ignored."""
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise UsageError(
             f"cannot read the hostfile {str(path)!r}: {e.strerror or e}",
             hint="pass an existing file to --hostfile",
+        ) from None
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"the hostfile {str(path)!r} is not UTF-8 text (byte {e.start})",
+            hint="a hostfile has one `host [slots=N]` per line",
         ) from None
     entries: list[HostEntry] = []
     problems: list[str] = []
@@ -81,7 +86,7 @@ def read_hostfile(path: Path) -> list[HostEntry]:
             key, _, value = extra.partition("=")
             if key != "slots":
                 problems.append(f"{where}: unknown field {extra!r} (only slots=N)")
-            elif not value.isdigit() or int(value) < 1:
+            elif not (value.isascii() and value.isdigit()) or int(value) < 1:
                 problems.append(f"{where}: slots must be a whole number ≥ 1 (got {value!r})")
             else:
                 slots = int(value)

@@ -6,11 +6,11 @@ import os
 import sys
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from ftrun import envcontract
 from ftrun.cli import chaos, hosts, inspect, launch, plan, profile, sbatch, status
-from ftrun.cli.render import make_console
+from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.errors import FtrunError
 
 app = typer.Typer(
@@ -25,6 +25,8 @@ err_console = make_console(stderr=True)
 
 def _register() -> None:
     # Commands register here, from the one module that imports them all: none imports app back.
+    if app.registered_commands:  # main() run again in one process (the CLI tests do)
+        return
     launch.register(app)
     sbatch.register(app)
     status.register(app)
@@ -48,9 +50,15 @@ def main() -> None:
     except Exception as e:
         if os.environ.get(envcontract.DEBUG) == "1":
             raise
-        err_console.print(f"[bold red]error:[/] internal error: {e.__class__.__name__}: {e}")
         err_console.print(
-            "[dim]hint: run again with FTRUN_DEBUG=1 for the traceback, and report it[/]"
+            Text.assemble(
+                ("error:", "bold red"),
+                f" internal error: {clean(e.__class__.__name__)}: {clean(e)}",
+            ),
+            soft_wrap=True,
+        )
+        err_console.print(
+            Text("hint: run again with FTRUN_DEBUG=1 for the traceback, and report it", "dim")
         )
         sys.exit(1)
 
@@ -60,7 +68,8 @@ def report_error(e: FtrunError) -> None:
         import traceback
 
         traceback.print_exception(e)
-    # Messages are plain text: "[timeouts] has ..." is a section name, not rich markup.
-    err_console.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
+    # Messages are plain text that embeds user text ("[timeouts] has ...", a job id, a path):
+    # ftrun's style around it, never markup parsed from it (safetext.py).
+    err_console.print(Text.assemble(("error:", "bold red"), " ", clean(e.message)), soft_wrap=True)
     if e.hint:
-        err_console.print(f"[dim]hint: {escape(e.hint)}[/]", soft_wrap=True)
+        err_console.print(plain(f"hint: {e.hint}", "dim"), soft_wrap=True)

@@ -10,9 +10,10 @@ from rich.text import Text
 
 from ftrun import envcontract
 from ftrun.cli.render import clock, make_console, print_job, secs
+from ftrun.cli.safetext import clean, plain
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import Generation, Incident, JobView, load_job
-from ftrun.journal import find_job_dir
+from ftrun.journal_read import find_job_dir
 
 console = make_console()
 STACK_LINES = 12
@@ -41,7 +42,8 @@ def inspect(
     print_timeline(view)
     logs = view.job_dir / "logs"
     if logs.is_dir():
-        console.print(f"\n[dim]logs: {logs}/g<generation>/rank<rank>.log[/]")
+        console.print()
+        console.print(plain(f"logs: {logs}/g<generation>/rank<rank>.log", "dim"))
 
 
 def print_timeline(view: JobView) -> None:
@@ -64,9 +66,11 @@ def print_timeline(view: JobView) -> None:
         console.print(
             Text.assemble(
                 "    ",
-                (f"incident {inc.id}: {inc.kind}", "bold yellow"),
-                f" — {_evidence(inc)} → {inc.tier or '?'}"
-                + (f" (injected: {inc.injected})" if inc.injected else ""),
+                (clean(f"incident {inc.id}: {inc.kind}"), "bold yellow"),
+                clean(
+                    f" — {_evidence(inc)} → {inc.tier or '?'}"
+                    + (f" (injected: {inc.injected})" if inc.injected else "")
+                ),
             ),
             soft_wrap=True,
         )
@@ -83,7 +87,7 @@ def print_timeline(view: JobView) -> None:
                 console.print(
                     Text("      traceback from the rank's error file (@record):", style="dim")
                 )
-            console.print(Text("      " + inc.traceback.replace("\n", "\n      "), style="red"))
+            console.print(plain("      " + str(inc.traceback).replace("\n", "\n      "), "red"))
         for rank, text in sorted((inc.stacks or {}).items()):
             lines = text.splitlines()
             shown = "\n        ".join(lines[:STACK_LINES])
@@ -93,10 +97,10 @@ def print_timeline(view: JobView) -> None:
                 else ""
             )
             console.print(
-                Text(
+                plain(
                     f"      stacks of rank {rank} ({(inc.states or {}).get(rank, '?')}):\n"
                     f"        {shown}{more}",
-                    style="dim",
+                    "dim",
                 )
             )
     if view.ended_t:
@@ -139,11 +143,11 @@ def _evidence(inc: Incident) -> str:
     if inc.kind == "exit_hang":
         return (
             f"rank {inc.clean_rank} exited 0; {who} on {inc.host} was still running "
-            f"{inc.allowance_s:g}s later (--exit-timeout)" + _missing(inc)
+            f"{_num(inc.allowance_s, 'g')}s later (--exit-timeout)" + _missing(inc)
         )
     if inc.kind == "hang" and inc.idle_s is not None:
         return (
-            f"idle: no CPU and no output for {inc.idle_s:.0f} s on any rank "
+            f"idle: no CPU and no output for {_num(inc.idle_s, '.0f')} s on any rank "
             f"(--idle-timeout; no progress signal)" + _missing(inc)
         )
     if inc.kind == "hang":
@@ -156,6 +160,10 @@ def _evidence(inc: Incident) -> str:
         return f"{who} on {inc.host} made no progress{where}{past}"
     how = f"signal {inc.signal}" if inc.signal else f"exit code {inc.exit_code}"
     return f"{who} on {inc.host}, {how}" + (f": {inc.exception}" if inc.exception else "")
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "?" if value is None else format(value, spec)
 
 
 def _missing(inc: Incident) -> str:

@@ -21,7 +21,8 @@ from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState
 from ftrun.envcontract import forwarded
 from ftrun.errors import FtrunError, UsageError
-from ftrun.journal import Journal, ResumePoint
+from ftrun.journal import Journal
+from ftrun.journal_read import ResumePoint
 from ftrun.transport.base import Transport
 from ftrun.transport.slurm_allocation import in_allocation
 from ftrun.userenv import user_env
@@ -101,7 +102,11 @@ def launch(
         "an allocation when no --hosts are given].",
     ),
     slurm_spares: int = typer.Option(
-        0, "--slurm-spares", metavar="K", help="Under --slurm: the last K nodes wait as spares."
+        0,
+        "--slurm-spares",
+        min=0,
+        metavar="K",
+        help="Under --slurm: the last K nodes wait as spares.",
     ),
     job_id: str | None = typer.Option(
         None,
@@ -145,8 +150,9 @@ def launch(
     if master_port is not None and 0 < master_port < 65536 and inputs.port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
+    run_dir_ok = inputs.run_dir_path(resolved_run_dir, problems)
     name = job_name or Path(script).stem or script
-    if job_id is None and allocation is not None:
+    if job_id is None and allocation is not None and run_dir_ok:
         job_id = inputs.slurm_job_id(resolved_run_dir, name, allocation)
     resume = inputs.resume_point(
         resolved_run_dir,

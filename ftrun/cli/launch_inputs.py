@@ -23,8 +23,8 @@ from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
 from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
 from ftrun.jobview.fold import controller_alive
-from ftrun.journal import ResumePoint, read_events
-from ftrun.journal import resume_point as resume_point_of
+from ftrun.journal_read import ResumePoint, check_run_dir_path, read_events
+from ftrun.journal_read import resume_point as resume_point_of
 from ftrun.planner import Profile, parse_size
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.timeouts import ControlTimeouts
@@ -103,6 +103,16 @@ def slurm_hosts(
     return HostOptions(nodes, spare_nodes, transport="slurm", allocation=allocation)
 
 
+def run_dir_path(run_dir: Path, problems: list[str]) -> bool:
+    """False, with the problem, for a run directory whose path runs into a file."""
+    try:
+        check_run_dir_path(run_dir)
+    except UsageError as e:
+        problems.append(e.message)
+        return False
+    return True
+
+
 def slurm_job_id(run_dir: Path, name: str, allocation: Allocation) -> str:
     """Under Slurm the job id is the Slurm job's (`name-slurm1234`), so that a requeued batch
     step finds its job directory and resumes it; a second `ftrun launch` in one run of a batch
@@ -125,7 +135,12 @@ def resume_point(
     if not JOB_ID.match(job_id):
         problems.append(f"--job-id {job_id!r} is not a job id (letters, digits, - _ . only)")
         return None
-    events = read_events(run_dir / job_id)
+    try:
+        events = read_events(run_dir / job_id)
+    except UsageError as e:  # a run dir that is a file was reported already
+        if not any(p.startswith("the run directory ") for p in problems):
+            problems.append(e.message)
+        return None
     if not events:
         return None
     point = resume_point_of(events)
@@ -285,6 +300,7 @@ def port_busy(port: int) -> bool:
 
 
 def check_run_dir(run_dir: Path) -> None:
+    check_run_dir_path(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".ftrun-write-probe-{os.getpid()}"
@@ -297,7 +313,15 @@ def check_run_dir(run_dir: Path) -> None:
         ) from None
 
 
+POLICY_PROBLEMS = ("the policy file ", "no policy file ", "cannot read the policy file ")
+
+
 def hint(problems: list[str]) -> str:
+    """The next step for the first family of problems found. A policy file's message quotes the
+    file (`kinds must be among [..., 'host-lost']`), so it is told by where it comes from and
+    the other families are matched only in the other problems."""
+    policy = [p for p in problems if p.startswith(POLICY_PROBLEMS)]
+    problems = [p for p in problems if p not in policy]
     if any("--env" in p or "env-file" in p for p in problems):
         return (
             "--env NAME=VALUE or --env NAME (its value here); an --env-file has NAME=VALUE "
@@ -307,8 +331,10 @@ def hint(problems: list[str]) -> str:
         return "pick another --master-port, or leave it out to get a free port per generation"
     if any(flag in p for p in problems for flag in TIMEOUT_FLAGS.values()):
         return "see docs/timeouts.md for how to choose the heartbeat, lost and fence timeouts"
-    if any("policy" in p for p in problems):
+    if policy:
         return "see docs/policy.md for the policy file format"
+    if any(p.startswith("the run directory ") for p in problems):
+        return "pass a directory to --run-dir or FTRUN_RUN_DIR (default ~/.ftrun/runs)"
     if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):
         return (
             "hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ftrun.cli.launch_inputs import device_memory_bytes
 from ftrun.cli.render import make_console
@@ -104,7 +105,7 @@ def plan(
         soft_wrap=True,
     )
     if len(ranked) > top:
-        console.print(f"[dim]{len(ranked) - top} more: --top {len(ranked)}[/]")
+        console.print(Text(f"{len(ranked) - top} more: --top {len(ranked)}", "dim"))
 
 
 def _table(ranked: list[Layout], budget: int | None) -> Table:

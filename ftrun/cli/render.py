@@ -11,14 +11,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.jobview import Incident, JobView
 
-
-def make_console(*, stderr: bool = False) -> Console:
-    """A console that wraps at the terminal's width, or at 160 columns when piped (rich's
-    default of 80 would fold the tables)."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 160)
+__all__ = ["ConsoleReporter", "make_console", "print_job", "print_root_cause"]
 
 
 STATE_STYLE = {"running": "cyan", "succeeded": "green", "failed": "bold red", "stopped": "yellow"}
@@ -39,7 +35,7 @@ class ConsoleReporter:
 
     def notice(self, text: str, *, level: str = "info") -> None:
         style = {"info": "bold cyan", "warning": "bold yellow", "error": "bold red"}[level]
-        self.console.print(Text.assemble(("ftrun: ", style), text), soft_wrap=True)
+        self.console.print(Text.assemble(("ftrun: ", style), clean(text)), soft_wrap=True)
 
 
 def age(seconds: float) -> str:
@@ -62,7 +58,7 @@ def clock(t: float | None) -> str:
 
 
 def state_text(state: str) -> Text:
-    return Text(state, style=STATE_STYLE.get(state, ""))
+    return plain(state, STATE_STYLE.get(state, ""))
 
 
 def jobs_table(views: list[JobView]) -> Table:
@@ -72,9 +68,9 @@ def jobs_table(views: list[JobView]) -> Table:
     now = time.time()
     for v in views:
         table.add_row(
-            v.job_id,
-            v.name,
-            state_text(v.state),
+            plain(v.job_id),
+            plain(v.name),
+            state_text(v.state) + Text(" (damaged)", "red") if v.damaged else state_text(v.state),
             str(v.generation),
             str(v.restarts),
             "-" if v.step is None else str(v.step),
@@ -107,11 +103,11 @@ def incidents_table(incidents: list[Incident]) -> Table:
         table.add_row(
             str(i.id),
             str(i.generation),
-            i.kind,
-            i.tier or "-",
-            i.host or "-",
-            "-" if i.rank is None else str(i.rank),
-            evidence,
+            plain(i.kind),
+            plain(i.tier or "-"),
+            plain(i.host or "-"),
+            plain("-" if i.rank is None else i.rank),
+            plain(evidence),
             secs(i.detected_s),
             secs(i.recovered_s),
             "-" if i.lost_steps is None else str(i.lost_steps),
@@ -123,13 +119,17 @@ def print_job(console: Console, v: JobView) -> None:
     console.print(
         Text.assemble(
             ("job ", "bold"),
-            (v.job_id, "bold"),
+            (clean(v.job_id), "bold"),
             "  ",
             state_text(v.state),
-            f"  name={v.name}  generation={v.generation}  "
-            f"restarts={v.restarts}  step={'-' if v.step is None else v.step}",
+            clean(
+                f"  name={v.name}  generation={v.generation}  "
+                f"restarts={v.restarts}  step={'-' if v.step is None else v.step}"
+            ),
         )
     )
+    if v.damaged:
+        console.print(Text.assemble(("damaged: ", "bold red"), clean(v.damaged)), soft_wrap=True)
     if v.reason:
         console.print(f"reason: {v.reason}", soft_wrap=True)
     current = v.generations[-1] if v.generations else None
@@ -159,7 +159,7 @@ def print_root_cause(console: Console, root: dict[str, Any] | None) -> None:
         console.print(
             Text.assemble(
                 ("root cause: ", "bold red"),
-                f"ftrun's {root.get('task')} failed: {root.get('exception')}",
+                clean(f"ftrun's {root.get('task')} failed: {root.get('exception')}"),
             ),
             soft_wrap=True,
         )
@@ -171,8 +171,10 @@ def print_root_cause(console: Console, root: dict[str, Any] | None) -> None:
     console.print(
         Text.assemble(
             ("root cause: ", "bold red"),
-            f"{who} on {root.get('host')} (generation {root.get('generation')}) "
-            f"died with {how}" + (f": {root['exception']}" if root.get("exception") else ""),
+            clean(
+                f"{who} on {root.get('host')} (generation {root.get('generation')}) "
+                f"died with {how}" + (f": {root['exception']}" if root.get("exception") else "")
+            ),
         ),
         soft_wrap=True,
     )
@@ -181,8 +183,9 @@ def print_root_cause(console: Console, root: dict[str, Any] | None) -> None:
             console.print(
                 Text("traceback (from the rank's error file, torch's @record):", style="dim")
             )
-        console.print(Text(root["traceback"], style="red"), soft_wrap=True)
+        console.print(plain(root["traceback"], "red"), soft_wrap=True)
     elif root.get("tail"):
-        console.print(Text("\n".join(root["tail"]), style="dim"), soft_wrap=True)
+        tail = root["tail"] if isinstance(root["tail"], list) else [root["tail"]]
+        console.print(plain("\n".join(map(str, tail)), "dim"), soft_wrap=True)
     if root.get("log"):
         console.print(f"log: {root['log']}", soft_wrap=True)

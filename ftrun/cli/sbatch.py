@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
@@ -138,7 +138,10 @@ def sbatch(
     if dry_run:
         sys.stdout.write(batch.render())
         err_console.print(
-            "[dim]dry run: nothing written, nothing submitted (a submission picks a new job id)[/]"
+            Text(
+                "dry run: nothing written, nothing submitted (a submission picks a new job id)",
+                "dim",
+            )
         )
         return
     executable = shutil.which("sbatch")
@@ -271,19 +274,16 @@ def report(batch: BatchScript, slurm_job_id: str, *, as_json: bool) -> None:
         )
         return
     run_dir_flag = "" if batch.run_dir == resolve_run_dir(None) else f" --run-dir {batch.run_dir}"
+    # Plain strings: the console parses no markup in them (safetext.py).
     console.print(
-        escape(
-            f"submitted Slurm job {slurm_job_id} as ftrun job {batch.job_id} "
-            f"(directory {batch.job_dir})"
-        ),
+        f"submitted Slurm job {slurm_job_id} as ftrun job {batch.job_id} "
+        f"(directory {batch.job_dir})",
         soft_wrap=True,
     )
     console.print(
-        escape(
-            f"while it waits: `squeue -j {slurm_job_id}`; once it runs: "
-            f"`ftrun status {batch.job_id}{run_dir_flag}`; Slurm's output: "
-            f"{batch.job_dir / f'slurm-{slurm_job_id}.out'}"
-        ),
+        f"while it waits: `squeue -j {slurm_job_id}`; once it runs: "
+        f"`ftrun status {batch.job_id}{run_dir_flag}`; Slurm's output: "
+        f"{batch.job_dir / f'slurm-{slurm_job_id}.out'}",
         style="dim",
         soft_wrap=True,
     )

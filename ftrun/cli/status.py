@@ -9,10 +9,11 @@ import typer
 
 from ftrun import envcontract
 from ftrun.cli.render import jobs_table, make_console, print_job
+from ftrun.cli.safetext import plain
 from ftrun.config import resolve_run_dir
 from ftrun.errors import FtrunError
 from ftrun.jobview import load_job
-from ftrun.journal import find_job_dir, list_job_dirs
+from ftrun.journal_read import find_job_dir, list_job_dirs
 from ftrun.transport.slurm_allocation import job_fields
 
 console = make_console()
@@ -58,7 +59,8 @@ def status(
                 + (f" ({slurm['error']})" if "error" in slurm else ""),
                 soft_wrap=True,
             )
-        console.print(f"\n[dim]more: ftrun inspect {view.job_id}[/]")
+        console.print()
+        console.print(plain(f"more: ftrun inspect {view.job_id}", "dim"))
 
 
 def slurm_view(slurm_job_id: str | None) -> dict[str, str] | None:

@@ -52,7 +52,8 @@ from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
 from ftrun.errors import FtrunError
-from ftrun.journal import Journal, ResumePoint
+from ftrun.journal import Journal
+from ftrun.journal_read import ResumePoint
 from ftrun.planner import NoLayoutFits
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure

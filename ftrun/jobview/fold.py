@@ -15,12 +15,12 @@ from ftrun.jobview.views import Generation, Incident, JobView
 
 
 def controller_alive(pid: int | None, create_time: float | None) -> bool:
-    if pid is None:
+    if pid is None or pid <= 0:  # psutil raises ValueError for these: a journal's bad pid
         return False
     try:
         proc = psutil.Process(pid)
         return create_time is None or abs(proc.create_time() - create_time) < 1.0
-    except psutil.Error:
+    except (psutil.Error, OverflowError):
         return False
 
 
@@ -36,7 +36,7 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
     for ev in events:
         kind, t = ev["kind"], ev.get("t", 0.0)
         if kind == "job_started":
-            view.name = ev.get("name", "")
+            view.name = ev.get("name") or ""
             if view.started_t is None:
                 view.started_t = t
             # A requeued job's next run: running again, whatever the previous run ended as.

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ftrun.errors import UsageError
 from ftrun.jobview.fold import fold
 from ftrun.jobview.views import JobView
-from ftrun.journal import read_events
+from ftrun.journal_read import read_journal
 
 # Printed by ftrun.checkpoint on restore (ftrun/checkpoint/restore.py, `_done`); not imported
 # from there because that module imports torch. tests/unit/test_jobview.py checks both agree.
@@ -24,7 +25,16 @@ RESTORE_SCAN_BYTES = 1 << 20  # restore runs at start-up: its line is near the t
 
 
 def load_job(job_dir: Path) -> JobView:
-    view = fold(job_dir, read_events(job_dir))
+    """The job as its journal tells it. A journal that cannot be read at all (permissions, an
+    I/O error) is a damaged job with no events: one such job does not break a listing."""
+    try:
+        journal = read_journal(job_dir)
+    except UsageError as e:
+        view = fold(job_dir, [])
+        view.damaged = e.message
+        return view
+    view = fold(job_dir, journal.events)
+    view.damaged = journal.damage
     for inc in view.incidents:
         if inc.next_generation is not None:
             found = read_restore(job_dir / "logs" / f"g{inc.next_generation}")

@@ -172,6 +172,9 @@ class JobView:
     hosts: dict[str, str] = field(default_factory=dict)  # host → active, spare, lost, ...
     runs: int = 1  # controllers that ran the job: more than 1 after a Slurm requeue
     slurm_job_id: str | None = None
+    # `3 bad lines in events.jsonl (...)`: lines the reader skipped (journal.read_journal), so
+    # what is shown may be missing events; None for a sound journal.
+    damaged: str | None = None
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - (self.started_t or time.time())
@@ -192,6 +195,7 @@ class JobView:
             "hosts": self.hosts,
             "runs": self.runs,
             "slurm_job_id": self.slurm_job_id,
+            "damaged": self.damaged,
         }
         if detail:
             out["root_cause"] = self.root_cause

@@ -37,11 +37,13 @@ def test_all_problems_reported_at_once(ftrun):
     )
 
 
-def test_unwritable_run_dir(ftrun, tmp_path):
+def test_run_dir_inside_a_file(ftrun, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert_clean_usage_error(
-        ftrun.run("launch", "--run-dir", str(blocker / "runs"), TOY), "not writable"
+        ftrun.run("launch", "--run-dir", str(blocker / "runs"), TOY),
+        f"the run directory {blocker / 'runs'} is inside {blocker}, which is a file, not a "
+        "directory",
     )
 
 

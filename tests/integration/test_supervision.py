@@ -16,7 +16,8 @@ from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.server import ControlServer
 from ftrun.controller.supervisor import Supervisor
 from ftrun.errors import EXIT_JOB_FAILED
-from ftrun.journal import Journal, read_events
+from ftrun.journal import Journal
+from ftrun.journal_read import read_events
 from ftrun.transport.local import LocalTransport
 from tests.conftest import BIN, spawn_agent
 

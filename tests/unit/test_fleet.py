@@ -18,7 +18,8 @@ from ftrun.controller.roster import HostState
 from ftrun.controller.server import ControlServer
 from ftrun.envcontract import forwarded
 from ftrun.errors import FtrunError
-from ftrun.journal import Journal, read_events
+from ftrun.journal import Journal
+from ftrun.journal_read import read_events
 
 
 class Handle:

@@ -14,7 +14,8 @@ from ftrun import envcontract
 from ftrun.config import LaunchConfig
 from ftrun.controller.generation import Reconfigure
 from ftrun.controller.planning import PROFILE_FILE, PlanDesk, Unplanned, plan_desk
-from ftrun.journal import Journal, read_events
+from ftrun.journal import Journal
+from ftrun.journal_read import read_events
 from ftrun.planner import NoLayoutFits
 
 PROFILE = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json"

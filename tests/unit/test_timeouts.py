@@ -81,4 +81,4 @@ def test_policy_file_timeouts(tmp_path: Path):
     with pytest.raises(UsageError) as e:
         load_policy(path)
     assert "unknown key(s) ['fence']" in e.value.message
-    assert "heartbeat_interval_s must be a non-negative" in e.value.message
+    assert "[timeouts].heartbeat_interval_s: expected a non-negative number" in e.value.message
