@@ -64,8 +64,8 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.key is not None and len(self.key) < 16:
-            problems.append(f"key must be at least 16 bytes (got {len(self.key)})")
+        if self.key is not None and (not isinstance(self.key, bytes) or len(self.key) < 16):
+            problems.append("key must be bytes, at least 16 of them (e.g. bytes.fromhex(...))")
         if self.keep < 1:
             problems.append(f"keep must be >= 1 (got {self.keep})")
         if self.memory_slots not in (2, 3):

@@ -120,7 +120,8 @@ class RawReader(FileSystemReader):
         for req in plan.items:
             per_file[self.storage_data[req.storage_index].relative_path].append(req)
         for relative_path, reqs in per_file.items():
-            with open(Path(self.path) / relative_path, "rb") as f:
+            fd = storage.open_regular(Path(self.path) / relative_path)  # no link, no FIFO
+            with open(fd, "rb") as f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             try:
                 base = torch.frombuffer(mm, dtype=torch.uint8)

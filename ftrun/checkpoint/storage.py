@@ -189,7 +189,7 @@ def read_regular(path: Path, *, limit: int | None = None, private_file: bool = F
     """The bytes of a regular file, opened without following a link (a FIFO or a device planted
     in its place would block or never end). `limit`: refuse a larger file. `private_file`: also
     refuse one that is not this user's alone (the memory tier's files)."""
-    fd = _open_regular(path)
+    fd = open_regular(path)
     try:
         st = os.fstat(fd)
         if private_file and private.problem(st, directory=False, forbid=0o077):
@@ -204,7 +204,9 @@ def read_regular(path: Path, *, limit: int | None = None, private_file: bool = F
         os.close(fd)
 
 
-def _open_regular(path: Path) -> int:
+def open_regular(path: Path) -> int:
+    """An fd of the regular file at path, read-only, opened without following a link and without
+    blocking (a FIFO planted there would block a plain open); Invalid for anything else."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -220,7 +222,7 @@ def _open_regular(path: Path) -> int:
 def crc32_file(path: Path) -> tuple[int, int]:
     """(size, CRC32) of a regular file, read in chunks (Invalid for anything else)."""
     crc, size = 0, 0
-    with open(_open_regular(path), "rb", buffering=0) as f:
+    with open(open_regular(path), "rb", buffering=0) as f:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while n := f.readinto(buf):

@@ -146,7 +146,9 @@ class Worker:
         self.maps: dict[str, mmap.mmap] = {}  # slot path -> mapping, kept across persists
 
     def slot_map(self, path: str) -> mmap.mmap:
-        """Map a slot once and fault it in once (a slot that grew is mapped again)."""
+        """Map a slot once and fault it in once (a slot that grew is mapped again). The path is
+        this rank's own: a file in its 0700 tier directory (slots.py checked it and opened it
+        O_NOFOLLOW), or /proc/<rank>/fd/<n> of a memfd, a link by nature."""
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mm = self.maps.get(path)
