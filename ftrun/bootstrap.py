@@ -37,7 +37,7 @@ class Bootstrap:
     # The job's checkpoint key (hex): the agent gives it to every rank as FTRUN_CHECKPOINT_KEY,
     # and ftrun.checkpoint authenticates its pickles and manifests with it. A secret, like
     # `secret`; the same for the job's whole life (controller/jobkey.py). Empty: none.
-    checkpoint_key: str = ""
+    checkpoint_key: str = field(default="", repr=False)
 
     @property
     def process_tag(self) -> str:

@@ -106,7 +106,7 @@ def restore(
         raise CheckpointError(
             f"no valid checkpoint in {config.directory}: {len(skipped)} found, none loads",
             hint="see the warnings above; move the broken step-* directories away to start "
-            f"fresh. Checkpoints of another job verify only under its key: run with "
+            "fresh. Checkpoints of another job verify only under its key: run with "
             f"{envcontract.CHECKPOINT_KEY} set to the content of its <job dir>/{auth.KEY_FILE}",
             data={"skipped": skipped},
         )

@@ -116,7 +116,8 @@ def private_subdir(path: Path) -> None:
         path,
         forbid=private.GROUP_OTHER_WRITE,
         what="checkpoint directory",
-        hint="another user may have planted it: remove it, or checkpoint to a directory only you can write",
+        hint="another user may have planted it: remove it, or checkpoint to a directory only "
+        "you can write",
         error=UnsafePathError,
     )
 
