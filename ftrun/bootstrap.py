@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, kw_only=True)
 class Bootstrap:
-    """What the controller hands an agent on stdin (not a command line: it holds the secret)."""
+    """What the controller hands an agent on stdin (not a command line: it holds secrets)."""
 
     controller_host: str
     controller_port: int
@@ -37,6 +37,10 @@ class Bootstrap:
     # The controller's TLS certificate (PEM), the only one the agent trusts; "" on loopback,
     # where the connection is plain (tls.py).
     controller_cert: str = ""
+    # The job's checkpoint key (hex): the agent gives it to every rank as FTRUN_CHECKPOINT_KEY,
+    # and ftrun.checkpoint authenticates its pickles and manifests with it. A secret, like
+    # `secret`; the same for the job's whole life (controller/jobkey.py). Empty: none.
+    checkpoint_key: str = field(default="", repr=False)
 
     @property
     def process_tag(self) -> str:

@@ -40,6 +40,7 @@ RESTART_COUNT = "FTRUN_TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS = "FTRUN_TORCHELASTIC_MAX_RESTARTS"
 PLAN = "FTRUN_PLAN"
 PROFILE_OUT = "FTRUN_PROFILE_OUT"
+CHECKPOINT_KEY = "FTRUN_CHECKPOINT_KEY"
 
 # -- a user's settings for ftrun itself -------------------------------------------------------------
 RUN_DIR = "FTRUN_RUN_DIR"
@@ -107,6 +108,12 @@ CONTRACT: tuple[EnvVar, ...] = (
         "ftrun profile",
         "ftrun.parallel",
         "profile the script's layers in one process, write the profile JSON here, exit 0",
+    ),
+    EnvVar(
+        CHECKPOINT_KEY,
+        "agent (from the Bootstrap: the job's checkpoint.key, or the launcher's own value)",
+        "ftrun.checkpoint",
+        "hex HMAC key that every checkpoint pickle and manifest is authenticated with; a secret",
     ),
     EnvVar(RUN_DIR, "user", "config", "where job directories live"),
     EnvVar(DEBUG, "user", "cli", "=1: print tracebacks"),

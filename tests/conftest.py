@@ -120,6 +120,17 @@ class Ftrun:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def config_home(tmp_path_factory: pytest.TempPathFactory):
+    """A rank outside `ftrun launch` keeps its checkpoint key in $XDG_CONFIG_HOME/ftrun
+    (ftrun/checkpoint/auth.py): the tests' ranks and every process they start keep theirs in a
+    temp dir, never in the real home."""
+    path = tmp_path_factory.mktemp("config-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(path))
+        yield path
+
+
 @pytest.fixture
 def test_id() -> str:
     return uuid.uuid4().hex

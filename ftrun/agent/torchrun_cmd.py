@@ -8,7 +8,8 @@ its log file). torchrun itself never restarts (--max-restarts 0): ftrun restarts
 
 The environment is the contract with the shim and the ranks: the FTRUN_* names below say which
 job, generation and host they belong to, where the agent's datagram socket is (rank_socket.py),
-where the rank logs go, and the warm interpreter's socket when there is one. Pure: the caller
+where the rank logs go, the warm interpreter's socket when there is one, and the job's checkpoint
+key (a secret: in the environment, which only this user can read, never in argv). Pure: the caller
 passes everything in, so what the agent would run can be read without running it.
 """
 
@@ -64,6 +65,8 @@ def torchrun_command(
     }
     if zygote_sock is not None:
         env[envcontract.ZYGOTE_SOCK] = zygote_sock
+    if boot.checkpoint_key:  # ftrun.checkpoint's HMAC key: the job's, from the bootstrap
+        env[envcontract.CHECKPOINT_KEY] = boot.checkpoint_key
     argv = (
         boot.python,
         "-u",

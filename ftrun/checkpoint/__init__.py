@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ftrun.checkpoint.config import CheckpointConfig, memory_tier_dir
-    from ftrun.checkpoint.errors import CheckpointDirError, CheckpointError, StateError
+    from ftrun.checkpoint.errors import (
+        CheckpointDirError,
+        CheckpointError,
+        CheckpointKeyError,
+        StateError,
+        UnsafePathError,
+    )
     from ftrun.checkpoint.manager import Manager
     from ftrun.checkpoint.restore import Restored
     from ftrun.checkpoint.state import PerRank, TrainState
@@ -39,6 +45,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointDirError",
     "StateError",
+    "UnsafePathError",
+    "CheckpointKeyError",
 ]
 
 _HOME = {
@@ -52,6 +60,8 @@ _HOME = {
     "CheckpointError": "errors",
     "CheckpointDirError": "errors",
     "StateError": "errors",
+    "UnsafePathError": "errors",
+    "CheckpointKeyError": "errors",
 }
 
 

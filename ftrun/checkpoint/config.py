@@ -4,7 +4,9 @@ Where things go:
 - storage: `directory`, else `$FTRUN_JOB_DIR/checkpoints` (set by ftrun for every rank), else
   `./checkpoints`;
 - memory tier: `memory_tier_dir(job_id)/rank<R>/`, enabled when a job id is known (`job_id=` or
-  `$FTRUN_JOB_ID`); without one the snapshot buffers are anonymous memory that dies with the rank.
+  `$FTRUN_JOB_ID`); without one the snapshot buffers are anonymous memory that dies with the rank;
+- the checkpoint key (auth.py): `key=`, else `$FTRUN_CHECKPOINT_KEY`, else the user's key file,
+  loaded by the Manager (`with_key()`), not here: resolving a config makes no file.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ftrun import envcontract
+from ftrun.checkpoint import auth
 from ftrun.checkpoint.errors import CheckpointDirError
 
 DEFAULT_MEMORY_ROOT = Path("/dev/shm")
@@ -56,9 +59,13 @@ class CheckpointConfig:
     # Under ftrun: a file that appears when the job gets a preemption notice; the save after
     # it is persisted at once, whatever persist_every says (docs/slurm.md).
     preempt_file: Path | None = None
+    # HMAC key for every pickle and manifest (auth.py); None: with_key() loads the rank's own.
+    key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         problems = []
+        if self.key is not None and (not isinstance(self.key, bytes) or len(self.key) < 16):
+            problems.append("key must be bytes, at least 16 of them (e.g. bytes.fromhex(...))")
         if self.keep < 1:
             problems.append(f"keep must be >= 1 (got {self.keep})")
         if self.memory_slots not in (2, 3):
@@ -85,6 +92,20 @@ class CheckpointConfig:
     @property
     def memory_dir(self) -> Path | None:
         return memory_tier_dir(self.job_id, self.memory_root) if self.job_id else None
+
+    def with_key(self, environ: Mapping[str, str] | None = None) -> CheckpointConfig:
+        """This config with its key: the one given, else $FTRUN_CHECKPOINT_KEY, else the user's
+        key file (made on first use)."""
+        if self.key is not None:
+            return self
+        return replace(self, key=auth.load_key(environ))
+
+    @property
+    def hmac_key(self) -> bytes:
+        """The key, once with_key() has run (the Manager's config always has one)."""
+        if self.key is None:
+            raise RuntimeError("CheckpointConfig.with_key() has not run")
+        return self.key
 
 
 def resolve_config(

@@ -6,6 +6,10 @@ per save: the plan and the `.metadata` it produces depend only on names, shapes 
 persist worker can write each save's bytes without any collective. Tensor bytes are stored raw
 (no per-tensor torch.save envelope) at the offsets recorded in `.metadata`; RawReader reads them
 back for `dcp.load`, whose planner does the resharding.
+
+`.metadata` is DCP's Metadata pickled, as DCP writes it, but sealed with the checkpoint key
+(auth.py): DCP's own FileSystemReader would `pickle.load` whatever file it finds there, so
+RawReader reads it instead and unpickles it only once its HMAC is checked.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import pickle
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -28,9 +32,9 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, WriteItemType
 from torch.futures import Future
 
-from ftrun.checkpoint import storage
+from ftrun.checkpoint import auth, storage
 from ftrun.checkpoint.comm import Comm
-from ftrun.checkpoint.errors import StateError
+from ftrun.checkpoint.errors import CheckpointError, StateError
 
 ALIGN = 4096  # O_DIRECT-friendly: the worker writes straight from the slot
 DCP_VERSION = "1.0.0"
@@ -42,10 +46,12 @@ class StoragePlan:
 
     signature: str
     items: list[tuple[str, int, int]]  # (key, file offset, nbytes)
-    metadata: bytes | None  # rank 0: the pickled DCP Metadata for every rank's files
+    metadata: bytes | None  # rank 0: the DCP Metadata for every rank's files, a sealed pickle
 
 
-def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str) -> StoragePlan:
+def plan_storage(
+    tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str, key: bytes
+) -> StoragePlan:
     """Collective: every rank calls it with its flat tensors (same order of calls on all ranks)."""
     planner = DefaultSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
     planner.set_up_planner(tensors, storage_meta=None, is_coordinator=comm.rank == 0)
@@ -74,7 +80,7 @@ def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str
         metadata.storage_data = storage_data
         metadata.version = DCP_VERSION
         metadata.storage_meta = StorageMeta()
-        payload = (per_rank, pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = (per_rank, auth.dumps(key, metadata))
     received = comm.broadcast(payload)
     assert received is not None  # rank 0 sent it
     per_rank, blob = received
@@ -82,7 +88,26 @@ def plan_storage(tensors: dict[str, torch.Tensor], *, comm: Comm, signature: str
 
 
 class RawReader(FileSystemReader):
-    """FileSystemReader for raw tensor bytes (DCP's own writer wraps each tensor in torch.save)."""
+    """FileSystemReader for raw tensor bytes (DCP's own writer wraps each tensor in torch.save)
+    and a sealed `.metadata` (DCP's reader unpickles it unchecked)."""
+
+    def __init__(self, path: str, *, key: bytes) -> None:
+        super().__init__(path)
+        self._key = key
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / storage.METADATA
+        try:
+            metadata = auth.loads(self._key, storage.read_regular(path))
+        except (auth.NotAuthentic, storage.Invalid, OSError) as exc:
+            # restore() verified it a moment ago: it changed since, under our feet
+            raise CheckpointError(f"{path} cannot be loaded: {exc}") from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP Metadata")
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args, **kwargs
@@ -95,7 +120,8 @@ class RawReader(FileSystemReader):
         for req in plan.items:
             per_file[self.storage_data[req.storage_index].relative_path].append(req)
         for relative_path, reqs in per_file.items():
-            with open(Path(self.path) / relative_path, "rb") as f:
+            fd = storage.open_regular(Path(self.path) / relative_path)  # no link, no FIFO
+            with open(fd, "rb") as f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             try:
                 base = torch.frombuffer(mm, dtype=torch.uint8)
@@ -133,14 +159,14 @@ class RawReader(FileSystemReader):
         planner.commit_tensor(req, target)
 
 
-def load_storage(path: Path, tensors: dict[str, torch.Tensor], *, comm: Comm) -> None:
+def load_storage(path: Path, tensors: dict[str, torch.Tensor], *, comm: Comm, key: bytes) -> None:
     """Load the named tensors in place from a committed checkpoint (reshards as needed)."""
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(
                 tensors,
-                storage_reader=RawReader(os.fspath(path)),
+                storage_reader=RawReader(os.fspath(path), key=key),
                 planner=DefaultLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False),
                 process_group=comm.group,
                 no_dist=not comm.distributed,

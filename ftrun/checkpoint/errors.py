@@ -19,3 +19,12 @@ class CheckpointDirError(UsageError):
 
 class StateError(UsageError):
     """The state passed to save/restore does not fit the checkpoint (keys, shapes, unsupported types)."""
+
+
+class UnsafePathError(CheckpointDirError):
+    """A memory-tier directory or file, or a key file, that another user made or could change:
+    owned by another uid, open to group/other, or a symbolic link (ftrun/private.py)."""
+
+
+class CheckpointKeyError(UsageError):
+    """The checkpoint key ($FTRUN_CHECKPOINT_KEY or the key file) cannot be read or is no key."""

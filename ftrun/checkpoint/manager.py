@@ -63,7 +63,7 @@ class Manager:
         config: CheckpointConfig | None = None,
         **options: Any,
     ) -> None:
-        self.config = config or resolve_config(directory, **options)
+        self.config = (config or resolve_config(directory, **options)).with_key()
         self._closed = True  # until fully constructed
         storage.prepare_directory(self.config.directory)
         self._comm = Comm(timeout_s=self.config.collective_timeout)
@@ -75,6 +75,7 @@ class Manager:
             slots=self.config.memory_slots,
             rank=rank,
             world_size=world,
+            key=self.config.hmac_key,
         )
         self._cond = threading.Condition()
         self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
@@ -162,7 +163,7 @@ class Manager:
         keyed = keyed_tensors(flat, self.rank)
         entries, size = slots.layout(keyed)
         sig = slots.signature(entries, self.world_size)
-        objects = pickle_objects(flat)
+        objects = pickle_objects(flat, key=self.config.hmac_key)
         flag = self.config.preempt_file
         preempted = self._preempt_pending and flag is not None and flag.exists()
         persist, urgent = self._persister.wanted(step, keyed, sig, preempted=preempted)

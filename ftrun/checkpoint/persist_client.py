@@ -74,6 +74,8 @@ def persist_message(
         "objects": objects,
         "commit": commit,
         "bandwidth": config.persist_bandwidth * 1e6,
+        # for the worker's manifests (a private pipe: see worker.py)
+        "key": config.hmac_key,
     }
 
 

@@ -71,7 +71,9 @@ class Persister:
         if busy or not (due or urgent):
             return False, bool(urgent)
         if replan:
-            self.plan = dcp_layout.plan_storage(dict(keyed), comm=self._comm, signature=sig)
+            self.plan = dcp_layout.plan_storage(
+                dict(keyed), comm=self._comm, signature=sig, key=self.config.hmac_key
+            )
         return True, bool(urgent)
 
     def started(self, step: int) -> None:
@@ -137,7 +139,9 @@ class Persister:
         tensors = {e.key: slot.view(e) for e in state.entries}
         sig = slots.signature(state.entries, self._comm.world)
         if self.plan is None or self.plan.signature != sig:
-            self.plan = dcp_layout.plan_storage(tensors, comm=self._comm, signature=sig)
+            self.plan = dcp_layout.plan_storage(
+                tensors, comm=self._comm, signature=sig, key=self.config.hmac_key
+            )
         del tensors
         with self._cond:
             if self._slots.worker_gone:

@@ -14,17 +14,21 @@ reads it (ftrun/jobview.py), so no new message kind is needed.
 A memory snapshot is identified by (step, generation): the ranks of one generation write the
 snapshots of a step together, so a slot left over from another timeline (a rank killed between
 loading and invalidating its newer slots) can never be mixed with its peers' slots of that step.
+
+Nothing is unpickled before the checkpoint key vouches for it (auth.py): a memory snapshot or a
+storage checkpoint whose manifest or pickles do not verify (altered, planted by another user, or
+written under another key) is skipped like a corrupt one, with the reason as a warning.
 """
 
 from __future__ import annotations
 
-import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftrun.checkpoint import dcp_layout, slots, storage
+from ftrun import envcontract
+from ftrun.checkpoint import auth, dcp_layout, slots, storage
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError, StateError
@@ -54,8 +58,12 @@ def restore(
     keyed = [(storage_key(leaf, comm.rank), leaf) for leaf in flat.tensors]
     entries, _ = slots.layout([(key, leaf.tensor) for key, leaf in keyed])
     sig = slots.signature(entries, comm.world)
+    mac_key = config.hmac_key
     held: dict[tuple[int, int], int] = {}  # (step, generation) -> slot index
-    for i in tier.scan(sig) if tier.persistent else []:
+    found, rejected = tier.scan(sig) if tier.persistent else ([], [])
+    for message in rejected:
+        warn(f"rank {comm.rank}: {message}")
+    for i in found:
         state = tier.states[i]
         if state.step is not None:  # scan() sets the step of every slot it returns
             held[(state.step, state.generation)] = i
@@ -66,7 +74,7 @@ def restore(
 
     listing: tuple[list[tuple[int, str, dict[str, Any]]], list[str]] | None = None
     if comm.rank == 0:
-        good, bad = storage.list_candidates(config.directory)
+        good, bad = storage.list_candidates(config.directory, key=mac_key)
         listing = (
             [(c.step, str(c.path), c.manifest) for c in good],
             [f"{path} is not a valid checkpoint ({why}): skipped" for path, why in bad],
@@ -80,29 +88,38 @@ def restore(
         if best_mem is not None and step <= best_mem:
             break
         mine = sorted(manifest["files"])[comm.rank :: comm.world]
-        reason = storage.verify_files(Path(path), manifest, mine, full=config.verify == "full")
+        reason = storage.verify_files(
+            Path(path), manifest, mine, full=config.verify == "full", key=mac_key
+        )
         reasons = [r for r in comm.all_gather(reason) if r]
         if not reasons:
-            objects = _load_storage(flat, keyed, Path(path), manifest, comm, skipped)
+            objects = _load_storage(flat, keyed, Path(path), manifest, comm, mac_key)
             return _done(Restored(step, STORAGE, path, tuple(skipped)), comm), objects, None
         skipped.append(f"{path} is corrupt ({reasons[0]}): skipped")
 
     if best_key is not None:
         index = held[best_key]
-        objects = _load_memory(flat, keyed, tier, index, comm)
+        objects = _load_memory(flat, keyed, tier, index, comm, mac_key)
         path = str(tier.slots[index].manifest_path)
         return _done(Restored(best_key[0], MEMORY, path, tuple(skipped)), comm), objects, index
     if candidates or skipped:
         raise CheckpointError(
             f"no valid checkpoint in {config.directory}: {len(skipped)} found, none loads",
-            hint="see the warnings above; move the broken step-* directories away to start fresh",
+            hint="see the warnings above; move the broken step-* directories away to start "
+            "fresh. Checkpoints of another job verify only under its key: run with "
+            f"{envcontract.CHECKPOINT_KEY} set to the content of its <job dir>/{auth.KEY_FILE}",
             data={"skipped": skipped},
         )
     return _done(Restored(0, NONE, None, tuple(skipped)), comm), {}, None
 
 
 def _load_memory(
-    flat: Flat, keyed: list[tuple[str, TensorLeaf]], tier: slots.MemoryTier, index: int, comm: Comm
+    flat: Flat,
+    keyed: list[tuple[str, TensorLeaf]],
+    tier: slots.MemoryTier,
+    index: int,
+    comm: Comm,
+    mac_key: bytes,
 ) -> dict[str, Any]:
     slot, state = tier.slots[index], tier.states[index]
     error = None
@@ -111,7 +128,7 @@ def _load_memory(
         slot.populate()  # one call instead of a page fault per 4 KiB
         for key, leaf in keyed:
             leaf.tensor.copy_(slot.view(by_key[key]))
-        saved = pickle.loads(state.objects)
+        saved = auth.loads(mac_key, state.objects)  # scan() checked it; checked again: cheap
     except Exception as exc:  # noqa: BLE001 - every rank must learn that one failed
         error = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
     errors = [e for e in comm.all_gather(error) if e]
@@ -129,18 +146,22 @@ def _load_storage(
     path: Path,
     manifest: dict[str, Any],
     comm: Comm,
-    skipped: list[str],
+    mac_key: bytes,
 ) -> dict[str, Any]:
     same_world = manifest["world_size"] == comm.world
-    tensors = {key: leaf.tensor for key, leaf in keyed if same_world or not leaf.local}
-    dcp_layout.load_storage(path, tensors, comm=comm)
+    tensors = {name: leaf.tensor for name, leaf in keyed if same_world or not leaf.local}
+    dcp_layout.load_storage(path, tensors, comm=comm, key=mac_key)
     merged: dict[str, Any] = {}
     local: dict[str, Any] = {}
     for r in range(manifest["world_size"]):
         name = storage.objects_file_name(r)
         if name not in manifest["files"]:
             continue
-        saved = pickle.loads((path / name).read_bytes())
+        try:
+            saved = auth.loads(mac_key, storage.read_regular(path / name))
+        except (auth.NotAuthentic, storage.Invalid, OSError) as exc:
+            # verified by its rank a moment ago: it changed since, under our feet
+            raise CheckpointError(f"{path / name} cannot be loaded: {exc}") from None
         for key, value in saved["global"].items():
             merged.setdefault(key, value)
         if r == comm.rank and same_world:

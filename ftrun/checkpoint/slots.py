@@ -13,6 +13,13 @@ Integrity of a memory snapshot rests on ordering, not on a checksum (a CRC32 of 
 ~1 s of CPU per step): a slot's manifest is deleted before its data is overwritten and written
 (temp + rename) only after the copy is complete, so a rank killed at any moment leaves either a
 complete snapshot with a manifest or none. tmpfs survives the rank process but not the host.
+
+/dev/shm is writable by every user and the tier's name is easy to guess, so the tier trusts only
+what this user made: `/dev/shm/ftrun-<job>/` and `rank<R>/` are made 0700 and refused, with a
+clear error, when they already exist owned by another uid, open to group or others, or as a
+link; the slot files are opened O_NOFOLLOW and refused unless they are regular files of ours with
+mode 0600; every manifest carries an HMAC and the objects are a sealed pickle (auth.py), so a
+snapshot that does not verify is skipped with a warning and restore falls back to storage.
 """
 
 from __future__ import annotations
@@ -22,18 +29,25 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ftrun.checkpoint import storage
-from ftrun.checkpoint.errors import CheckpointError
+from ftrun import private
+from ftrun.checkpoint import auth, storage
+from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
 ALIGN = 4096  # O_DIRECT-friendly: the worker writes straight from the slot
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not exported by Python's mmap module
 MEMORY_FORMAT = "ftrun-memory/1"
+TIER_HINT = (
+    "another user may have made it to read or replace your checkpoints: remove it if it is a "
+    "leftover of yours, or keep the memory tier elsewhere with "
+    "ftrun.checkpoint.Manager(memory_root=...)"
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ class Slot:
         self.directory = directory
         if directory is not None:
             self.data_path = directory / f"slot{index}.data"
-            self.fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.fd = open_slot_file(self.data_path)
             self.path = str(self.data_path)
         else:
             self.fd = os.memfd_create(f"ftrun-ckpt-slot{index}", 0)
@@ -144,6 +158,65 @@ class Slot:
         os.close(self.fd)
 
 
+def open_slot_file(path: Path) -> int:
+    """Open (or make, 0600) a slot's data file without following a link, and refuse one that is
+    not a regular file of this user's alone: a restart in place reopens the same file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link where the file goes: refused, never followed
+            _refuse_unless_ours(path, os.lstat(path))
+        raise CheckpointError(
+            f"cannot open the checkpoint snapshot file {path}: {exc.strerror}",
+            hint="is /dev/shm full or read-only?",
+        ) from None
+    try:
+        _refuse_unless_ours(path, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refuse_unless_ours(path: Path, st: os.stat_result) -> None:
+    private.refuse_unless_ours(
+        path,
+        st,
+        directory=False,
+        forbid=private.GROUP_OTHER_ANY,
+        what="checkpoint snapshot file",
+        hint=TIER_HINT,
+        error=UnsafePathError,
+    )
+
+
+def ensure_tier_dirs(directory: Path) -> None:
+    """Make the job's tier directory and this rank's in it (0700), refusing any that is not ours
+    alone, and a root where others could swap them (group/other-writable without the sticky
+    bit; /dev/shm has it)."""
+    root = directory.parent.parent
+    try:
+        st = os.stat(root)  # the root itself may be a link (/dev/shm -> /run/shm)
+    except FileNotFoundError:
+        pass  # made 0700 below
+    else:
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePathError(
+                f"the checkpoint memory root {root} is not safe to use: other users can rename "
+                f"what is in it ({private.describe(st)})",
+                hint="pass ftrun.checkpoint.Manager(memory_root=...) a directory only you can "
+                "write, or one with the sticky bit like /dev/shm",
+            )
+    for path in (directory.parent, directory):
+        private.ensure_dir(
+            path,
+            forbid=private.GROUP_OTHER_ANY,
+            what="checkpoint memory tier",
+            hint=TIER_HINT,
+            error=UnsafePathError,
+        )
+
+
 @dataclass
 class SlotState:
     """What a slot holds, as far as this process knows."""
@@ -157,11 +230,14 @@ class SlotState:
 class MemoryTier:
     """This rank's slots, and their manifests when the tier outlives the process."""
 
-    def __init__(self, *, directory: Path | None, slots: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self, *, directory: Path | None, slots: int, rank: int, world_size: int, key: bytes
+    ) -> None:
         self.directory = directory
         self.rank, self.world_size = rank, world_size
+        self._key = key
         if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ensure_tier_dirs(directory)
         self.slots = [Slot(i, directory) for i in range(slots)]
         self.states = [SlotState() for _ in range(slots)]
 
@@ -169,14 +245,18 @@ class MemoryTier:
     def persistent(self) -> bool:
         return self.directory is not None
 
-    def scan(self, sig: str) -> list[int]:
-        """Load manifests of valid snapshots that match layout `sig`; returns their slot indexes."""
-        found = []
+    def scan(self, sig: str) -> tuple[list[int], list[str]]:
+        """Load manifests of valid snapshots that match layout `sig`: returns their slot indexes,
+        and why each snapshot there that does not verify was skipped (the caller warns). A slot
+        without a manifest, or with another layout's (a resharded restart), is skipped quietly."""
+        found, skipped = [], []
         for slot, state in zip(self.slots, self.states, strict=True):
             if slot.manifest_path is None or slot.objects_path is None:
                 continue
+            if not os.path.lexists(slot.manifest_path):
+                continue  # never written, or invalidated: nothing to say
             try:
-                body = storage.read_json_checked(slot.manifest_path)
+                body = storage.read_json_checked(slot.manifest_path, key=self._key)
                 if body.get("format") != MEMORY_FORMAT:
                     raise storage.Invalid("unknown format")
                 if (body["rank"], body["world_size"], body["signature"]) != (
@@ -184,16 +264,18 @@ class MemoryTier:
                     self.world_size,
                     sig,
                 ):
-                    raise storage.Invalid("different layout")
+                    continue  # another layout: not this restore's, nothing wrong with it
                 if os.fstat(slot.fd).st_size < body["data_size"]:
                     raise storage.Invalid("data file is short")
-                objects = slot.objects_path.read_bytes()
+                objects = storage.read_regular(slot.objects_path, private_file=True)
                 if (
                     len(objects) != body["objects_size"]
                     or zlib.crc32(objects) != body["objects_crc32"]
                 ):
                     raise storage.Invalid("objects file does not match")
-            except (storage.Invalid, OSError, KeyError):
+                auth.unseal(self._key, objects)
+            except (storage.Invalid, auth.NotAuthentic, OSError, KeyError) as exc:
+                skipped.append(f"memory snapshot {slot.manifest_path} is not loaded: {exc}")
                 continue
             state.step, state.generation = body["step"], body["generation"]
             state.entries = [TensorEntry(k, d, tuple(s), o, n) for k, d, s, o, n in body["tensors"]]
@@ -202,7 +284,7 @@ class MemoryTier:
             slot._unmap()
             slot._map()
             found.append(slot.index)
-        return found
+        return found, skipped
 
     def keep_until(self, step: int) -> list[int | None]:
         """Drop invalid slots' leftovers and the snapshots newer than `step` (another timeline);
@@ -256,6 +338,7 @@ class MemoryTier:
                         [e.key, e.dtype, list(e.shape), e.offset, e.nbytes] for e in entries
                     ],
                 },
+                key=self._key,
                 sync=False,
             )
         self.states[index] = SlotState(step, generation, entries, objects)

@@ -6,7 +6,8 @@ dicts, tensors or plain Python values. Flattening joins the keys with "." ("trai
 whatever the DP x PP layout that holds it.
 
 - Tensors go through DCP: a checkpoint written under one layout loads under another.
-- Other values (hyper-parameters, counters) are pickled; a value held by several ranks is taken
+- Other values (hyper-parameters, counters) are pickled, sealed with the checkpoint key
+  (auth.py: what does not verify is never unpickled); a value held by several ranks is taken
   from the lowest rank that saved it, as DCP does.
 - `PerRank(x)` marks state that differs per rank (a data iterator's position); it comes back to
   the same rank, and only when the world size is unchanged. The RNG states (Python, NumPy, torch
@@ -18,7 +19,6 @@ optimizer state is keyed by parameter name too (and survives resharding).
 
 from __future__ import annotations
 
-import pickle
 import random
 import sys
 from collections.abc import Iterable, Mapping
@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ftrun.checkpoint import auth
 from ftrun.checkpoint.errors import StateError
 
 RNG_KEY = "__rng__"
@@ -174,11 +175,12 @@ def keyed_tensors(flat: Flat, rank: int) -> list[tuple[str, torch.Tensor]]:
     return [(storage_key(leaf, rank), leaf.tensor) for leaf in flat.tensors]
 
 
-def pickle_objects(flat: Flat) -> bytes:
-    """The non-tensor values of a save, shared and per rank apart (restore.py reads them)."""
+def pickle_objects(flat: Flat, *, key: bytes) -> bytes:
+    """The non-tensor values of a save, shared and per rank apart, as a pickle sealed with the
+    checkpoint key (auth.py; restore.py reads them back with auth.loads)."""
     shared = {leaf.key: leaf.value for leaf in flat.objects if not leaf.local}
     local = {leaf.key: leaf.value for leaf in flat.objects if leaf.local}
-    return pickle.dumps({"global": shared, "local": local}, protocol=pickle.HIGHEST_PROTOCOL)
+    return auth.dumps(key, {"global": shared, "local": local})
 
 
 def apply(flat: Flat, objects: Mapping[str, Any]) -> None:

@@ -10,6 +10,12 @@ Protocol (frames are a 4-byte big-endian length + a pickle of a dict of plain va
   worker → rank on --reply-fd: {"op": "ready"}, {"op": "released", "step"} once the snapshot
   buffer has been read (the rank may overwrite it), {"op": "done", "step", "ok", "error",
   "path"} once this rank's part is durable (rank 0: once the checkpoint is committed).
+
+The frames are pickles, unsealed, and that is safe here: both ends are this rank and its own
+child, over an anonymous pipe (the worker's stdin, and an fd it inherits) that no other process
+can open; nothing stored is ever read back through them. Everything the worker writes to storage
+is 0600 in 0700 directories it checks are this user's, and its manifests carry the checkpoint
+key's HMAC, which comes with each "persist" command (auth.py, storage.py).
 """
 
 from __future__ import annotations
@@ -140,7 +146,9 @@ class Worker:
         self.maps: dict[str, mmap.mmap] = {}  # slot path -> mapping, kept across persists
 
     def slot_map(self, path: str) -> mmap.mmap:
-        """Map a slot once and fault it in once (a slot that grew is mapped again)."""
+        """Map a slot once and fault it in once (a slot that grew is mapped again). The path is
+        this rank's own: a file in its 0700 tier directory (slots.py checked it and opened it
+        O_NOFOLLOW), or /proc/<rank>/fd/<n> of a memfd, a link by nature."""
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mm = self.maps.get(path)
@@ -184,6 +192,7 @@ class Worker:
             storage.write_json_atomic(
                 Path(msg["tmp_dir"]) / storage.part_file_name(msg["rank"]),
                 {"rank": msg["rank"], "step": msg["step"], "error": error},
+                key=msg["key"],
             )
         except OSError:
             pass
@@ -192,7 +201,7 @@ class Worker:
 
     def persist(self, msg: dict[str, Any]) -> str:
         tmp = Path(msg["tmp_dir"])
-        tmp.mkdir(parents=True, exist_ok=True)
+        storage.private_subdir(tmp)  # every rank's worker makes it, or finds it made by a peer
         rank = msg["rank"]
         files: dict[str, dict[str, int]] = {}
         fds: list[int] = []
@@ -214,7 +223,9 @@ class Worker:
             for fd in fds:
                 os.close(fd)
         storage.write_json_atomic(
-            tmp / storage.part_file_name(rank), {"rank": rank, "step": msg["step"], "files": files}
+            tmp / storage.part_file_name(rank),
+            {"rank": rank, "step": msg["step"], "files": files},
+            key=msg["key"],
         )
         if msg.get("commit") is None:
             return ""
@@ -225,11 +236,11 @@ class Worker:
         path: Path, mm: mmap.mmap, items: list[tuple[int, int, int]], throttle: Throttle
     ) -> tuple[int, dict[str, int]]:
         """Write items to a new file with O_DIRECT (no page-cache copy, ~0.05 s CPU per GiB),
-        or buffered where the filesystem refuses O_DIRECT (tmpfs); returns (fd, size + CRC32)."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        or buffered where the filesystem refuses O_DIRECT (tmpfs); returns (fd, size + CRC32).
+        The file is made new either way (storage.create_file: 0600, never through a link)."""
         if hasattr(os, "O_DIRECT"):
             try:
-                fd = os.open(path, flags | os.O_DIRECT, 0o644)
+                fd = storage.create_file(path, os.O_DIRECT)
                 try:
                     return fd, _write_items(fd, mm, items, throttle)
                 except OSError as exc:
@@ -239,7 +250,7 @@ class Worker:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-        fd = os.open(path, flags, 0o644)
+        fd = storage.create_file(path)
         return fd, _write_items(fd, mm, items, throttle)
 
     def commit(self, msg: dict[str, Any], tmp: Path) -> str:
@@ -252,7 +263,9 @@ class Worker:
             for r in range(world):
                 if r not in parts:
                     try:
-                        parts[r] = storage.read_json_checked(tmp / storage.part_file_name(r))
+                        parts[r] = storage.read_json_checked(
+                            tmp / storage.part_file_name(r), key=msg["key"]
+                        )
                     except storage.Invalid:
                         pass
             if len(parts) < world:
@@ -283,10 +296,11 @@ class Worker:
                 "created_unix": time.time(),
                 "files": files,
             },
+            key=msg["key"],
         )
         final = Path(commit["final_dir"])
         storage.commit_dir(tmp, final)
-        storage.prune(final.parent, commit["keep"])
+        storage.prune(final.parent, commit["keep"], key=msg["key"])
         return str(final)
 
     def _idle_wait(self, timeout_s: float) -> None:

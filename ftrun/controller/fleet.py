@@ -16,6 +16,7 @@ from typing import Any
 
 from ftrun.bootstrap import Bootstrap
 from ftrun.config import LaunchConfig
+from ftrun.controller.jobkey import job_checkpoint_key
 from ftrun.controller.rendezvous import Rendezvous
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, Roster
@@ -56,6 +57,7 @@ class Fleet:
         self.secret = secret
         # --env, --env-file: the user's say beats what the launcher's environment forwards
         self.env = {**dict(config.forward_env), **dict(config.env)}
+        self.checkpoint_key = job_checkpoint_key(journal.job_dir, self.env)
         self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
         self.rendezvous = Rendezvous(config)
         self.handles: dict[str, AgentHandle] = {}
@@ -96,6 +98,7 @@ class Fleet:
             env=self.env,
             zygote_preload=cfg.zygote_preload,
             controller_cert=self.controller_cert,
+            checkpoint_key=self.checkpoint_key,
         )
         try:
             self.handles[agent_id] = await self.transport.start_agent(

@@ -7,6 +7,7 @@ optimizer tensor and hyper-parameter with the values the saving layout held, bit
 from __future__ import annotations
 
 from ftrun.checkpoint import storage
+from ftrun.controller import jobkey
 from tests.conftest import BIN
 
 
@@ -27,7 +28,9 @@ def test_dp2_pp2_checkpoint_loads_under_pp4_and_dp4(ftrun, tmp_path):
     for layout in ("pp4", "dp4"):
         for rank in range(4):
             assert f"RESHARD OK {layout} rank {rank}" in result.stdout, result.stdout[-3000:]
-    good, bad = storage.list_candidates(directory)
+    [job_dir] = ftrun.run_dir.iterdir()
+    key = bytes.fromhex((job_dir / jobkey.KEY_FILE).read_text())  # the job's checkpoint key
+    good, bad = storage.list_candidates(directory, key=key)
     assert [c.step for c in good] == [2, 1] and not bad
     manifest = good[0].manifest
     assert manifest["world_size"] == 4

@@ -11,6 +11,7 @@ from collections import defaultdict
 
 import ftrun.checkpoint as ckpt
 from ftrun.checkpoint import storage
+from ftrun.controller import jobkey
 from tests.conftest import BIN
 
 TRAIN = str(BIN / "ckpt_train.py")
@@ -84,7 +85,9 @@ def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_pa
         assert LOSS.findall(out).count(("0", "7", next(iter(want[(0, 7)])))) == 2
 
         # close() persisted the final step to storage, in the job directory by default.
-        good, _ = storage.list_candidates(ftrun.run_dir / job["job_id"] / "checkpoints")
+        job_dir = ftrun.run_dir / job["job_id"]
+        key = bytes.fromhex((job_dir / jobkey.KEY_FILE).read_text())  # the job's checkpoint key
+        good, _ = storage.list_candidates(job_dir / "checkpoints", key=key)
         assert good and good[0].step == 12
     finally:  # a job's memory tier is the agent's to delete at job end; whatever it did, we do
         for job_dir in ftrun.run_dir.iterdir() if ftrun.run_dir.is_dir() else ():

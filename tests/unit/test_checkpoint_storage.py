@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ftrun.checkpoint import storage
+from ftrun.checkpoint import auth, storage
 from ftrun.checkpoint.config import CheckpointConfig, memory_tier_dir, resolve_config
 from ftrun.checkpoint.errors import CheckpointDirError
 from ftrun.errors import UsageError
+
+KEY = bytes(range(32))  # the checkpoint key (auth.py) every file here is written under
 
 
 def make_checkpoint(root: Path, step: int, payload: bytes = b"x" * 5000) -> Path:
@@ -21,11 +23,15 @@ def make_checkpoint(root: Path, step: int, payload: bytes = b"x" * 5000) -> Path
     tmp = root / storage.tmp_dir_name(step, 1, "abc")
     tmp.mkdir(parents=True)
     files = {}
-    for name, data in ((storage.data_file_name(0), payload), (storage.METADATA, b"meta")):
+    for name, data in (
+        (storage.data_file_name(0), payload),
+        (storage.METADATA, auth.seal(KEY, b"meta")),
+    ):
         files[name] = {"size": len(data), "crc32": storage.write_file(tmp / name, data)}
     storage.write_json_atomic(
         tmp / storage.MANIFEST,
         {"format": storage.FORMAT, "step": step, "generation": 1, "world_size": 1, "files": files},
+        key=KEY,
     )
     final = root / storage.step_dir_name(step)
     storage.commit_dir(tmp, final)
@@ -34,18 +40,18 @@ def make_checkpoint(root: Path, step: int, payload: bytes = b"x" * 5000) -> Path
 
 def test_json_round_trip_and_tampering_is_detected(tmp_path):
     path = tmp_path / "m.json"
-    storage.write_json_atomic(path, {"a": 1, "b": [1, 2]})
-    assert storage.read_json_checked(path) == {"a": 1, "b": [1, 2]}
+    storage.write_json_atomic(path, {"a": 1, "b": [1, 2]}, key=KEY)
+    assert storage.read_json_checked(path, key=KEY) == {"a": 1, "b": [1, 2]}
     doc = json.loads(path.read_text())
     doc["a"] = 2
     path.write_text(json.dumps(doc))
     with pytest.raises(storage.Invalid, match="checksum"):
-        storage.read_json_checked(path)
+        storage.read_json_checked(path, key=KEY)
     path.write_text('{"a": 1, "crc')  # torn
     with pytest.raises(storage.Invalid, match="unreadable"):
-        storage.read_json_checked(path)
+        storage.read_json_checked(path, key=KEY)
     with pytest.raises(storage.Invalid, match="missing"):
-        storage.read_json_checked(tmp_path / "absent.json")
+        storage.read_json_checked(tmp_path / "absent.json", key=KEY)
 
 
 def test_candidates_are_newest_first_and_only_committed(tmp_path):
@@ -54,12 +60,12 @@ def test_candidates_are_newest_first_and_only_committed(tmp_path):
     (tmp_path / storage.tmp_dir_name(30, 1, "abc")).mkdir()  # in progress: invisible
     (tmp_path / storage.step_dir_name(40)).mkdir()  # no manifest: reported as bad
     (tmp_path / "notes.txt").write_text("unrelated")
-    good, bad = storage.list_candidates(tmp_path)
+    good, bad = storage.list_candidates(tmp_path, key=KEY)
     assert [c.step for c in good] == [20, 10, 5]
     assert [(p.name, why) for p, why in bad] == [
         (storage.step_dir_name(40), "manifest.json is missing")
     ]
-    assert storage.list_candidates(tmp_path / "missing") == ([], [])
+    assert storage.list_candidates(tmp_path / "missing", key=KEY) == ([], [])
 
 
 @pytest.mark.parametrize(
@@ -72,25 +78,27 @@ def test_candidates_are_newest_first_and_only_committed(tmp_path):
 )
 def test_verify_catches_torn_and_corrupt_files(tmp_path, damage, reason):
     ckpt = make_checkpoint(tmp_path, 7)
-    manifest = storage.read_manifest(ckpt)
+    manifest = storage.read_manifest(ckpt, key=KEY)
     names = list(manifest["files"])
-    assert storage.verify_files(ckpt, manifest, names, full=True) is None
+    assert storage.verify_files(ckpt, manifest, names, full=True, key=KEY) is None
     damage(ckpt / storage.data_file_name(0))
-    assert reason in storage.verify_files(ckpt, manifest, names, full=True)
+    assert reason in storage.verify_files(ckpt, manifest, names, full=True, key=KEY)
 
 
 def test_size_only_verification_skips_checksums(tmp_path):
     ckpt = make_checkpoint(tmp_path, 7)
-    manifest = storage.read_manifest(ckpt)
+    manifest = storage.read_manifest(ckpt, key=KEY)
     data = ckpt / storage.data_file_name(0)
     data.write_bytes(b"y" + data.read_bytes()[1:])
-    assert storage.verify_files(ckpt, manifest, list(manifest["files"]), full=False) is None
+    assert (
+        storage.verify_files(ckpt, manifest, list(manifest["files"]), full=False, key=KEY) is None
+    )
 
 
 def test_commit_replaces_an_older_directory_of_the_same_step(tmp_path):
     make_checkpoint(tmp_path, 3, payload=b"old")
     make_checkpoint(tmp_path, 3, payload=b"newer")
-    good, _ = storage.list_candidates(tmp_path)
+    good, _ = storage.list_candidates(tmp_path, key=KEY)
     assert [c.step for c in good] == [3]
     assert (good[0].path / storage.data_file_name(0)).read_bytes() == b"newer"
     assert sorted(p.name for p in tmp_path.iterdir()) == [storage.step_dir_name(3)]
@@ -103,7 +111,7 @@ def test_prune_keeps_the_newest_k_and_removes_stale_temp_dirs(tmp_path):
     current = tmp_path / storage.tmp_dir_name(10, 1, "now")
     stale.mkdir()
     current.mkdir()
-    storage.prune(tmp_path, 2, current_tmp=current)
+    storage.prune(tmp_path, 2, key=KEY, current_tmp=current)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [storage.step_dir_name(5), storage.step_dir_name(4), current.name]
     )
