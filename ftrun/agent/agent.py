@@ -113,7 +113,7 @@ class Agent:
             # Whether the job ended or this host left it, its memory-tier checkpoints here are
             # of no more use and hold RAM. (Hosts of the ssh testbed share one /dev/shm: there a
             # leaving host takes the others' memory tier too, and they restore from storage.)
-            shutil.rmtree(workdir.memory_tier(self.boot.job_id), ignore_errors=True)
+            workdir.remove_if_ours(workdir.memory_tier(self.boot.job_id))
             self.link.close()
         return self.exit_code or 0
 

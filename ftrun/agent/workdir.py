@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -29,10 +30,23 @@ def sweep_stale(parent: Path) -> list[Path]:
     removed = []
     for path in parent.glob(f"{PREFIX}*"):
         pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+        if pid.isdigit() and not psutil.pid_exists(int(pid)) and remove_if_ours(path):
             removed.append(path)
     return removed
+
+
+def remove_if_ours(path: Path) -> bool:
+    """Remove a directory tree only if it is a real directory (not a link) that we own: names in
+    /tmp and /dev/shm are shared with every user, and another's directory there is not ours to
+    delete, even for root (docs/security.md). True if it was removed."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
 
 
 def memory_tier(job_id: str) -> Path:
