@@ -3,7 +3,8 @@ written outside the job's directory, and what does the job pay for being attacke
 
 A real 2-rank DDP job (tests/bin/train_toy.py, gloo on CPU, both cores busy) runs under
 `ftrun launch`. Once it steps, every attack of scripts/attacks.py runs against its controller,
-one after another. The anchor is the same job's own step time before the attacks; the ratio is
+one after another. Then (as root) a second job whose /dev/shm memory tier another user made
+first. The anchor is the same job's own step time before the attacks; the ratio is
 its step time while under attack over that.
 
     .venv/bin/python scripts/bench_hostile.py [--steps 400] [--json out.json]
@@ -13,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import attacks
@@ -34,6 +39,44 @@ def step_times(lines: list[str], start: float, end: float) -> list[float]:
     stamps = [float(m.group(2)) for line in lines if (m := STEP.search(line))]
     inside = [t for t in stamps if start <= t < end]
     return [b - a for a, b in zip(inside, inside[1:], strict=False)]
+
+
+def planted_memory_tier(root: Path) -> tuple[attacks.Outcome, str, int]:
+    """Another user made the job's /dev/shm tier before the job (a job id is easy to guess):
+    the ranks must refuse it and the job end with that as its recorded cause, the directory
+    and what is in it left as they were. Needs root (to be "another user")."""
+    job_id = f"hostile-{uuid.uuid4().hex[:8]}"
+    tier = Path("/dev/shm") / f"ftrun-{job_id}"
+    tier.mkdir(mode=0o700)
+    planted = tier / "slot0.data"
+    planted.write_bytes(b"theirs")
+    for path in (planted, tier):
+        os.chown(path, 65534, 65534)
+    began = time.time()
+    cmd = [
+        sys.executable, "-m", "ftrun", "launch", "--job-id", job_id, "--max-restarts", "0",
+        str(ROOT / "tests" / "bin" / "ckpt_train.py"), "--steps", "5",
+    ]  # fmt: skip
+    run = benchlib.Run(cmd, env={"FTRUN_RUN_DIR": str(root / "runs"), "OMP_NUM_THREADS": "1"})
+    try:
+        code = run.wait(180)
+    finally:
+        run.close()
+    try:
+        intact = planted.read_bytes() == b"theirs" and tier.stat().st_uid == 65534
+    finally:
+        shutil.rmtree(tier, ignore_errors=True)
+    job_dir = root / "runs" / job_id
+    last = attacks.events(job_dir)[-1] if (job_dir / "events.jsonl").exists() else {}
+    cause = json.dumps(last.get("root_cause") or {})
+    refused = code not in (0, None) and "not safe to use" in cause and intact
+    outside = attacks.written_outside(root, job_dir, began)
+    outcome = attacks.Outcome(
+        "another user's memory tier (/dev/shm)",
+        refused,
+        "ranks refused it; job ended with that cause" if refused else f"exit {code}: {cause[:80]}",
+    )
+    return outcome, "ended, cause recorded" if refused else "NO", outside
 
 
 def main() -> int:
@@ -89,6 +132,22 @@ def main() -> int:
         }
         for o, s in outcomes
     ]
+    if os.geteuid() == 0:
+        with tempfile.TemporaryDirectory(prefix="bench-hostile-") as scratch:
+            t0 = time.time()
+            tier, ended, tier_outside = planted_memory_tier(Path(scratch))
+        outcomes.append((tier, time.time() - t0))
+        rows.append(
+            {
+                "attack": tier.attack,
+                "outcome": "refused" if tier.refused else "NOT REFUSED",
+                "survived": ended,
+                "outside_bytes": tier_outside,
+                "seconds": time.time() - t0,
+                "detail": tier.detail,
+            }
+        )
+        outside += tier_outside
     table = Table(
         [
             Column(key="attack", header="attack", align="<"),
