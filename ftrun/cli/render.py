@@ -145,6 +145,12 @@ def print_job(console: Console, v: JobView) -> None:
         order = {"active": 0, "spare": 1, "starting": 2, "unreachable": 3, "lost": 4, "removed": 5}
         shown = sorted(v.hosts.items(), key=lambda item: order.get(item[1], 9))
         console.print("hosts: " + ", ".join(f"{h} ({state})" for h, state in shown), soft_wrap=True)
+    if v.turned_away:
+        told = ", ".join(f"{n} {label}" for label, n in v.turned_away.items())
+        console.print(
+            Text.assemble(("turned away: ", "yellow"), told, " (docs/security.md)"),
+            soft_wrap=True,
+        )
     if v.incidents:
         console.print()
         console.print(incidents_table(v.incidents))

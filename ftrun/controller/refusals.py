@@ -56,6 +56,16 @@ class Refusals:
             log.warning("cannot accept connections: %s (%d times so far)", error, n)
             self._event("accept_paused", reason=reason, times=n)
 
+    def close(self) -> None:
+        """The totals, once, at the controller's end (the events along the way are sampled)."""
+        if self.messages or self.connections or self.exhaustions:
+            self._event(
+                "refusals",
+                connections=self.connections,
+                messages=self.messages,
+                accept_pauses=self.exhaustions,
+            )
+
     def _event(self, kind: str, **fields: Any) -> None:
         if self.on_event is not None:
             self.on_event(kind, **fields)

@@ -184,6 +184,7 @@ class ControlServer:
             link.channel.close()
         if self._listener is not None:
             self._listener.close()
+        self.refusals.close()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)

@@ -143,7 +143,43 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
         view.state = "failed"
         view.reason = "the controller died without finishing the job (killed, or its host was lost)"
     view.hosts = fold_hosts(events)
+    view.turned_away = fold_turned_away(events)
     return view
+
+
+# What the controller turned away or went without (docs/security.md), by the events that count it.
+TURNED_AWAY = {
+    "connection_refused": ("connections refused", "refused_so_far"),
+    "message_refused": ("messages refused", "refused_so_far"),
+    "accept_paused": ("accept pauses (out of descriptors)", "times"),
+}
+
+
+def fold_turned_away(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Counts of refused connections and messages, accept pauses and log lines dropped: the
+    events along the way are rate-limited and carry the count so far, and the controller
+    journals its totals at its end (`refusals`), so the largest count is the total."""
+    out: dict[str, int] = {}
+    for ev in events:
+        kind = ev["kind"]
+        if kind in TURNED_AWAY:
+            label, key = TURNED_AWAY[kind]
+            count = ev.get(key)
+            if isinstance(count, int) and not isinstance(count, bool):
+                out[label] = max(out.get(label, 0), count)
+        elif kind == "refusals":  # the controller's totals at its end
+            for label, key in (
+                ("connections refused", "connections"),
+                ("messages refused", "messages"),
+                ("accept pauses (out of descriptors)", "accept_pauses"),
+            ):
+                count = ev.get(key)
+                if isinstance(count, int) and not isinstance(count, bool) and count:
+                    out[label] = max(out.get(label, 0), count)
+        elif kind == "log_lines_dropped" and isinstance(ev.get("by_reason"), dict):
+            dropped = [n for n in ev["by_reason"].values() if isinstance(n, int)]
+            out["log lines dropped"] = out.get("log lines dropped", 0) + sum(dropped)
+    return out
 
 
 def fold_hosts(events: list[dict[str, Any]]) -> dict[str, str]:

@@ -175,6 +175,8 @@ class JobView:
     # `3 bad lines in events.jsonl (...)`: lines the reader skipped (journal.read_journal), so
     # what is shown may be missing events; None for a sound journal.
     damaged: str | None = None
+    # Refused connections and messages, accept pauses, dropped log lines (fold_turned_away).
+    turned_away: dict[str, int] = field(default_factory=dict)
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - (self.started_t or time.time())
@@ -196,6 +198,7 @@ class JobView:
             "runs": self.runs,
             "slurm_job_id": self.slurm_job_id,
             "damaged": self.damaged,
+            "turned_away": self.turned_away,
         }
         if detail:
             out["root_cause"] = self.root_cause

@@ -52,6 +52,11 @@ def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
     refused = [e for e in events if e["kind"] == "message_refused"]
     assert {e["message_kind"] for e in refused} >= {None}  # the reflected frame: no body
     assert any(e["kind"] == "connection_refused" for e in events)
+    # `status` and `inspect` count what was turned away: every flood connection, every message.
+    turned = ftrun.status_json(job_dir.name)["turned_away"]
+    assert turned["connections refused"] >= 600 and turned["messages refused"] >= 6, turned
+    inspect = ftrun.run("inspect", job_dir.name, timeout=30)
+    assert "turned away:" in inspect.stdout and "connections refused" in inspect.stdout
     assert [p.name for p in ftrun.run_dir.iterdir()] == [job_dir.name]
     assert attacks.written_outside(tmp_path, job_dir, started) == 0
 
