@@ -34,6 +34,9 @@ class Bootstrap:
     zygote_preload: str = ""
     # Started by the local transport: the controller is our parent, on this host.
     local: bool = False
+    # The umask the agent, and so every rank, runs with: 0o077 (files 0600, directories
+    # 0700), or 0o027 with --group-readable (LaunchConfig.umask).
+    umask: int = 0o077
 
     @property
     def process_tag(self) -> str:

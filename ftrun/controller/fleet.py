@@ -94,6 +94,7 @@ class Fleet:
             python=cfg.agent_python,
             env=self.env,
             zygote_preload=cfg.zygote_preload,
+            umask=cfg.umask,
         )
         try:
             self.handles[agent_id] = await self.transport.start_agent(
