@@ -123,7 +123,7 @@ def _files(
     value: object, default: tuple[str, ...], user: str | None, hostname: str
 ) -> tuple[Path, ...]:
     """A *KnownHostsFile value: whitespace-separated, maybe quoted, `none` for no file."""
-    words = shlex.split(str(value)) if value else list(default)
+    words = _words(str(value)) if value else list(default)
     home = str(Path("~").expanduser())
     local_user = getpass.getuser()
     out = []
@@ -140,6 +140,18 @@ def _files(
         )
         out.append(Path(word).expanduser())
     return tuple(out)
+
+
+def _words(text: str) -> list[str]:
+    """paramiko drops the quotes around a value that is one quoted string, so `"/a b/kh"`
+    arrives as `/a b/kh`: a value without quotes whose whole text is a path in an existing
+    directory is that one path; else the words, as ssh splits them."""
+    if '"' not in text and Path(text).expanduser().parent.is_dir():
+        return [text]
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
 
 
 def describe(key: Any) -> str:
@@ -193,11 +205,11 @@ def install(client: Any, policy: HostKeyPolicy, *, hostname: str, port: int) -> 
     The known keys go into the client under the name paramiko looks up (so it prefers their type
     and refuses a changed key itself, as BadHostKeyException); an unknown key reaches our
     MissingHostKeyPolicy, which refuses it, adds it (accept-new) or lets it pass (off)."""
-    import paramiko
 
     if policy.strictness == OFF:
+        # No known keys loaded, so no key is "changed" either: every key reaches _Missing.
         _warn_once(policy.reason, f"ssh host keys are NOT checked: {policy.reason}")
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        client.set_missing_host_key_policy(_Missing(policy))
         return
     paramiko_name = hostname if port == 22 else f"[{hostname}]:{port}"
     client_keys = client.get_host_keys()
@@ -212,12 +224,15 @@ def bad_key_error(policy: HostKeyPolicy, e: Any) -> HostKeyError:
 
 
 class _Missing:
-    """paramiko's MissingHostKeyPolicy for a host none of whose keys is known."""
+    """paramiko's MissingHostKeyPolicy for a host none of whose keys is known (or for every
+    host when checking is off)."""
 
     def __init__(self, policy: HostKeyPolicy) -> None:
         self.policy = policy
 
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        if self.policy.strictness == OFF:
+            return
         if self.policy.strictness != ACCEPT_NEW or not self.policy.user_files:
             raise unknown_key(self.policy, key)
         path = self.policy.user_files[0]
