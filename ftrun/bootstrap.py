@@ -41,6 +41,9 @@ class Bootstrap:
     # and ftrun.checkpoint authenticates its pickles and manifests with it. A secret, like
     # `secret`; the same for the job's whole life (controller/jobkey.py). Empty: none.
     checkpoint_key: str = field(default="", repr=False)
+    # The umask the agent, and so every rank, runs with: 0o077 (files 0600, directories
+    # 0700), or 0o027 with --group-readable (LaunchConfig.umask).
+    umask: int = 0o077
 
     @property
     def process_tag(self) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun import envcontract
+from ftrun import envcontract, filemodes
 from ftrun.errors import UsageError
 from ftrun.timeouts import ControlTimeouts
 
@@ -104,6 +104,9 @@ class LaunchConfig:
     # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm).
     transport: str = "local"
     ssh_config: str | None = None
+    # Check ssh host keys against known_hosts (transport/hostkeys.py); False only with
+    # --insecure-skip-host-key-check.
+    check_host_keys: bool = True
     # The interpreter agents run on remote hosts [default: the controller's own path].
     remote_python: str | None = None
     # The address agents dial [default: the address this machine uses to reach each host].
@@ -124,6 +127,9 @@ class LaunchConfig:
     global_batch: int | None = None
     device_memory_bytes: int | None = None
     replan_horizon_s: float = 1800.0
+    # Who may read what the job writes (run and job directories, logs, checkpoints): only the
+    # user (umask 077), or with --group-readable the user's group too (027): ftrun/filemodes.py.
+    group_readable: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -211,6 +217,11 @@ class LaunchConfig:
         """Agents run on other machines (ssh hosts or Slurm nodes): hosts can be lost,
         retried, replaced and added."""
         return self.transport != "local"
+
+    @property
+    def umask(self) -> int:
+        """The umask the controller and every agent run with (before any rank starts)."""
+        return filemodes.umask_for(self.group_readable)
 
     @property
     def job_dir(self) -> Path:

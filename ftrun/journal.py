@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from ftrun import filemodes
 from ftrun.errors import UsageError
 
 EVENTS_FILE = "events.jsonl"
@@ -49,14 +50,17 @@ log = logging.getLogger("ftrun.journal")
 class Journal:
     """Appends events and log lines for one job. Not thread-safe: the controller's loop owns it."""
 
-    def __init__(self, job_dir: Path, *, existing: bool = False) -> None:
+    def __init__(
+        self, job_dir: Path, *, existing: bool = False, umask: int = filemodes.PRIVATE_UMASK
+    ) -> None:
         """A new job directory, or with `existing` one made beforehand (by `ftrun sbatch`) or
-        a job's own to resume (a requeued Slurm job): its events are appended to."""
+        a job's own to resume (a requeued Slurm job): its events are appended to. One we
+        create gets the mode `umask` allows (0700 by default), whatever the process umask."""
         self.job_dir = job_dir
         try:
-            job_dir.mkdir(parents=True, exist_ok=existing)
+            filemodes.make_dir(job_dir, umask, parents=True, exist_ok=existing)
             self._events_fd = os.open(
-                job_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+                job_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666 & ~umask
             )
             if (
                 existing

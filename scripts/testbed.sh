@@ -57,6 +57,7 @@ validate_config() {  # $1 = use_record: take the subnet recorded by `up` (all co
     BR=$PREFIX-br
     BR_ADDR=$NET.1
     SSH_CONFIG=$STATE_DIR/ssh_config
+    KNOWN_HOSTS=$STATE_DIR/known_hosts
     KEY=$STATE_DIR/id_ed25519
 }
 
@@ -276,6 +277,16 @@ disable_ipv6() {  # $1: path under /proc/sys/net/ipv6/conf (absent when IPv6 is 
     if [ -w "/proc/sys/net/ipv6/conf/$1/disable_ipv6" ]; then echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; fi
 }
 
+# Host keys are checked (ftrun refuses an unknown or changed key): the testbed's own known_hosts
+# holds each host's key, generated once at `up` and kept by `start`, under its alias and address.
+write_known_hosts() {
+    local i
+    for ((i = 1; i <= N_HOSTS; i++)); do
+        printf 'node%d,%s %s\n' "$i" "$(host_addr "$i")" \
+            "$(cut -d' ' -f1,2 "$(host_dir "$i")/ssh_host_ed25519_key.pub")"
+    done >"$KNOWN_HOSTS"
+}
+
 write_ssh_config() {
     local i aliases=""
     for ((i = 1; i <= N_HOSTS; i++)); do aliases+=" node$i"; done
@@ -290,9 +301,9 @@ Host$aliases $NET.*
     Port 22
     IdentityFile "$KEY"
     IdentitiesOnly yes
-    StrictHostKeyChecking no
-    UserKnownHostsFile /dev/null
-    GlobalKnownHostsFile /dev/null
+    StrictHostKeyChecking yes
+    UserKnownHostsFile "$KNOWN_HOSTS"
+    GlobalKnownHostsFile none
     CheckHostIP no
     BatchMode yes
     LogLevel ERROR
@@ -410,6 +421,7 @@ cmd_up() {
         ip -n "$ns" link set eth0 up
     done
     for ((k = 1; k <= N_HOSTS; k++)); do write_host_files "$k"; done
+    write_known_hosts
     write_ssh_config
     for ((k = 1; k <= N_HOSTS; k++)); do start_sshd "$k"; done
     wait_ready $(seq 1 "$N_HOSTS")

@@ -21,7 +21,10 @@ def main() -> int:
     except (ValueError, TypeError) as e:
         print(f"ftrun agent: bad bootstrap on stdin: {e}", file=sys.stderr)
         return 2
-    # Forwarded by the launcher; the zygote, torchrun and the ranks inherit it from us.
+    # Before anything is started or written: the zygote, torchrun and the ranks inherit the
+    # umask (what they write is 0600/0700, or 0640/0750 with --group-readable), and the
+    # environment the launcher forwards.
+    os.umask(boot.umask)
     os.environ.update(boot.env)
     return asyncio.run(Agent(boot).run())
 

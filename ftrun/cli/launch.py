@@ -72,6 +72,7 @@ def launch(
     global_batch: int | None = opts.GLOBAL_BATCH,
     device_memory: str | None = opts.DEVICE_MEMORY,
     replan_horizon: float = opts.REPLAN_HORIZON,
+    group_readable: bool = opts.GROUP_READABLE,
     hosts: str | None = typer.Option(
         None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."
     ),
@@ -86,6 +87,12 @@ def launch(
     ),
     ssh_config: Path | None = typer.Option(
         None, "--ssh-config", envvar=envcontract.SSH_CONFIG, help="ssh config file [~/.ssh/config]."
+    ),
+    insecure_skip_host_key_check: bool = typer.Option(
+        False,
+        "--insecure-skip-host-key-check",
+        help="Accept any ssh host key, even an unknown or changed one (INSECURE: whoever "
+        "answers on a host's address gets the job and its secret) [check known_hosts].",
     ),
     remote_python: str | None = typer.Option(
         None, "--remote-python", help="Python on the hosts (default: the same path as here)."
@@ -200,6 +207,7 @@ def launch(
             transport=host_list.transport,
             remote_python=remote_python,
             ssh_config=str(ssh_config) if ssh_config else None,
+            check_host_keys=not insecure_skip_host_key_check,
             controller_addr=controller_addr,
             heartbeat_interval_s=timeouts.heartbeat_interval_s,
             host_lost_timeout_s=timeouts.host_lost_timeout_s,
@@ -215,6 +223,7 @@ def launch(
             global_batch=global_batch,
             device_memory_bytes=device_memory_bytes,
             replan_horizon_s=replan_horizon,
+            group_readable=group_readable,
         )
     except UsageError as e:
         problems.insert(0, e.message)
@@ -224,7 +233,9 @@ def launch(
         problems.append("--requeue needs --slurm (only a Slurm job can be requeued)")
     if problems:
         raise UsageError("; ".join(problems), hint=inputs.hint(problems))
-    inputs.check_run_dir(resolved_run_dir)
+    # Before anything is written: the controller's files are the user's only (ftrun/filemodes.py).
+    os.umask(config.umask)
+    inputs.check_run_dir(resolved_run_dir, config.umask)
     code = run(config, fault_policy, resume)
     if code:  # typer.Exit carries the job's exit code through typer's standalone mode
         raise typer.Exit(code)
@@ -233,7 +244,7 @@ def launch(
 def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = None) -> int:
     from ftrun.controller.supervisor import Supervisor
 
-    journal = Journal(config.job_dir, existing=config.job_dir.is_dir())
+    journal = Journal(config.job_dir, existing=config.job_dir.is_dir(), umask=config.umask)
     journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
     if config.profile is not None and not (config.job_dir / PROFILE_FILE).exists():
         # The job's own copy: a requeued or resumed job plans from it, never re-profiles.
@@ -244,6 +255,12 @@ def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = 
     logging.getLogger("ftrun").setLevel(logging.INFO)
     reporter = ConsoleReporter(console)
     reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
+    if config.transport == "ssh" and not config.check_host_keys:
+        reporter.notice(
+            "ssh host keys are NOT checked (--insecure-skip-host-key-check): whoever answers "
+            "on a host's address gets the job and its secret",
+            level="warning",
+        )
     try:
         supervisor = Supervisor(
             config,
@@ -279,6 +296,7 @@ def make_transport(config: LaunchConfig) -> Transport:
             python=config.agent_python,
             ssh_config=config.ssh_config,
             controller_addr=config.controller_addr,
+            check_host_keys=config.check_host_keys,
         )
     if config.transport == "slurm":
         from ftrun.transport.slurm import SrunTransport

@@ -18,6 +18,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from ftrun import filemodes
 from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
@@ -299,10 +300,12 @@ def port_busy(port: int) -> bool:
     return False
 
 
-def check_run_dir(run_dir: Path) -> None:
+def check_run_dir(run_dir: Path, umask: int = filemodes.PRIVATE_UMASK) -> None:
+    """The run directory is writable; one we create (and its missing parents) gets the mode
+    `umask` allows, an existing one is left as the user made it."""
     check_run_dir_path(run_dir)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        filemodes.make_dir(run_dir, umask, parents=True, exist_ok=True)
         probe = run_dir / f".ftrun-write-probe-{os.getpid()}"
         probe.write_text("")
         probe.unlink()

@@ -128,6 +128,12 @@ REPLAN_HORIZON: Any = typer.Option(
     "--replan-horizon",
     help="With --profile: seconds of training ahead a grow must pay its restart back in.",
 )
+GROUP_READABLE: Any = typer.Option(
+    False,
+    "--group-readable",
+    help="Let the user's group read the job's directories, logs and checkpoints (0750/0640) "
+    "[only the user: 0700/0600].",
+)
 
 # Shared by both commands but not passed on: the batch script gives the ones chosen at submission.
 JOB_NAME: Any = typer.Option(None, "--job-name", help="Name shown by status.")
@@ -164,6 +170,7 @@ PASSED_ON: dict[str, OptionInfo] = {
     "global_batch": GLOBAL_BATCH,
     "device_memory": DEVICE_MEMORY,
     "replan_horizon": REPLAN_HORIZON,
+    "group_readable": GROUP_READABLE,
 }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
+from ftrun import filemodes
 from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
 from ftrun.cli.batch_script import BatchScript, parse_signal, parse_time
@@ -96,6 +97,7 @@ def sbatch(
     global_batch: int | None = opts.GLOBAL_BATCH,
     device_memory: str | None = opts.DEVICE_MEMORY,
     replan_horizon: float = opts.REPLAN_HORIZON,
+    group_readable: bool = opts.GROUP_READABLE,
 ) -> None:
     """Submit SCRIPT as a Slurm batch job that runs `ftrun launch` on NODES nodes (+ SPARES):
     a failed node is replaced, a preempted job checkpoints and requeues."""
@@ -151,8 +153,10 @@ def sbatch(
             hint="run it on a Slurm login node; `ftrun sbatch --dry-run ...` shows the script "
             "anywhere",
         )
-    inputs.check_run_dir(resolved_run_dir)
-    batch.job_dir.mkdir()
+    umask = filemodes.umask_for(group_readable)
+    os.umask(umask)  # the batch script and the job directory are the user's (ftrun/filemodes.py)
+    inputs.check_run_dir(resolved_run_dir, umask)
+    filemodes.make_dir(batch.job_dir, umask)
     batch.path.write_text(batch.render())
     slurm_job_id = submit(executable, batch.path)
     report(batch, slurm_job_id, as_json=as_json)

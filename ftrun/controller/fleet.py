@@ -99,6 +99,7 @@ class Fleet:
             zygote_preload=cfg.zygote_preload,
             controller_cert=self.controller_cert,
             checkpoint_key=self.checkpoint_key,
+            umask=cfg.umask,
         )
         try:
             self.handles[agent_id] = await self.transport.start_agent(

@@ -29,6 +29,7 @@ from typing import IO, Any, TypeVar
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
 from ftrun.hostlist import split_target
+from ftrun.transport import hostkeys
 
 log = logging.getLogger("ftrun.transport")
 T = TypeVar("T")
@@ -144,11 +145,18 @@ class SshAgent:
 
 class SshTransport:
     def __init__(
-        self, *, python: str, ssh_config: str | None = None, controller_addr: str | None = None
+        self,
+        *,
+        python: str,
+        ssh_config: str | None = None,
+        controller_addr: str | None = None,
+        check_host_keys: bool = True,
     ) -> None:
         self.python = python
         self.ssh_config = ssh_config
         self.controller_addr = controller_addr
+        # False only with --insecure-skip-host-key-check (see transport/hostkeys.py).
+        self.check_host_keys = check_host_keys
 
     def bind_address(self) -> str:
         # Agents dial the address their host routes to us by, which we learn per host only
@@ -214,8 +222,16 @@ class SshTransport:
                 "auth_timeout": DEFAULT_CONNECT_TIMEOUT_S,
             },
         )
+        policies = self._arm(host, conn)
         try:
             conn.open()
+        except hostkeys.HostKeyError:
+            conn.close()
+            raise
+        except paramiko.BadHostKeyException as e:
+            conn.close()
+            policy = policies.get(e.hostname, policies[target.host])
+            raise hostkeys.bad_key_error(policy, e) from None
         except (OSError, EOFError, paramiko.SSHException) as e:
             conn.close()
             raise unreachable(host, _describe(e)) from None
@@ -223,6 +239,28 @@ class SshTransport:
         # Through a proxy the "socket" is an ssh channel: no address of ours the host can dial.
         local_addr = sock.getsockname()[0] if isinstance(sock, socket.socket) else None
         return conn, local_addr
+
+    def _arm(self, host: str, conn: Any) -> dict[str, hostkeys.HostKeyPolicy]:
+        """Host-key checking on the connection and on every ProxyJump hop before it (fabric
+        builds those itself, each accepting any key). The policies by the host name paramiko
+        reports (the target's also under the name the user gave)."""
+        policies: dict[str, hostkeys.HostKeyPolicy] = {}
+        hop: Any = conn
+        while hop is not None and hasattr(hop, "client"):
+            policy = hostkeys.resolve(
+                host if hop is conn else hop.original_host,
+                hop.ssh_config,
+                hostname=hop.host,
+                port=hop.port,
+                user=hop.user,
+                check=self.check_host_keys,
+            )
+            hostkeys.install(hop.client, policy, hostname=hop.host, port=hop.port)
+            if hop is conn:
+                policies[split_target(host).host] = policy
+            policies.setdefault(hop.host, policy)
+            hop = hop.gateway
+        return policies
 
     def _exec(self, conn: Any, boot: Bootstrap, env_prefix: str) -> Any:
         import paramiko

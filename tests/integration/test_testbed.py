@@ -55,7 +55,11 @@ def test_up_prints_the_addresses_and_writes_an_ssh_config(testbed: Testbed):
     for h in testbed.hosts:
         assert f"Host {h.name}\n    HostName {h.address}\n" in config
     assert f'IdentityFile "{testbed.key}"' in config
-    assert "StrictHostKeyChecking no" in config and "UserKnownHostsFile /dev/null" in config
+    known = testbed.state_dir / "known_hosts"
+    assert "StrictHostKeyChecking yes" in config and f'UserKnownHostsFile "{known}"' in config
+    for h in testbed.hosts:  # each host's own key, under its alias and address
+        key = (testbed.state_dir / h.name / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        assert f"{h.name},{h.address} {' '.join(key)}" in known.read_text().splitlines()
     status = testbed.script("status").stdout.splitlines()
     assert status == [
         f"{h.name} {h.address} link=up sshd=running processes=1" for h in testbed.hosts

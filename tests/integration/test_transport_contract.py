@@ -80,7 +80,12 @@ def boot_for(host: str, *, python: str = sys.executable, test_id: str = "") -> B
         fence_timeout_s=3.0,
         warm_start=False,
         python=python,
-        env={"FTRUN_TEST_ID": test_id} if test_id else {},
+        # PYTHONPATH as the launcher forwards it: over ssh the agent imports this checkout's
+        # ftrun, not whatever the interpreter finds on its own.
+        env={
+            **({"FTRUN_TEST_ID": test_id} if test_id else {}),
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+        },
     )
 
 
