@@ -125,12 +125,7 @@ class Journal:
         if self._logs_stopped:
             return
         self._logs_stopped = True
-        for handle in self._logs.values():
-            try:
-                handle.close()
-            except OSError:
-                pass
-        self._logs.clear()
+        self._close_logs()
         log.error("rank logs stopped: %s", why)
         self.record("logs_stopped", reason=why)
 
@@ -184,13 +179,16 @@ class Journal:
         for key in [k for k in self._logs if k[0] == generation]:
             self._logs.pop(key).close()
 
-    def close(self) -> None:
+    def _close_logs(self) -> None:
         for handle in self._logs.values():
             try:
                 handle.close()
-            except OSError:
+            except OSError:  # its buffer could not be written: counted where it failed
                 pass
         self._logs.clear()
+
+    def close(self) -> None:
+        self._close_logs()
         if self._events_fd < 0:
             return
         if self._log_failures:

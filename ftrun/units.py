@@ -7,6 +7,7 @@ the planner, the controller and the ranks all import it.
 
 from __future__ import annotations
 
+import math
 import re
 
 # Binary units are what device memory is sold in, and a bare K/M/G/T is binary too (as `ulimit`
@@ -30,6 +31,9 @@ _UNITS = {
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
+MAX_SIZE = float(1 << 60)  # 1 EiB: past any device or host memory, and far from float's end
+
+
 def parse_size(text: str) -> int:
     """`16GiB` → 17179869184 bytes; `512MiB`, `4GB`, `1e9` and plain byte counts too.
 
@@ -42,7 +46,10 @@ def parse_size(text: str) -> int:
             f"{text!r} is not a size: write bytes (1073741824) or a number with a unit "
             "(512MiB, 16GiB, 4GB)"
         )
-    size = int(float(match.group(1)) * _UNITS[unit])
+    value = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(value) or value >= MAX_SIZE:
+        raise ValueError(f"{text!r} is not a size a machine has (at most 1 EiB)")
+    size = int(value)
     if size <= 0:
         raise ValueError(f"{text!r} is not a positive size")
     return size

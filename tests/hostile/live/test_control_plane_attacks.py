@@ -18,6 +18,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import attacks
 
 
+def reap(proc) -> None:
+    """The launcher, killed if a failed assertion left it running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=20)
+
+
+def succeeded(proc, out: str, job_dir: Path) -> list[dict]:
+    """The job's events, once it is known to have ended well: exit 0, journal closed."""
+    assert proc.returncode == 0, out[-3000:]
+    events = attacks.events(job_dir)
+    assert events[-1]["kind"] == "job_finished" and events[-1]["state"] == "succeeded"
+    return events
+
+
 def open_fds(pid: int) -> int:
     return psutil.Process(pid).num_fds()
 
@@ -42,12 +57,8 @@ def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
         assert ftrun.status_json(job_dir.name)["state"] == "running"
         out, _ = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=20)
-    assert proc.returncode == 0, out[-3000:]
-    events = attacks.events(job_dir)
-    assert events[-1]["kind"] == "job_finished" and events[-1]["state"] == "succeeded"
+        reap(proc)
+    events = succeeded(proc, out, job_dir)
     assert sum(e["kind"] == "generation_launched" for e in events) == 1  # no restart was forced
     refused = [e for e in events if e["kind"] == "message_refused"]
     assert {e["message_kind"] for e in refused} >= {None}  # the reflected frame: no body
@@ -90,10 +101,6 @@ def test_a_flood_past_the_descriptor_limit_does_not_take_the_controller_down(ftr
         assert outcome.refused, outcome
         out, _ = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=20)
-    assert proc.returncode == 0, out[-3000:]
-    events = attacks.events(job_dir)
-    assert events[-1]["kind"] == "job_finished" and events[-1]["state"] == "succeeded"
+        reap(proc)
+    succeeded(proc, out, job_dir)
     assert "step 150" in rank_log.read_text()

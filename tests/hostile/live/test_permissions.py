@@ -65,7 +65,9 @@ def run(ftrun, flags: tuple[str, ...], dir_mode: int, file_mode: int) -> None:
         # Nothing for other users, nothing the group may change; the checkpoint module may be
         # stricter than the umask (0600/0700 of its own), never looser.
         assert mode & 0o007 == 0 and mode & 0o020 == 0, (name, oct(mode))
-        if not name.startswith("checkpoints"):
+        if name == "checkpoint.key":
+            assert mode == 0o600, oct(mode)  # a secret, like control.json: whatever the flag
+        elif not name.startswith("checkpoints"):
             expected = dir_mode if (job_dir / name).is_dir() else file_mode
             assert mode == expected, (name, oct(mode))
 
