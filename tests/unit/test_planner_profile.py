@@ -98,7 +98,9 @@ def test_sizes(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "16XB", "-1GiB", "0", "1.2.3", "1e999", "2EiB", "9e18TiB"])
+@pytest.mark.parametrize(
+    "text", ["", "GiB", "16XB", "-1GiB", "0", "1.2.3", "1e999", "2EiB", "9e18TiB"]
+)
 def test_bad_sizes(text: str) -> None:
     with pytest.raises(ValueError):
         parse_size(text)
