@@ -130,6 +130,8 @@ class LaunchConfig:
     # Who may read what the job writes (run and job directories, logs, checkpoints): only the
     # user (umask 077), or with --group-readable the user's group too (027): ftrun/filemodes.py.
     group_readable: bool = False
+    # TLS 1.3 between hosts (ftrun/tls.py); False only with --insecure-plain-control.
+    control_tls: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -73,6 +73,7 @@ def launch(
     device_memory: str | None = opts.DEVICE_MEMORY,
     replan_horizon: float = opts.REPLAN_HORIZON,
     group_readable: bool = opts.GROUP_READABLE,
+    insecure_plain_control: bool = opts.INSECURE_PLAIN_CONTROL,
     hosts: str | None = typer.Option(
         None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."
     ),
@@ -224,6 +225,7 @@ def launch(
             device_memory_bytes=device_memory_bytes,
             replan_horizon_s=replan_horizon,
             group_readable=group_readable,
+            control_tls=not insecure_plain_control,
         )
     except UsageError as e:
         problems.insert(0, e.message)
@@ -255,6 +257,12 @@ def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = 
     logging.getLogger("ftrun").setLevel(logging.INFO)
     reporter = ConsoleReporter(console)
     reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
+    if config.transport != "local" and not config.control_tls:
+        reporter.notice(
+            "the control plane between hosts is NOT encrypted (--insecure-plain-control): "
+            "the network sees what the ranks print",
+            level="warning",
+        )
     if config.transport == "ssh" and not config.check_host_keys:
         reporter.notice(
             "ssh host keys are NOT checked (--insecure-skip-host-key-check): whoever answers "

@@ -134,6 +134,13 @@ GROUP_READABLE: Any = typer.Option(
     help="Let the user's group read the job's directories, logs and checkpoints (0750/0640) "
     "[only the user: 0700/0600].",
 )
+INSECURE_PLAIN_CONTROL: Any = typer.Option(
+    False,
+    "--insecure-plain-control",
+    help="Do not encrypt the control plane between hosts (INSECURE: the network sees the "
+    "ranks' output; messages stay authenticated) [TLS 1.3 between hosts]. For thousands of "
+    "hosts on a trusted network: TLS costs the controller ~1.2-1.4x CPU (docs/security.md).",
+)
 
 # Shared by both commands but not passed on: the batch script gives the ones chosen at submission.
 JOB_NAME: Any = typer.Option(None, "--job-name", help="Name shown by status.")
@@ -171,6 +178,7 @@ PASSED_ON: dict[str, OptionInfo] = {
     "device_memory": DEVICE_MEMORY,
     "replan_horizon": REPLAN_HORIZON,
     "group_readable": GROUP_READABLE,
+    "insecure_plain_control": INSECURE_PLAIN_CONTROL,
 }
 
 

@@ -98,6 +98,7 @@ def sbatch(
     device_memory: str | None = opts.DEVICE_MEMORY,
     replan_horizon: float = opts.REPLAN_HORIZON,
     group_readable: bool = opts.GROUP_READABLE,
+    insecure_plain_control: bool = opts.INSECURE_PLAIN_CONTROL,
 ) -> None:
     """Submit SCRIPT as a Slurm batch job that runs `ftrun launch` on NODES nodes (+ SPARES):
     a failed node is replaced, a preempted job checkpoints and requeues."""

@@ -141,8 +141,10 @@ class Supervisor:
     async def run(self) -> JobOutcome:
         cfg = self.config
         bind = self.transport.bind_address()
-        # Agents on other hosts talk to us over the network: encrypted (tls.py). Loopback: plain.
-        identity = tls.new_identity() if bind != "127.0.0.1" else None
+        # Agents on other hosts talk to us over the network: encrypted (tls.py), unless the user
+        # said --insecure-plain-control. Loopback: plain.
+        encrypted = bind != "127.0.0.1" and self.config.control_tls
+        identity = tls.new_identity() if encrypted else None
         context = tls.server_context(identity, self.journal.job_dir) if identity else None
         port = await self.server.start(host=bind, tls=context)
         self.fleet.controller_cert = identity.cert_pem if identity else ""
