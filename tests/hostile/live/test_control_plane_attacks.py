@@ -18,6 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import attacks
 
 
+def stepping(ftrun) -> tuple[Path, Path]:
+    """The job's directory and rank 0's log, once rank 0 has printed step 3."""
+    job_dir = wait_for(
+        lambda: next((d for d in ftrun.run_dir.glob("*/control.json")), None), 30, "the job"
+    ).parent
+    rank_log = job_dir / "logs" / "g1" / "rank0.log"
+    wait_for(lambda: rank_log.exists() and "step 3" in rank_log.read_text(), 60, "step 3")
+    return job_dir, rank_log
+
+
 def reap(proc) -> None:
     """The launcher, killed if a failed assertion left it running."""
     if proc.poll() is None:
@@ -41,11 +51,7 @@ def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
     started = time.time()
     proc = ftrun.start("launch", str(BIN / "plain_loop.py"), "--steps", "500", "--interval", "0.05")
     try:
-        job_dir = wait_for(
-            lambda: next((d for d in ftrun.run_dir.glob("*/control.json")), None), 30, "the job"
-        ).parent
-        rank_log = job_dir / "logs" / "g1" / "rank0.log"
-        wait_for(lambda: rank_log.exists() and "step 3" in rank_log.read_text(), 60, "step 3")
+        job_dir, _ = stepping(ftrun)
         controller = psutil.Process(proc.pid)
         fds_before = open_fds(controller.pid)
         target = attacks.Target.of_job(job_dir)
@@ -92,11 +98,7 @@ def test_a_flood_past_the_descriptor_limit_does_not_take_the_controller_down(ftr
         preexec_fn=low_fd_limit,
     )
     try:
-        job_dir = wait_for(
-            lambda: next((d for d in ftrun.run_dir.glob("*/control.json")), None), 30, "the job"
-        ).parent
-        rank_log = job_dir / "logs" / "g1" / "rank0.log"
-        wait_for(lambda: rank_log.exists() and "step 3" in rank_log.read_text(), 60, "step 3")
+        job_dir, rank_log = stepping(ftrun)
         outcome = asyncio.run(attacks.flood(attacks.Target.of_job(job_dir), connections=300))
         assert outcome.refused, outcome
         out, _ = proc.communicate(timeout=90)
