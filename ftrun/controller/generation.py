@@ -46,6 +46,11 @@ class GenWatch:
     last_progress_event: float = 0.0
     injected: dict[str, Any] | None = None
     nproc_per_node: int = 0  # ranks per host, numbered by node rank; 0: not checked
+    # agent id → its node rank; forged() runs on every message, so not order.index each time.
+    node_rank: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.node_rank = {agent_id: i for i, agent_id in enumerate(self.order)}
 
     def forged(self, agent_id: str, msg: dict[str, Any]) -> str | None:
         """Why this message of the generation is not its sender's to send; None if it is. An
@@ -55,7 +60,7 @@ class GenWatch:
             return f"{agent_id} has no part in generation {self.number}"
         if not self.nproc_per_node:
             return None
-        first = self.order.index(agent_id) * self.nproc_per_node
+        first = self.node_rank[agent_id] * self.nproc_per_node
         mine = range(first, first + self.nproc_per_node)
         strays = sorted({r for r in _claimed_ranks(msg) if r not in mine})
         if strays:
