@@ -9,10 +9,12 @@ import typer
 from rich.text import Text
 
 from ftrun import envcontract
+from ftrun.cli.goodput_render import goodput_table, ratio_text
 from ftrun.cli.render import clock, make_console, print_job, secs
 from ftrun.cli.safetext import clean, plain
 from ftrun.config import resolve_run_dir
 from ftrun.jobview import Generation, Incident, JobView, load_job
+from ftrun.jobview.goodput import job_goodput
 from ftrun.journal_read import find_job_dir
 
 console = make_console()
@@ -31,8 +33,10 @@ def inspect(
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
     view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
+    report = job_goodput(view)
     if as_json:
         out = view.to_json(detail=True)
+        out["goodput"] = report.to_json()
         out["events"] = view.events
         print(json.dumps(out, indent=2, default=str))
         return
@@ -40,6 +44,17 @@ def inspect(
     console.print()
     console.print(Text("timeline", style="bold"))
     print_timeline(view)
+    if report.job.wall_s > 0:
+        console.print()
+        console.print(
+            Text.assemble(
+                ("goodput ", "bold"),
+                (ratio_text(report.job), "bold green"),
+                " of the wall time was training that was kept"
+                + (" (so far)" if view.state == "running" else ""),
+            )
+        )
+        console.print(goodput_table(report))
     logs = view.job_dir / "logs"
     if logs.is_dir():
         console.print()
