@@ -171,7 +171,8 @@ def _marks(
         if kind == "job_started":
             first_of_run = True
             nproc = ev.get("nproc_per_node") or 1
-            full_world = full_world or len(ev.get("hosts") or []) * nproc
+            hosts = ev.get("max_nodes") or len(ev.get("hosts") or [])  # --max-nodes: spot jobs
+            full_world = full_world or hosts * nproc
             marks.append((t, "startup", current + 1))  # owned by the generation it starts
         elif kind == "plan_chosen" and isinstance(gen, int):
             plans[gen] = ev
