@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from ftrun import envcontract
-from ftrun.cli import chaos, hosts, inspect, launch, plan, profile, sbatch, status
+from ftrun.cli import chaos, hosts, inspect, launch, plan, profile, sbatch, simulate, status
 from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.errors import FtrunError
 
@@ -35,6 +35,7 @@ def _register() -> None:
     hosts.register(app)
     plan.register(app)
     profile.register(app)
+    simulate.register(app)
 
 
 def main() -> None:
