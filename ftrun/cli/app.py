@@ -9,7 +9,18 @@ import typer
 from rich.text import Text
 
 from ftrun import envcontract
-from ftrun.cli import chaos, hosts, inspect, launch, plan, profile, sbatch, simulate, status
+from ftrun.cli import (
+    chaos,
+    hosts,
+    inspect,
+    launch,
+    plan,
+    profile,
+    replay,
+    sbatch,
+    simulate,
+    status,
+)
 from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.errors import FtrunError
 
@@ -36,6 +47,7 @@ def _register() -> None:
     plan.register(app)
     profile.register(app)
     simulate.register(app)
+    replay.register(app)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True)
 class Costs:
+    startup_s: float  # the job started → its first step (agents, rendezvous, imports)
     detect_s: float  # a host lost → detected (heartbeats, --host-lost-timeout)
     teardown_s: float  # detected → the generation torn down
     fence_wait_s: float  # torn down → a lost host's ranks surely dead (its fence timeout)
@@ -25,7 +26,7 @@ class Costs:
     relaunch_s: float  # launched → first step, restore excluded
     restore_s: float  # the restore a relaunch does (storage: the layout changed)
     reconfigure_s: float  # a planned grow: SIGTERM, grace, exit (no detection)
-    persist_every_s: float  # storage commits this often while training
+    persist_lag_s: float  # the newest committed checkpoint is this old when a generation ends
     stall_share: float  # the share of training time snapshots stall the training loop
     step_s: float  # a step on the job's original hosts (DP only; a planned job: the planner's)
 
@@ -36,6 +37,7 @@ class Costs:
 # Measured on this machine: `ftrun replay ../shared/traces/small-4.csv` on the SSH testbed
 # (4+1 hosts, recipes/gpt_ddp.py, 1 rank a host, gloo), then `costs_from_journal` of its job.
 DEFAULT_COSTS = Costs(
+    startup_s=8.0,
     detect_s=1.4,
     teardown_s=0.3,
     fence_wait_s=4.0,
@@ -43,7 +45,7 @@ DEFAULT_COSTS = Costs(
     relaunch_s=3.0,
     restore_s=0.5,
     reconfigure_s=1.0,
-    persist_every_s=1.0,
+    persist_lag_s=0.3,
     stall_share=0.05,
     step_s=0.1,
 )
@@ -56,8 +58,10 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
     launched: dict[int, float] = {}
     restore: dict[int, float] = {}
     detected: dict[int, float] = {}  # incident → detected_t
-    commits: list[float] = []
     stalls: dict[int, float] = {}  # gen → rank 0's checkpoint stall so far
+    ended_step: dict[int, int | None] = {}
+    restored_step: dict[int, int] = {}
+    started: float | None = None
     added: dict[str, float] = {}
     reconfigured: float | None = None
     first_steps: dict[int, tuple[float, int]] = {}
@@ -67,6 +71,7 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
     for ev in events:
         kind, t, gen = ev.get("kind"), float(ev.get("t", 0.0)), ev.get("gen")
         if kind == "job_started":
+            started = t if started is None else started
             full_world = full_world or len(ev.get("hosts") or []) * (ev.get("nproc_per_node") or 1)
         elif kind == "fault_detected" and ev.get("fault") == "host-lost":
             det = float(ev.get("detected_t") or t)
@@ -91,26 +96,36 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
             worlds[gen] = ev.get("world_size") or 0
         elif kind == "checkpoint_restored" and isinstance(gen, int):
             restore[gen] = float(ev.get("restore_s") or 0.0)
+            if isinstance(ev.get("step"), int):
+                restored_step[gen] = ev["step"]
             if gen > 1:
                 seen["restore_s"].append(restore[gen])
         elif kind == "first_step" and isinstance(gen, int) and gen in launched:
             if gen > 1:  # the first launch also starts the agents: not a relaunch
                 seen["relaunch_s"].append(t - launched[gen] - restore.get(gen, 0.0))
+            elif started is not None:
+                seen["startup_s"].append(t - started - restore.get(gen, 0.0))
             first_steps[gen] = (t, ev.get("step") or 0)
         elif kind == "progress" and isinstance(gen, int):
             last_progress[gen] = (t, ev.get("step") or 0)
             if isinstance(ev.get("stall_s"), (int, float)):
                 stalls[gen] = float(ev["stall_s"])
-        elif kind == "checkpoint_committed":
-            commits.append(t)
-    gaps = [b - a for a, b in zip(commits, commits[1:], strict=False) if b > a]
-    if gaps:
-        seen["persist_every_s"].append(statistics.median(gaps))
+        elif kind == "generation_ended" and isinstance(gen, int):
+            ended_step[gen] = ev.get("step")
     for gen, (t0, s0) in first_steps.items():
         if gen in last_progress and last_progress[gen][1] > s0 and worlds.get(gen):
             t1, s1 = last_progress[gen]
             # DP only: a step on the full world takes world/full of this one's time.
             seen["step_s"].append((t1 - t0) / (s1 - s0) * worlds[gen] / (full_world or worlds[gen]))
+    step_s = {
+        g: (last_progress[g][0] - t0) / (last_progress[g][1] - s0)
+        for g, (t0, s0) in first_steps.items()
+        if g in last_progress and last_progress[g][1] > s0
+    }
+    for gen, step in ended_step.items():
+        # What a generation's end lost: the steps past the one the next restored, in time.
+        if isinstance(step, int) and gen + 1 in restored_step and gen in step_s:
+            seen["persist_lag_s"].append(max(0, step - restored_step[gen + 1]) * step_s[gen])
     trained = {
         g: last_progress[g][0] - t0 for g, (t0, _) in first_steps.items() if g in last_progress
     }

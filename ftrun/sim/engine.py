@@ -112,6 +112,7 @@ class Simulation:
         self.train_step0 = 0
         self.step_s = costs.step_s
         self.committed = 0  # the last step committed to storage
+        self.first_launch = False
         self.waiting = False  # too few hosts: the next generation waits for one to come
         self.done = False
 
@@ -155,11 +156,15 @@ class Simulation:
         for host in cfg.hosts:
             self.start_agent(host)
         self.at(self.t + self.costs.agent_start_s, self.next_generation)
+        self.first_launch = True
 
     def stop(self) -> None:
+        """The trace is over: stop the job as Ctrl-C does (SIGTERM, grace, exit)."""
         if self.phase == "training":
             self.progress()
         if self.watch is not None:
+            self.journal.record("stop_requested", gen=self.generation)
+            self.t += self.reconfigure_s()
             self.journal.record(
                 "generation_ended", gen=self.generation, outcome="stopped", step=self.step()
             )
@@ -284,7 +289,12 @@ class Simulation:
         self.phase = "launching"
         restore = self.costs.restore_s
         gen = self.generation
-        self.at(self.t + self.relaunch_s() + restore, lambda: self.first_step(gen, restore))
+        if self.first_launch:  # the job's start: agents, rendezvous, imports, the first step
+            self.first_launch = False
+            delay = max(0.0, self.startup_s() - self.costs.agent_start_s)
+        else:
+            delay = self.relaunch_s()
+        self.at(self.t + delay + restore, lambda: self.first_step(gen, restore))
 
     def first_step(self, gen: int, restore_s: float) -> None:
         if gen != self.generation or self.phase != "launching":
@@ -358,14 +368,15 @@ class Simulation:
         if self.phase not in ("training", "ending") or self.watch is None:
             return
         self.watch.max_step = step
-        # ftrun's persists run back to back, each `every` long: the one that ended last, by
-        # now, is of the step reached when it began. The baseline's saves block: each is of the
-        # step it was taken at.
-        every = self.persist_every_s()
-        finished = (self.t - self.train_t0) // every
-        if finished >= 1:
-            began = (finished - (1 if self.baseline is None else 0)) * every
-            commit_step = self.train_step0 + int(began / self.step_s)
+        # ftrun persists in the background, all the time: the newest commit is persist_lag_s
+        # old (measured). The baseline saves every checkpoint_every_s: the last save's step.
+        trained = self.t - self.train_t0
+        if self.baseline is None:
+            at = trained - self.costs.persist_lag_s
+        else:
+            at = (trained // self.baseline.checkpoint_every_s) * self.baseline.checkpoint_every_s
+        if at > 0:
+            commit_step = self.train_step0 + int(at / self.step_s)
             if commit_step > self.committed:
                 self.committed = commit_step
                 self.journal.record("checkpoint_committed", gen=self.generation, step=commit_step)
@@ -390,6 +401,9 @@ class Simulation:
 
     # ---- costs: ftrun's measured figures, or the baseline's --------------------------------
 
+    def startup_s(self) -> float:
+        return self.baseline.restart_s if self.baseline else self.costs.startup_s
+
     def detect_s(self) -> float:
         return self.baseline.detect_s if self.baseline else self.costs.detect_s
 
@@ -401,6 +415,3 @@ class Simulation:
 
     def reconfigure_s(self) -> float:
         return self.costs.reconfigure_s
-
-    def persist_every_s(self) -> float:
-        return self.baseline.checkpoint_every_s if self.baseline else self.costs.persist_every_s

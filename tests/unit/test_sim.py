@@ -95,7 +95,8 @@ def test_small_4_through_the_controllers_decisions(tmp_path: Path) -> None:
         DEFAULT_COSTS.detect_s
     ] * 2
     report = account(events, running=False)
-    assert report.job.wall_s == pytest.approx(330.0 + 60.0)
+    # The trace and its tail, and the graceful stop at its end.
+    assert report.job.wall_s == pytest.approx(330.0 + 60.0 + DEFAULT_COSTS.reconfigure_s)
     assert report.job.productive_s + report.job.badput_s == pytest.approx(report.job.wall_s)
     # Three of four hosts trained twice for 90 s less a recovery: a quarter of that is lost.
     assert 0.25 * 150 < report.job.buckets["smaller_plan"] < 0.25 * 180
@@ -154,8 +155,7 @@ def test_costs_are_measured_from_a_journal() -> None:
         {"kind": "generation_launched", "t": 1.0, "gen": 1, "world_size": 2},
         {"kind": "first_step", "t": 4.0, "gen": 1, "step": 1},
         {"kind": "progress", "t": 14.0, "gen": 1, "step": 101, "stall_s": 0.5},
-        {"kind": "checkpoint_committed", "t": 5.0, "step": 5},
-        {"kind": "checkpoint_committed", "t": 7.0, "step": 25},
+        {"kind": "generation_ended", "t": 15.8, "gen": 1, "step": 101, "outcome": "failed"},
         {
             "kind": "fault_detected",
             "t": 15.5,
@@ -177,7 +177,9 @@ def test_costs_are_measured_from_a_journal() -> None:
     assert costs.fence_wait_s == pytest.approx(3.5)
     assert costs.restore_s == pytest.approx(0.7)
     assert costs.relaunch_s == pytest.approx(22.0 - 19.5 - 0.7)
-    assert costs.persist_every_s == pytest.approx(2.0)
+    assert costs.startup_s == pytest.approx(4.0)
+    # Gen 1 ended at step 101 and gen 2 restored 25: 76 steps of 0.1 s were done again.
+    assert costs.persist_lag_s == pytest.approx(7.6)
     assert costs.step_s == pytest.approx(0.1)
     assert costs.stall_share == pytest.approx(0.05)
     assert costs.agent_start_s == DEFAULT_COSTS.agent_start_s  # the journal never showed one
