@@ -117,7 +117,7 @@ def simulate_cmd(
         profile=model,
         global_batch=global_batch,
         device_memory_bytes=budget,
-        tail_s=tail,
+        tail_s=tail * time_scale,  # trace time, like the trace
         costs=costs,
         baseline=Baseline(
             detect_s=baseline_detect,

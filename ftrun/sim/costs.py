@@ -26,6 +26,7 @@ class Costs:
     relaunch_s: float  # launched → first step, restore excluded
     restore_s: float  # the restore a relaunch does (storage: the layout changed)
     reconfigure_s: float  # a planned grow: SIGTERM, grace, exit (no detection)
+    stop_s: float  # a stop (Ctrl-C at the end of a replay): SIGTERM, grace, exit
     persist_lag_s: float  # the newest committed checkpoint is this old when a generation ends
     stall_share: float  # the share of training time snapshots stall the training loop
     step_s: float  # a step on the job's original hosts (DP only; a planned job: the planner's)
@@ -34,20 +35,23 @@ class Costs:
         return {f.name: round(getattr(self, f.name), 3) for f in fields(self)}
 
 
-# Measured on this machine: `ftrun replay ../shared/traces/small-4.csv` on the SSH testbed
-# (4+1 hosts, recipes/gpt_ddp.py, 1 rank a host, gloo), then `costs_from_journal` of its job.
+# Measured on this machine (2 cores, CPU): `ftrun replay ../shared/traces/small-4.csv
+# --time-scale 0.2` on the SSH testbed (5 hosts, recipes/gpt_ddp.py, 1 rank a host, gloo; the
+# command is in docs/goodput.md), then `costs_from_journal` of its job. A different run of the
+# same replay is what `ftrun simulate` is checked against (tests/integration/test_replay.py).
 DEFAULT_COSTS = Costs(
-    startup_s=8.0,
-    detect_s=1.4,
-    teardown_s=0.3,
-    fence_wait_s=4.0,
-    agent_start_s=1.5,
-    relaunch_s=3.0,
-    restore_s=0.5,
-    reconfigure_s=1.0,
-    persist_lag_s=0.3,
-    stall_share=0.05,
-    step_s=0.1,
+    startup_s=9.46,
+    detect_s=1.03,
+    teardown_s=0.08,
+    fence_wait_s=3.67,
+    agent_start_s=0.63,
+    relaunch_s=2.75,
+    restore_s=0.92,
+    reconfigure_s=2.37,
+    stop_s=6.24,
+    persist_lag_s=0.29,
+    stall_share=0.098,
+    step_s=1.13,
 )
 
 
@@ -64,6 +68,7 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
     started: float | None = None
     added: dict[str, float] = {}
     reconfigured: float | None = None
+    stopping: float | None = None
     first_steps: dict[int, tuple[float, int]] = {}
     last_progress: dict[int, tuple[float, int]] = {}
     worlds: dict[int, int] = {}
@@ -88,9 +93,17 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
             seen["agent_start_s"].append(t - added.pop(ev["host"]))
         elif kind == "reconfigure":
             reconfigured = t
-        elif kind == "generation_ended" and reconfigured is not None:
-            seen["reconfigure_s"].append(t - reconfigured)
+        elif kind == "stop_requested" and stopping is None:
+            stopping = t
+        elif kind == "generation_ended":
+            if isinstance(gen, int):
+                ended_step[gen] = ev.get("step")
+            if reconfigured is not None:
+                seen["reconfigure_s"].append(t - reconfigured)
             reconfigured = None
+        elif kind == "job_finished" and stopping is not None:
+            seen["stop_s"].append(t - stopping)  # the ranks and then the agents stopped
+            stopping = None
         elif kind == "generation_launched" and isinstance(gen, int):
             launched[gen] = t
             worlds[gen] = ev.get("world_size") or 0
@@ -110,8 +123,6 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
             last_progress[gen] = (t, ev.get("step") or 0)
             if isinstance(ev.get("stall_s"), (int, float)):
                 stalls[gen] = float(ev["stall_s"])
-        elif kind == "generation_ended" and isinstance(gen, int):
-            ended_step[gen] = ev.get("step")
     for gen, (t0, s0) in first_steps.items():
         if gen in last_progress and last_progress[gen][1] > s0 and worlds.get(gen):
             t1, s1 = last_progress[gen]

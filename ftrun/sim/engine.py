@@ -164,10 +164,10 @@ class Simulation:
             self.progress()
         if self.watch is not None:
             self.journal.record("stop_requested", gen=self.generation)
-            self.t += self.reconfigure_s()
-            self.journal.record(
-                "generation_ended", gen=self.generation, outcome="stopped", step=self.step()
-            )
+            step = self.step()
+            self.t += self.costs.stop_s  # ranks, then agents, stopped
+            self.journal.record("generation_ended", gen=self.generation, outcome="stopped",
+                                step=step)  # fmt: skip
         self.journal.record(
             "job_finished", state="stopped", exit_code=0, reason="the trace ended",
             root_cause=None, restarts=self.incidents.restarts, generation=self.generation,

@@ -96,7 +96,7 @@ def test_small_4_through_the_controllers_decisions(tmp_path: Path) -> None:
     ] * 2
     report = account(events, running=False)
     # The trace and its tail, and the graceful stop at its end.
-    assert report.job.wall_s == pytest.approx(330.0 + 60.0 + DEFAULT_COSTS.reconfigure_s)
+    assert report.job.wall_s == pytest.approx(330.0 + 60.0 + DEFAULT_COSTS.stop_s)
     assert report.job.productive_s + report.job.badput_s == pytest.approx(report.job.wall_s)
     # Three of four hosts trained twice for 90 s less a recovery: a quarter of that is lost.
     assert 0.25 * 150 < report.job.buckets["smaller_plan"] < 0.25 * 180
