@@ -139,11 +139,11 @@ class PlanDesk:
         return used
 
     def full_step_s(self, n_hosts: int, ranked: list[Layout]) -> float | None:
-        """The predicted step of the best layout on the job's original hosts (all of them, as
-        launched): what goodput's "smaller plan" compares each generation's plan against.
+        """The predicted step of the best layout on all the hosts the job wants (--max-nodes, else
+        its launch hosts): what goodput's "smaller plan" compares each generation's plan against.
         Ranked once per job (`ranked` is reused when the plan is for that many hosts)."""
         if self._full_step is None:
-            want = len(self.config.hosts)
+            want = self.config.max_nodes or len(self.config.hosts)
             full = ranked if n_hosts == want else self.ranked(want)
             self._full_step = full[0].step_s if full else 0.0
         return self._full_step or None

@@ -36,7 +36,7 @@ from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, NotEnoughHosts, Roster
 from ftrun.controller.stall import StallWatch
 from ftrun.journal import Journal
-from ftrun.planner import NoLayoutFits, Profile
+from ftrun.planner import Layout, NoLayoutFits, Profile, SwitchDecision
 from ftrun.sim.costs import Costs
 from ftrun.sim.trace import Trace, TraceEvent
 
@@ -58,6 +58,27 @@ def young_daly_interval_s(checkpoint_stall_s: float, mean_time_between_changes_s
     sqrt(2 * save cost * mean time between failures) (Young 1974, Daly 2006). The baseline is
     given its best interval, so that ftrun is measured against checkpoint-restart done well."""
     return max(1.0, (2.0 * checkpoint_stall_s * mean_time_between_changes_s) ** 0.5)
+
+
+class DataParallelOnly(PlanDesk):
+    """The baseline's planner: torchrun elastic re-forms data parallelism only, so of the
+    layouts the planner ranks it may take those without a pipeline. Its "smaller plan" is
+    still measured against the best layout of all (`full_step_s`)."""
+
+    def ranked(self, n_hosts: int) -> list[Layout]:
+        return [layout for layout in super().ranked(n_hosts) if layout.pp == 1]
+
+    def full_step_s(self, n_hosts: int, ranked: list[Layout]) -> float | None:
+        want = self.config.max_nodes or len(self.config.hosts)
+        return super().full_step_s(want, PlanDesk.ranked(self, want))  # every layout, not ours
+
+    def worth_growing(self, active: list[str], joining: list[str]) -> SwitchDecision | None:
+        """A node that joins restarts the workers, whether it pays or not; a host its plan
+        leaves idle is no membership change."""
+        candidate = self.ranked(len(active) + len(joining))
+        if not candidate or (self.current is not None and candidate[0].same_plan(self.current)):
+            return None
+        return SwitchDecision(switch=True, reason="a node joined: torchrun restarts", gain_s=0.0)
 
 
 class _Quiet(Reporter):
@@ -97,9 +118,10 @@ class Simulation:
         self.incidents = Incidents(
             config, rules=policy.rules, health=HostHealth(policy.quarantine), journal=self.journal
         )
+        desk = PlanDesk if baseline is None else DataParallelOnly
         self.plans: PlanDesk | Unplanned = (
-            PlanDesk(config, profile, journal=self.journal, reporter=_Quiet(), clock=self.now)
-            if profile is not None and baseline is None
+            desk(config, profile, journal=self.journal, reporter=_Quiet(), clock=self.now)
+            if profile is not None
             else Unplanned()
         )
         self.full_world = (config.max_nodes or len(config.hosts)) * config.nproc_per_node
@@ -324,7 +346,7 @@ class Simulation:
         change = watch.reconfiguration(self.roster, lambda host: False)
         if change is None:
             return
-        if change.why == "grow" and self.baseline is None:
+        if change.why == "grow":
             joining = self.roster.can_grow()
             change = self.plans.gate(change, list(watch.hosts.values()), joining)
             if change is None:

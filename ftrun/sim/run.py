@@ -99,9 +99,9 @@ def _run(
         min_nodes=setup.min_nodes,
         max_nodes=want,
         max_restarts=1_000_000,  # a spot job's hosts come and go; its budget is not the point
-        profile=setup.profile_path if baseline is None else None,
-        global_batch=setup.global_batch if baseline is None else None,
-        device_memory_bytes=setup.device_memory_bytes if baseline is None else None,
+        profile=setup.profile_path,
+        global_batch=setup.global_batch,
+        device_memory_bytes=setup.device_memory_bytes,
         replan_horizon_s=setup.replan_horizon_s,
     )
     sim = Simulation(
@@ -109,7 +109,7 @@ def _run(
         config=config,
         costs=setup.costs,
         journal_for=lambda clock: Journal(work_dir / job_id, clock=clock),
-        profile=setup.profile if baseline is None else None,
+        profile=setup.profile,
         baseline=baseline,
         start_s=start_s,
         end_s=end_s,
