@@ -60,7 +60,11 @@ _fields("t", _is_time, "a time in seconds since the epoch")
 _fields("fault_t detected_t controller_create_time", _or_none(_is_time), "a time or null")
 _fields("gen incident rank step exit_code clean_rank run", _or_none(_is_int), "an integer or null")
 _fields("world_size slurm_restart_count controller_pid", _or_none(_is_int), "an integer or null")
-_fields("allowance_s past_allowance_s idle_s predicted_step_s", _or_none(_is_number), "a number")
+_fields(
+    "allowance_s past_allowance_s idle_s predicted_step_s full_step_s restore_s stall_s wait_s",
+    _or_none(_is_number),
+    "a number",
+)
 _fields(
     "name host signal exception traceback traceback_source injected section reason tier "
     "decision rule state outcome summary why fault slurm_job_id",

@@ -238,12 +238,29 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             ("gen", "rank"),
         ),
         "progress": Schema(
-            {**AGENT_REPORT, "rank": opt(RANK), "step": opt(STEP), "first": Bool(), "t": WALL_T},
+            {
+                **AGENT_REPORT,
+                "rank": opt(RANK),
+                "step": opt(STEP),
+                "first": Bool(),
+                "t": WALL_T,
+                "stall_s": SECONDS,
+            },
             ("gen",),
         ),
         "log": Schema({**AGENT_REPORT, "rank": opt(RANK), "lines": LINES}, ("gen", "lines")),
         "checkpoint_committed": Schema(
-            {**AGENT_REPORT, "rank": RANK, "step": opt(STEP)}, ("gen", "rank")
+            {**AGENT_REPORT, "rank": RANK, "step": opt(STEP), "preempt": Bool()}, ("gen", "rank")
+        ),
+        "checkpoint_restored": Schema(
+            {
+                **AGENT_REPORT,
+                "rank": RANK,
+                "step": opt(STEP),
+                "tier": Str(16, choices=("memory", "storage", "none")),
+                "restore_s": opt(SECONDS),
+            },
+            ("gen", "rank"),
         ),
         "signalled": Schema(
             {**AGENT_REPORT, "signal": SIGNAL, "ranks": ListOf(RANK, MAX_RANKS)}, ("gen",)

@@ -74,10 +74,23 @@ def _send(event: dict) -> None:
         pass
 
 
-def checkpoint_committed(step: int) -> None:
+def checkpoint_committed(step: int, *, preempt: bool = False) -> None:
     """Tell the agent that the checkpoint of `step` is committed to storage (ftrun.checkpoint
-    calls it on rank 0 when a preemption notice made it persist at once)."""
-    _send({"e": "ckpt", "s": int(step)})
+    calls it on rank 0 after every commit; `preempt` when a preemption notice made it persist at
+    once, which is what the controller's preemption wait is waiting for)."""
+    _send({"e": "ckpt", "s": int(step), "p": bool(preempt)})
+
+
+def checkpoint_stall(seconds: float) -> None:
+    """This rank's training thread has spent `seconds` in all, this generation, blocked on
+    checkpoints (ftrun.checkpoint's save() and snapshot waits): a badput bucket of goodput."""
+    _send({"e": "stall", "v": round(float(seconds), 6)})
+
+
+def checkpoint_restored(step: int, tier: str, seconds: float) -> None:
+    """Tell the agent what this generation restored (step, memory|storage|none) and how long the
+    restore took, so goodput can tell restore from relaunch."""
+    _send({"e": "restored", "s": int(step), "tier": str(tier)[:16], "d": round(float(seconds), 6)})
 
 
 def code_done() -> None:

@@ -83,6 +83,7 @@ class GenerationRun:
         self.finishing_ranks: set[int] = set()
         self.steps: dict[int, int] = {}
         self.steps_dirty = False
+        self.ckpt_stall_s: float | None = None  # rank 0's checkpoint stall so far, if on this host
         self.hang_reported = False
         self.pending_injections: list[dict[str, Any]] = []
         self.torchrun_tail: list[str] = []
@@ -117,7 +118,29 @@ class GenerationRun:
             )
         elif kind == "ckpt":
             # ftrun.checkpoint committed a checkpoint (rank 0 reports it, after the commit)
-            self.link.send("checkpoint_committed", gen=self.number, rank=rank, step=event.get("s"))
+            self.link.send(
+                "checkpoint_committed",
+                gen=self.number,
+                rank=rank,
+                step=event.get("s"),
+                preempt=bool(event.get("p")),
+            )
+        elif kind == "stall":
+            # Rank 0's time blocked on checkpoints so far: sent with the next progress report,
+            # not on its own (it comes every save, every step with a snapshot per step).
+            stall = float(event["v"])
+            if not 0.0 <= stall < 1e9:  # NaN too: a datagram is the rank's word, checked here
+                raise ValueError(f"a checkpoint stall of {stall} s")
+            self.ckpt_stall_s = stall
+        elif kind == "restored":
+            self.link.send(
+                "checkpoint_restored",
+                gen=self.number,
+                rank=rank,
+                step=event.get("s"),
+                tier=event.get("tier"),
+                restore_s=event.get("d"),
+            )
         elif kind == "started":
             self.pgids.add(int(event["pid"]))
             if event.get("shim"):
@@ -190,8 +213,15 @@ class GenerationRun:
     def send_progress(self) -> None:
         """The job's step so far (sent at most every so often, by the agent's tail loop)."""
         self.steps_dirty = False
+        extra = {} if self.ckpt_stall_s is None else {"stall_s": self.ckpt_stall_s}
         self.link.send(
-            "progress", gen=self.number, rank=None, step=self.job_step(), first=False, t=time.time()
+            "progress",
+            gen=self.number,
+            rank=None,
+            step=self.job_step(),
+            first=False,
+            t=time.time(),
+            **extra,
         )
 
     # ---- hangs, idleness and stacks -----------------------------------------------------------

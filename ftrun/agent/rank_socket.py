@@ -7,6 +7,10 @@ and the ranks tell the agent what happens to them, one JSON object per datagram.
     step       s                     the rank finished step s       ftrun.step (runtime.py)
     section    name, timeout, begin  a pause on purpose begins/ends ftrun.section (runtime.py)
     finishing                        the rank's code has returned   as_main.py (warm start)
+    ckpt       s, p                  checkpoint of s committed      ftrun.checkpoint (rank 0)
+                                     (p: for a preemption notice)
+    stall      v                     v s blocked on checkpoints     ftrun.checkpoint (rank 0)
+    restored   s, tier, d            restored s from tier in d s    ftrun.checkpoint (rank 0)
 
 Datagrams rather than a stream: a rank sends without connecting and never blocks (a full socket
 drops that news rather than stall training), each message arrives whole, and a rank that dies

@@ -129,6 +129,7 @@ class Manager:
         """
         self._check_open()
         self._wait_done()
+        t0 = time.perf_counter()
         flat = flatten(state)
         self.attach(*flat.optimizers())
         restored, objects, slot_index = restore_mod.restore(
@@ -142,6 +143,8 @@ class Manager:
         self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
         self._snapshotter.submit(self._job)  # ready the buffers while training starts
         self.restored = restored
+        if self.rank == 0:
+            runtime.checkpoint_restored(restored.step, restored.tier, time.perf_counter() - t0)
         return restored.step
 
     # -- save ----------------------------------------------------------------------------------
@@ -207,6 +210,8 @@ class Manager:
         self._last_saved = step
         self.stats.saves += 1
         self.stats.save_s += time.perf_counter() - t0
+        if self.rank == 0:  # what checkpoints cost the training loop so far: goodput's bucket
+            runtime.checkpoint_stall(self.stats.save_s + self.stats.blocked_s)
         if urgent:
             self._persist_for_preemption(step, persisted=persist)
 
@@ -220,7 +225,7 @@ class Manager:
             return
         done = self.wait_persist()
         if self.rank == 0 and done and self.stats.last_persisted_step == step:
-            runtime.checkpoint_committed(step)
+            runtime.checkpoint_committed(step, preempt=True)
 
     def _snapshot_done(
         self,

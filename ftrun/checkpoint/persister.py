@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ftrun import runtime
 from ftrun.checkpoint import dcp_layout, slots
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig
@@ -160,6 +161,8 @@ class Persister:
                 if msg["ok"]:
                     self._stats.persisted += 1
                     self._stats.last_persisted_step = msg["step"]
+                    if self._comm.rank == 0:  # rank 0's persist is the commit (manifest renamed)
+                        runtime.checkpoint_committed(msg["step"])
                 else:
                     self._stats.persist_failures += 1
                     warn(f"persisting step {msg['step']} failed: {msg['error']}")

@@ -15,11 +15,13 @@ import typer
 from rich.text import Text
 
 from ftrun import envcontract
+from ftrun.cli.goodput_render import goodput_table, ratio_text
 from ftrun.cli.render import clock, make_console, print_job, secs
 from ftrun.cli.safetext import clean, plain
 from ftrun.config import resolve_run_dir
 from ftrun.errors import UsageError
 from ftrun.jobview import Generation, Incident, JobView, load_job
+from ftrun.jobview.goodput import GoodputReport, job_goodput
 from ftrun.jobview.timeline import build_timeline
 from ftrun.journal_read import find_job_dir
 
@@ -53,19 +55,27 @@ def inspect(
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
     view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
-    written = draw_timeline(view, html_file=html_file, png_file=png_file)
+    now = time.time()
+    report = job_goodput(view, now=now)
+    written = draw_timeline(view, report, now=now, html_file=html_file, png_file=png_file)
     if as_json:
         out = view.to_json(detail=True)
+        out["goodput"] = report.to_json()
         out["events"] = view.events
         print(json.dumps(out, indent=2, default=str))
     else:
-        print_inspect(view)
+        print_inspect(view, report)
     for what, path in written:  # on stderr with --json: stdout stays one JSON document
         (err_console if as_json else console).print(f"{what} written to {path}", soft_wrap=True)
 
 
 def draw_timeline(
-    view: JobView, *, html_file: Path | None, png_file: Path | None
+    view: JobView,
+    report: GoodputReport | None = None,
+    *,
+    now: float | None = None,
+    html_file: Path | None,
+    png_file: Path | None,
 ) -> list[tuple[str, Path]]:
     """Draw the pictures asked for, then write them; (what, absolute path) of each."""
     if html_file is None and png_file is None:
@@ -74,7 +84,7 @@ def draw_timeline(
         raise UsageError(
             f"--html and --png both name {html_file}", hint="give each picture its own file"
         )
-    timeline = build_timeline(view, now=time.time())
+    timeline = build_timeline(view, now=time.time() if now is None else now, report=report)
     pictures: list[tuple[str, str, Path, bytes]] = []
     if html_file is not None:
         from ftrun.cli.timeline_html import render_html
@@ -101,11 +111,22 @@ def _write(flag: str, path: Path, data: bytes) -> Path:
     return path.resolve()
 
 
-def print_inspect(view: JobView) -> None:
+def print_inspect(view: JobView, report: GoodputReport) -> None:
     print_job(console, view)
     console.print()
     console.print(Text("timeline", style="bold"))
     print_timeline(view)
+    if report.job.wall_s > 0:
+        console.print()
+        console.print(
+            Text.assemble(
+                ("goodput ", "bold"),
+                (ratio_text(report.job), "bold green"),
+                " of the wall time was training that was kept"
+                + (" (so far)" if view.state == "running" else ""),
+            )
+        )
+        console.print(goodput_table(report))
     logs = view.job_dir / "logs"
     if logs.is_dir():
         console.print()

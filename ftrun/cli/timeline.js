@@ -7,8 +7,9 @@
   "use strict";
   const SVG = "http://www.w3.org/2000/svg";
   const root = document.getElementById("timeline");
-  const PHASE_COLOURS = {
-    detection: "#e4572e", teardown: "#f3a712", relaunch: "#8e5ad6", startup: "#2a9d8f",
+  const PHASE_COLOURS = { // by goodput's labels (ftrun/jobview/phases.py)
+    detection: "#e4572e", teardown: "#f3a712", "waiting for hosts": "#8e5ad6",
+    relaunch: "#2a9d8f", restore: "#d6408f",
   };
   const JOINED_PHASE = "#8a94a3";
   const MARKS = { // kind → [colour, shape]

@@ -17,11 +17,12 @@ from ftrun.cli.safetext import clean
 from ftrun.errors import UsageError
 from ftrun.jobview.timeline import Timeline
 
-PHASE_COLOURS = {
+PHASE_COLOURS = {  # by goodput's labels (ftrun/jobview/phases.py), as timeline.js
     "detection": "#e4572e",
     "teardown": "#f3a712",
-    "relaunch": "#8e5ad6",
-    "startup": "#2a9d8f",
+    "waiting for hosts": "#8e5ad6",
+    "relaunch": "#2a9d8f",
+    "restore": "#d6408f",
 }
 JOINED_PHASE = "#8a94a3"
 GEN_FILL = ("#d8e6f6", "#c2d6ef")
@@ -72,7 +73,10 @@ def render_png(timeline: Timeline) -> bytes:
         fig.suptitle(_title(timeline), x=0.06, ha="left", fontsize=14, fontweight="bold")
         fig.text(0.06, 0.905, _safe(_summary(timeline)), fontsize=10.5, color="#3d4a5c")
         handles: list[Any] = [Patch(facecolor=GEN_FILL[0], edgecolor=GEN_EDGE, label="generation")]
-        handles += [Patch(color=c, label=f"incident: {p}") for p, c in PHASE_COLOURS.items()]
+        handles += [
+            Patch(color=PHASE_COLOURS.get(p, JOINED_PHASE), label=f"incident: {p}")
+            for p in timeline.phases
+        ]
         handles.append(Line2D([], [], color=RATE, marker="o", markersize=4, label="steps/s"))
         handles.append(Line2D([], [], color=COMMIT, marker="|", ls="", label="checkpoint"))
         for kind in dict.fromkeys(m.kind for m in timeline.markers):

@@ -21,7 +21,10 @@ from ftrun.controller.roster import Roster
 from ftrun.controller.stall import ExitHang, StallWatch
 from ftrun.journal import Journal
 
-PROGRESS_EVENT_INTERVAL_S = 5.0
+# How often the journal takes the job's step while it trains: the resolution of the step rate in
+# `inspect --html` and of goodput's account of a generation's last seconds (a line a second is
+# ~3 MiB over ten hours).
+PROGRESS_EVENT_INTERVAL_S = 1.0
 
 
 class Seen(enum.Enum):
@@ -44,6 +47,9 @@ class GenWatch:
     max_step: int | None = None
     first_step_seen: bool = False
     last_progress_event: float = 0.0
+    last_commit_event: float = 0.0
+    stall_s: float | None = None  # rank 0's time blocked on checkpoints so far (goodput)
+    restored: bool = False  # the generation's restore is journaled (once)
     injected: dict[str, Any] | None = None
     nproc_per_node: int = 0  # ranks per host, numbered by node rank; 0: not checked
     # agent id → its node rank; forged() runs on every message, so not order.index each time.
@@ -132,6 +138,8 @@ class GenWatch:
             step = msg.get("step")
             if step is not None:
                 self.max_step = step if self.max_step is None else max(self.max_step, step)
+            if msg.get("stall_s") is not None:
+                self.stall_s = msg["stall_s"]
             now = time.monotonic()
             if msg.get("first") and not self.first_step_seen:
                 self.first_step_seen = True
@@ -145,8 +153,25 @@ class GenWatch:
                 )
                 self.last_progress_event = now
             elif now - self.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
-                journal.record("progress", gen=self.number, step=self.max_step)
+                extra = {} if self.stall_s is None else {"stall_s": self.stall_s}
+                journal.record("progress", gen=self.number, step=self.max_step, **extra)
                 self.last_progress_event = now
+            return True
+        if kind == "checkpoint_committed" and msg.get("rank") == 0:
+            now = time.monotonic()
+            if now - self.last_commit_event >= PROGRESS_EVENT_INTERVAL_S:  # per step: too many
+                journal.record("checkpoint_committed", gen=self.number, step=msg.get("step"))
+                self.last_commit_event = now
+            return False  # a preemption wait also reads it
+        if kind == "checkpoint_restored" and not self.restored:
+            self.restored = True  # every rank restores the same step; rank 0 tells
+            journal.record(
+                "checkpoint_restored",
+                gen=self.number,
+                step=msg.get("step"),
+                tier=msg.get("tier"),
+                restore_s=msg.get("restore_s"),
+            )
             return True
         if kind == "signalled":
             journal.record(

@@ -76,6 +76,7 @@ class PlanDesk:
         self._startup_s: float | None = None
         self._teardown_s: float | None = None
         self._declined: set[tuple[str, ...]] = set()
+        self._full_step: float | None = None  # 0.0: nothing fits on the original hosts
 
     # ---- choosing -----------------------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class PlanDesk:
             layout=layout.to_plan(),
             summary=summary(layout),
             predicted_step_s=layout.step_s,
+            full_step_s=self.full_step_s(len(hosts), ranked),
             previous=summary(before) if before is not None else None,
             alternatives=[
                 {"summary": summary(alt), "predicted_step_s": alt.step_s}
@@ -135,6 +137,16 @@ class PlanDesk:
                 f"{layout.step_s:.3g} s/step predicted ({why})"
             )
         return used
+
+    def full_step_s(self, n_hosts: int, ranked: list[Layout]) -> float | None:
+        """The predicted step of the best layout on the job's original hosts (all of them, as
+        launched): what goodput's "smaller plan" compares each generation's plan against.
+        Ranked once per job (`ranked` is reused when the plan is for that many hosts)."""
+        if self._full_step is None:
+            want = len(self.config.hosts)
+            full = ranked if n_hosts == want else self.ranked(want)
+            self._full_step = full[0].step_s if full else 0.0
+        return self._full_step or None
 
     def rank_env(self) -> dict[str, str]:
         """What every rank of the next generation gets: its plan."""

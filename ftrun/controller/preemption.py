@@ -70,11 +70,13 @@ class PreemptWait:
         server.broadcast("preempt", gen=gen, signal=config.preempt_signal)
 
     def on_message(self, msg: dict[str, Any]) -> Preempted | None:
-        """Rank 0's commit report ends the wait. Only the notice makes ftrun.checkpoint send
-        one, so any from this generation is the notice's (its step is the script's save step,
-        which need not count like the progress steps)."""
+        """Rank 0's commit report for the notice ends the wait. ftrun.checkpoint reports every
+        commit; the notice's is marked `preempt` (its step is the script's save step, which
+        need not count like the progress steps)."""
         if msg["kind"] != "checkpoint_committed" or msg.get("gen") != self.gen:
             return None
+        if not msg.get("preempt"):
+            return None  # an ordinary commit, from before the notice reached the ranks
         step = msg.get("step")
         if msg.get("rank") != 0 or not isinstance(step, int):
             return None

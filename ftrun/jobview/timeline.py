@@ -7,7 +7,7 @@ browser. Times are seconds from the job's start.
 
 The step rate is measured between consecutive `first_step`/`progress` events of a generation
 (the journal takes the step about once a second), never across a restart. An incident's band
-is cut at the times `Incident.phases()` knows; each piece is named by the phase it completes.
+is cut into phases by `ftrun.jobview.phases`.
 Long jobs are thinned (every k-th progress point and commit) so a page stays small; a rate
 between thinned points is still the exact mean over the longer interval.
 """
@@ -19,16 +19,10 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from ftrun.jobview.goodput import BUCKET_LABELS, BUCKETS, GoodputReport, job_goodput
+from ftrun.jobview.phases import PHASES, PhaseSegment, segments
 from ftrun.jobview.views import Incident, JobView
 
-# The piece of an incident that ends at each point of Incident.phases() (after "fault").
-PHASE_OF_POINT = {
-    "detected": "detection",
-    "torn down": "teardown",
-    "relaunched": "relaunch",
-    "first step again": "startup",  # ranks start, restore, step once
-}
-PHASES = tuple(PHASE_OF_POINT.values())
 # Markers: kind → label. Hosts joining, hosts leaving, and a new plan.
 MARKERS = {
     "host_added": "host added",
@@ -73,14 +67,6 @@ class GenSpan:
     restored: dict[str, Any] | None  # checkpoint_restored: step, tier, restore_s
     goodput: float | None  # productive share of this generation's wall time
     points: list[RatePoint] = field(default_factory=list)
-
-
-@dataclass
-class PhaseSegment:
-    phase: str  # one of PHASES, or several joined by " + " where the journal skipped a point
-    start: float
-    end: float
-    open: bool  # not finished yet (a running job): `end` is now
 
 
 @dataclass
@@ -141,12 +127,13 @@ class Timeline:
         return _finite(asdict(self))
 
 
-def build_timeline(view: JobView, *, now: float) -> Timeline:
+def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = None) -> Timeline:
+    """`report`: the job's goodput where the caller has it already (else it is computed)."""
     events = view.events
     origin = _origin(view)
     end_wall = _end(view, now)
     live = view.state == "running"
-    goodput = _goodput(view, now)
+    goodput = _goodput(report or job_goodput(view, now=now))
 
     def rel(t: float) -> float:
         return round(t - origin, 3)
@@ -155,6 +142,13 @@ def build_timeline(view: JobView, *, now: float) -> Timeline:
         ev.get("gen"): {k: ev.get(k) for k in ("step", "tier", "restore_s")}
         for ev in events
         if ev["kind"] == "checkpoint_restored"
+    }
+    restores = {  # generation → (when its restore was reported done, its seconds)
+        ev.get("gen"): (t, float(ev["restore_s"]))
+        for ev in events
+        if ev["kind"] == "checkpoint_restored"
+        and (t := _time(ev)) is not None
+        and isinstance(ev.get("restore_s"), int | float)
     }
     steps = steps_by_generation(events)
     gens = []
@@ -177,7 +171,7 @@ def build_timeline(view: JobView, *, now: float) -> Timeline:
                 first_step=g.first_step,
                 last_step=g.last_step,
                 restored=restored.get(g.number),
-                goodput=None if goodput is None else goodput["generations"].get(g.number),
+                goodput=goodput["generations"].get(g.number),
                 points=rate_points(steps.get(g.number, []), origin),
             )
         )
@@ -196,13 +190,16 @@ def build_timeline(view: JobView, *, now: float) -> Timeline:
         span=max(rel(end_wall), 0.001),
         live=live,
         generations=gens,
-        incidents=[_band(inc, origin, end_wall, live) for inc in view.incidents],
+        incidents=[
+            _band(inc, origin, end_wall if live else None, restores.get(inc.next_generation))
+            for inc in view.incidents
+        ],
         markers=markers(events, origin),
         commits=_thin(commits, MAX_COMMITS),
         commits_total=len(commits),
         max_rate=max(rates, default=0.0),
         hosts=dict(view.hosts),
-        goodput=None if goodput is None else goodput["job"],
+        goodput=goodput["job"],
     )
 
 
@@ -234,25 +231,6 @@ def steps_by_generation(events: list[dict[str, Any]]) -> dict[int, list[tuple[fl
         if ev["kind"] in ("first_step", "progress") and t is not None:
             if isinstance(step, int) and isinstance(gen, int):  # the schema has no bools there
                 out.setdefault(gen, []).append((t, step))
-    return out
-
-
-def segments(inc: Incident, *, end: float | None = None) -> list[PhaseSegment]:
-    """The pieces of an incident between the times the journal has, in wall time. A point the
-    journal lacks joins its phase to the next ("teardown + relaunch"). With `end` (a running
-    job), the phase under way runs to it, open."""
-    out: list[PhaseSegment] = []
-    (_, start), *points = inc.phases()
-    pending: list[str] = []  # phases whose end the journal has not told (yet)
-    for name, t in points:
-        pending.append(PHASE_OF_POINT[name])
-        if t is None:
-            continue
-        if start is not None:  # without a fault time, the detection piece is unknown
-            out.append(PhaseSegment(" + ".join(pending), start, max(start, t), open=False))
-        start, pending = t if start is None else max(start, t), []
-    if end is not None and pending and start is not None and end > start:
-        out.append(PhaseSegment(pending[0], start, end, open=True))
     return out
 
 
@@ -289,10 +267,12 @@ def markers(events: list[dict[str, Any]], origin: float) -> list[Marker]:
     return out
 
 
-def _band(inc: Incident, origin: float, end_wall: float, live: bool) -> IncidentBand:
+def _band(
+    inc: Incident, origin: float, end: float | None, restore: tuple[float, float] | None
+) -> IncidentBand:
     pieces = [
         PhaseSegment(s.phase, round(s.start - origin, 3), round(s.end - origin, 3), s.open)
-        for s in segments(inc, end=end_wall if live else None)
+        for s in segments(inc, end=end, restore=restore)
     ]
     start = inc.fault_t if inc.fault_t is not None else inc.detected_t
     return IncidentBand(
@@ -328,21 +308,18 @@ def _end(view: JobView, now: float) -> float:
     return max(now, last) if view.state == "running" else last
 
 
-def _goodput(view: JobView, now: float) -> dict[str, Any] | None:
-    """Goodput from ftrun.jobview.goodput where it exists (older checkouts lack it)."""
-    try:
-        from ftrun.jobview import goodput as gp  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return None
-    report = gp.job_goodput(view, now=now)
+def _goodput(report: GoodputReport) -> dict[str, Any]:
+    """The job's goodput line and each generation's ratio, in the words of the goodput table."""
     share = report.job
     lost = [
-        [gp.BUCKET_LABELS.get(k, k), round(share.buckets.get(k, 0.0), 3)]
-        for k in gp.BUCKETS
+        [BUCKET_LABELS.get(k, k), round(share.buckets.get(k, 0.0), 3)]
+        for k in BUCKETS
         if share.buckets.get(k, 0.0) > 0
     ]
     return {
-        "job": {
+        "job": None
+        if share.ratio is None
+        else {
             "ratio": share.ratio,
             "productive_s": round(share.productive_s, 3),
             "wall_s": round(share.wall_s, 3),
