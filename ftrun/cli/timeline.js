@@ -153,7 +153,7 @@
   function niceMax(v) {
     if (!(v > 0)) return 1;
     const e = Math.pow(10, Math.floor(Math.log10(v))), f = v / e;
-    return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * e;
+    return [1, 1.2, 1.6, 2, 2.4, 3, 4, 5, 6, 8, 10].find((n) => f <= n) * e; // quarters stay round
   }
 
   function draw(d) {
@@ -195,7 +195,7 @@
     const g = el("g", { class: "generations" }, svg);
     if (!d.generations.length) none(g, x, lane, "no generation launched");
     d.generations.forEach((gen, i) => {
-      const grp = el("g", { class: "gen", "data-gen": gen.number }, g);
+      const grp = el("g", { class: "gen", "data-gen": gen.number, "data-open": gen.open }, g);
       const x0 = x(gen.start), w = Math.max(x(gen.end) - x0, 2), r = gen.restored;
       const rect = el("rect", { x: x0, y: lane[0], width: w, height: lane[1], rx: 3,
         fill: GEN_FILL[i % 2], stroke: GEN_EDGE }, grp);
@@ -289,7 +289,7 @@
     for (let i = 0; i <= 4; i++) {
       const v = ymax * i / 4;
       el("line", { x1: x0, y1: y(v), x2: x1, y2: y(v), stroke: i ? GRID : AXIS }, g);
-      label(g, x0 - 8, y(v) + 4, String(Math.round(v * 100) / 100), "lane-label", "end");
+      label(g, x0 - 8, y(v) + 4, String(Math.round(v * 1000) / 1000), "lane-label", "end");
     }
     label(g, x0 - 70, top + h / 2 - 4, "steps/s", "lane-label", "middle");
     for (const gen of d.generations) {

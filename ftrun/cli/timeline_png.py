@@ -71,14 +71,17 @@ def render_png(timeline: Timeline) -> bytes:
         rate.xaxis.set_major_formatter(lambda v, _pos: f"{v / scale:g} {unit}")
         rate.set_xlabel("time since the job started")
         fig.suptitle(_title(timeline), x=0.06, ha="left", fontsize=14, fontweight="bold")
-        fig.text(0.06, 0.905, _safe(_summary(timeline)), fontsize=10.5, color="#3d4a5c")
+        for i, line in enumerate(_summary(timeline)):
+            fig.text(0.06, 0.915 - 0.03 * i, _safe(line), fontsize=10.5, color="#3d4a5c")
         handles: list[Any] = [Patch(facecolor=GEN_FILL[0], edgecolor=GEN_EDGE, label="generation")]
         handles += [
             Patch(color=PHASE_COLOURS.get(p, JOINED_PHASE), label=f"incident: {p}")
             for p in timeline.phases
         ]
         handles.append(Line2D([], [], color=RATE, marker="o", markersize=4, label="steps/s"))
-        handles.append(Line2D([], [], color=COMMIT, marker="|", ls="", label="checkpoint"))
+        handles.append(
+            Line2D([], [], color=COMMIT, marker="|", ms=10, mew=1.5, ls="", label="checkpoint")
+        )
         for kind in dict.fromkeys(m.kind for m in timeline.markers):
             shape, colour = MARKS.get(kind, ("D", "#555555"))
             label = timeline.markers_legend.get(kind, kind)
@@ -86,12 +89,12 @@ def render_png(timeline: Timeline) -> bytes:
         fig.legend(
             handles=handles,
             loc="upper left",
-            bbox_to_anchor=(0.06, 0.885),
+            bbox_to_anchor=(0.06, 0.865),
             ncol=6,
             frameon=False,
             fontsize=9.5,
         )
-        fig.subplots_adjust(left=0.1, right=0.98, top=0.77, bottom=0.09)
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.75, bottom=0.09)
         out = io.BytesIO()
         fig.savefig(out, format="png", dpi=DPI)
         return out.getvalue()
@@ -194,23 +197,26 @@ def _title(tl: Timeline) -> str:
     return _safe(f"ftrun job {tl.job_id}{name}  [{tl.state}]")
 
 
-def _summary(tl: Timeline) -> str:
+def _summary(tl: Timeline) -> list[str]:
+    """Two lines under the title: what the job was, and where its time went."""
     n_gen, n_inc = len(tl.generations), len(tl.incidents)
-    parts = [
+    facts = [
         f"{'running for' if tl.live else 'lasted'} {_dur(tl.span)}",
         f"{n_gen} generation{'s' * (n_gen != 1)}",
         f"{n_inc} incident{'s' * (n_inc != 1)}",
         f"{tl.commits_total} checkpoint commit{'s' * (tl.commits_total != 1)}",
     ]
+    if tl.reason:
+        facts.append(_fit(f"{tl.state}: {tl.reason}", MAX_LABEL))
+    lines = [" · ".join(facts)]
     if tl.goodput is not None:
         g = tl.goodput
-        parts.insert(0, f"goodput {100 * g['ratio']:.1f}% ({_dur(g['productive_s'])} productive)")
-        lost = ", ".join(f"{label} {_dur(s)}" for label, s in g["lost"][:4])
-        if lost:
-            parts.append(f"lost to {lost}")
-    if tl.reason:
-        parts.append(_fit(f"{tl.state}: {tl.reason}", MAX_LABEL))
-    return " · ".join(parts)
+        line = f"goodput {100 * g['ratio']:.1f}%: {_dur(g['productive_s'])} productive"
+        top = sorted(g["lost"], key=lambda b: -b[1])[:5]  # the biggest losses fit on a line
+        if top:
+            line += "; lost to " + ", ".join(f"{label} {_dur(s)}" for label, s in top)
+        lines.append(line)
+    return lines
 
 
 def _dur(s: float) -> str:
