@@ -109,7 +109,8 @@
       draw(el("svg", { width: 22, height: 14, viewBox: "0 0 22 14" }, it));
       html("span", null, text, it);
     };
-    item("generation", (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: GEN_FILL[0], stroke: GEN_EDGE }, s));
+    item("generation", (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: GEN_FILL[1], stroke: GEN_EDGE }, s));
+    item("starting (to its first step)", (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: "#e8eff9", stroke: GEN_EDGE }, s));
     for (const p of d.phases) {
       item("incident: " + p, (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: PHASE_COLOURS[p] }, s));
     }
@@ -163,7 +164,10 @@
     const L = 140, R = 28, plotW = W - L - R, span = d.span > 0 ? d.span : 1;
     const x = (t) => L + Math.max(0, Math.min(span, t)) / span * plotW;
     const lanes = { gen: [8, 38], inc: [56, 28], mark: [94, 24], ckpt: [128, 20] };
-    const rateTop = 166, rateH = 230, axisY = rateTop + rateH, H = axisY + 44;
+    const rateTop = 166, chartTop = chart.getBoundingClientRect().top + window.scrollY;
+    // the rate chart takes the rest of the window's height, within reason
+    const rateH = Math.max(260, Math.min(480, window.innerHeight - chartTop - rateTop - 56));
+    const axisY = rateTop + rateH, H = axisY + 44;
     const svg = el("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" }, chart);
     const grid = el("g", { class: "grid" }, svg), tks = ticks(span, plotW);
     for (const [t] of tks) el("line", { x1: x(t), y1: 4, x2: x(t), y2: axisY, stroke: GRID }, grid);
@@ -200,6 +204,9 @@
       const rect = el("rect", { x: x0, y: lane[0], width: w, height: lane[1], rx: 3,
         fill: GEN_FILL[i % 2], stroke: GEN_EDGE }, grp);
       if (gen.open) rect.setAttribute("stroke-dasharray", "4 3");
+      const stepped = given(gen.first_step_t) ? x(gen.first_step_t) : x0 + w; // paler: starting
+      el("rect", { class: "gen-starting", x: x0 + 1, y: lane[0] + 1, width: Math.max(stepped - x0 - 1, 0),
+        height: lane[1] - 2, fill: "#ffffff", opacity: 0.55 }, grp);
       const text = ["g" + gen.number, gen.hosts.join(", "), plural(gen.world_size, "rank"), gen.plan]
         .filter(given).join(" \u00b7 ");
       label(grp, x0 + 6, lane[0] + lane[1] / 2 + 4, fit(text, w - 10));

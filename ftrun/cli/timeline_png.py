@@ -73,7 +73,10 @@ def render_png(timeline: Timeline) -> bytes:
         fig.suptitle(_title(timeline), x=0.06, ha="left", fontsize=14, fontweight="bold")
         for i, line in enumerate(_summary(timeline)):
             fig.text(0.06, 0.915 - 0.03 * i, _safe(line), fontsize=10.5, color="#3d4a5c")
-        handles: list[Any] = [Patch(facecolor=GEN_FILL[0], edgecolor=GEN_EDGE, label="generation")]
+        handles: list[Any] = [
+            Patch(facecolor=GEN_FILL[1], edgecolor=GEN_EDGE, label="generation"),
+            Patch(facecolor="#e8eff9", edgecolor=GEN_EDGE, label="starting (to its first step)"),
+        ]
         handles += [
             Patch(color=PHASE_COLOURS.get(p, JOINED_PHASE), label=f"incident: {p}")
             for p in timeline.phases
@@ -86,11 +89,14 @@ def render_png(timeline: Timeline) -> bytes:
             shape, colour = MARKS.get(kind, ("D", "#555555"))
             label = timeline.markers_legend.get(kind, kind)
             handles.append(Line2D([], [], color=colour, marker=shape, ls="", label=label))
+        ncol = max(6, -(-len(handles) // 2))  # two rows, read across as on the page
+        rows = [handles[:ncol], handles[ncol:]]
+        across = [r[i] for i in range(ncol) for r in rows if i < len(r)]  # legend fills by column
         fig.legend(
-            handles=handles,
+            handles=across,
             loc="upper left",
             bbox_to_anchor=(0.06, 0.865),
-            ncol=6,
+            ncol=ncol,
             frameon=False,
             fontsize=9.5,
         )
@@ -119,6 +125,10 @@ def _lanes(ax: Any, tl: Timeline) -> None:
             edgecolors=GEN_EDGE,
             linestyles="--" if g.open else "-",
         )
+        stepped = g.end if g.first_step_t is None else g.first_step_t
+        if stepped > g.start:  # paler: starting, to its first step
+            ax.broken_barh([(g.start, stepped - g.start)], (y_gen - 0.36, 0.72), facecolors="white",
+                           alpha=0.55)  # fmt: skip
         label = f"g{g.number} · {', '.join(g.hosts)} · {g.world_size} ranks"
         label += f" · {g.plan}" if g.plan else ""
         chars = int(width / tl.span * WIDTH_IN * 0.8 * DPI / 7)  # ~7 px a character
