@@ -4,6 +4,7 @@ step rates, incident phase pieces, markers, commits, and journal text that tries
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -282,3 +283,46 @@ def test_an_unwritable_file_is_a_usage_error(tmp_path):
     assert "takes a file name" in err.value.hint
     [(what, path)] = draw_timeline(view, html_file=tmp_path / "t.html", png_file=None)
     assert path == (tmp_path / "t.html").resolve() and path.read_text().startswith("<!DOCTYPE")
+
+
+@pytest.fixture
+def job_on_disk(tmp_path: Path) -> tuple[Path, str]:
+    """A run dir holding the restarted job's journal, as `ftrun launch` would leave it."""
+    job_dir = tmp_path / "runs" / "job-1"
+    job_dir.mkdir(parents=True, mode=0o700)
+    lines = "".join(json.dumps(ev) + "\n" for ev in restarted_job())
+    (job_dir / "events.jsonl").write_text(lines)
+    return tmp_path / "runs", "job-1"
+
+
+def test_cli_writes_both_pictures_beside_the_usual_output(ftrun, job_on_disk, tmp_path):
+    pytest.importorskip("matplotlib")
+    page, image = tmp_path / "t.html", tmp_path / "t.png"
+    out = ftrun.run("inspect", "job-1", "--html", str(page), "--png", str(image))
+    assert out.returncode == 0, out.stderr
+    assert "incident 1: crash" in out.stdout and "goodput" in out.stdout
+    assert f"timeline page written to {page}" in out.stdout
+    assert f"timeline image written to {image}" in out.stdout
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert image.read_bytes().startswith(b"\x89PNG")
+    as_json = ftrun.run("inspect", "job-1", "--json", "--html", str(page))
+    assert json.loads(as_json.stdout)["job_id"] == "job-1"  # stdout stays one JSON document
+    assert "timeline page written" in as_json.stderr
+
+
+def test_cli_without_matplotlib_says_what_to_install(ftrun, job_on_disk, tmp_path):
+    shadow = tmp_path / "shadow" / "matplotlib"  # an import of matplotlib fails, as if missing
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    path = f"{shadow.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    page = tmp_path / "t.html"
+    out = ftrun.run(
+        "inspect", "job-1", "--html", str(page), "--png", str(tmp_path / "t.png"),
+        env={"PYTHONPATH": path},
+    )  # fmt: skip
+    assert out.returncode == EXIT_USAGE and out.stdout == ""
+    assert "--png needs matplotlib" in out.stderr and "pip install 'ftrun[plot]'" in out.stderr
+    assert "Traceback" not in out.stderr and not page.exists()
+    unwritable = ftrun.run("inspect", "job-1", "--html", str(tmp_path / "no" / "t.html"))
+    assert unwritable.returncode == EXIT_USAGE and "cannot write --html" in unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
