@@ -90,6 +90,10 @@
     let commits = plural(d.commits_total, "checkpoint commit");
     if (d.commits.length < d.commits_total) commits += " (" + d.commits.length + " drawn)";
     facts.push(commits);
+    const hosts = {}; // state → how many hosts are in it at the end
+    for (const state of Object.values(d.hosts)) hosts[state] = (hosts[state] || 0) + 1;
+    const counts = Object.entries(hosts).map(([state, n]) => n + " " + state);
+    if (counts.length) facts.push(plural(Object.keys(d.hosts).length, "host") + " (" + counts.join(", ") + ")");
     html("div", "line", facts.join(" \u00b7 "), box);
     if (d.reason) html("div", "line", d.state + ": " + d.reason, box);
     if (d.goodput) {
