@@ -101,6 +101,9 @@ class LaunchConfig:
     spares: tuple[str, ...] = ()
     # Fewest hosts the job may shrink to after losing some (torchrun's --nnodes MIN:MAX).
     min_nodes: int = 1
+    # Most hosts the job grows to as hosts are added (torchrun's MAX); None: as many as --hosts.
+    # A spot job names the hosts it starts on and lets `ftrun hosts add` bring it up to this.
+    max_nodes: int | None = None
     # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm).
     transport: str = "local"
     ssh_config: str | None = None
@@ -164,6 +167,10 @@ class LaunchConfig:
             problems.append(
                 f"--min-nodes must be in 1..{len(self.hosts)} (the number of hosts); "
                 f"got {self.min_nodes}"
+            )
+        if self.max_nodes is not None and self.max_nodes < max(self.min_nodes, 1):
+            problems.append(
+                f"--max-nodes must be at least --min-nodes ({self.min_nodes}); got {self.max_nodes}"
             )
         if self.transport not in TRANSPORTS:
             problems.append(f"no transport {self.transport!r} (one of {', '.join(TRANSPORTS)})")

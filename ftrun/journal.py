@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,12 +51,18 @@ class Journal:
     """Appends events and log lines for one job. Not thread-safe: the controller's loop owns it."""
 
     def __init__(
-        self, job_dir: Path, *, existing: bool = False, umask: int = filemodes.PRIVATE_UMASK
+        self,
+        job_dir: Path,
+        *,
+        existing: bool = False,
+        umask: int = filemodes.PRIVATE_UMASK,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """A new job directory, or with `existing` one made beforehand (by `ftrun sbatch`) or
         a job's own to resume (a requeued Slurm job): its events are appended to. One we
         create gets the mode `umask` allows (0700 by default), whatever the process umask."""
         self.job_dir = job_dir
+        self.clock = clock  # wall time; `ftrun simulate` journals in simulated time
         try:
             filemodes.make_dir(job_dir, umask, parents=True, exist_ok=existing)
             self._events_fd = os.open(
@@ -86,7 +92,7 @@ class Journal:
     def record(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one event. Never raises for the disk's sake: an event that cannot be written
         now is kept and written before the next one (see the module's docstring)."""
-        event = {"t": time.time(), "kind": kind, **fields}
+        event = {"t": self.clock(), "kind": kind, **fields}
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
         if len(self._pending) < MAX_PENDING_EVENTS:
             self._pending.append(line.encode("utf-8", "backslashreplace"))

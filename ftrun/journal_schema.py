@@ -59,7 +59,11 @@ def _fields(names: str, check: Any, expected: str) -> None:
 _fields("t", _is_time, "a time in seconds since the epoch")
 _fields("fault_t detected_t controller_create_time", _or_none(_is_time), "a time or null")
 _fields("gen incident rank step exit_code clean_rank run", _or_none(_is_int), "an integer or null")
-_fields("world_size slurm_restart_count controller_pid", _or_none(_is_int), "an integer or null")
+_fields(
+    "world_size slurm_restart_count controller_pid max_nodes nproc_per_node",
+    _or_none(_is_int),
+    "an integer or null",
+)
 _fields(
     "allowance_s past_allowance_s idle_s predicted_step_s full_step_s restore_s stall_s wait_s",
     _or_none(_is_number),

@@ -9,7 +9,18 @@ import typer
 from rich.text import Text
 
 from ftrun import envcontract
-from ftrun.cli import chaos, hosts, inspect, launch, plan, profile, sbatch, status
+from ftrun.cli import (
+    chaos,
+    hosts,
+    inspect,
+    launch,
+    plan,
+    profile,
+    replay,
+    sbatch,
+    simulate,
+    status,
+)
 from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.errors import FtrunError
 
@@ -35,6 +46,8 @@ def _register() -> None:
     hosts.register(app)
     plan.register(app)
     profile.register(app)
+    simulate.register(app)
+    replay.register(app)
 
 
 def main() -> None:

@@ -86,6 +86,11 @@ def launch(
     min_nodes: int | None = typer.Option(
         None, "--min-nodes", help="Fewest hosts the job may shrink to [1]."
     ),
+    max_nodes: int | None = typer.Option(
+        None,
+        "--max-nodes",
+        help="Most hosts the job grows to as `ftrun hosts add` brings more [the --hosts count].",
+    ),
     ssh_config: Path | None = typer.Option(
         None, "--ssh-config", envvar=envcontract.SSH_CONFIG, help="ssh config file [~/.ssh/config]."
     ),
@@ -205,6 +210,7 @@ def launch(
             hosts=host_list.hosts,
             spares=host_list.spares,
             min_nodes=min_nodes if min_nodes is not None else 1,
+            max_nodes=max_nodes,
             transport=host_list.transport,
             remote_python=remote_python,
             ssh_config=str(ssh_config) if ssh_config else None,

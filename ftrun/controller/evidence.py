@@ -142,7 +142,7 @@ def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
 def host_lost(msg: dict[str, Any], host: str, step: int | None) -> Failure:
     return Failure(
         Evidence(kind="host-lost", host=host, step=step),
-        fault_t=None,
+        fault_t=msg.get("last_heard_t"),  # the server's: when we last heard from the host
         detail={"evidence": msg.get("reason")},
     )
 

@@ -58,7 +58,9 @@ class Fleet:
         # --env, --env-file: the user's say beats what the launcher's environment forwards
         self.env = {**dict(config.forward_env), **dict(config.env)}
         self.checkpoint_key = job_checkpoint_key(journal.job_dir, self.env)
-        self.roster = Roster(config.hosts, config.spares, min_nodes=config.min_nodes)
+        self.roster = Roster(
+            config.hosts, config.spares, min_nodes=config.min_nodes, max_nodes=config.max_nodes
+        )
         self.rendezvous = Rendezvous(config)
         self.handles: dict[str, AgentHandle] = {}
         self.port = 0
@@ -258,6 +260,14 @@ class Fleet:
         if not self.config.remote:
             return False, "this job runs on this machine only; hosts need `ftrun launch --hosts`"
         if action == "add":
+            if host in self.roster.slots and self.roster.state(host) is HostState.LOST:
+                # The user says it is back (a spot host returned): try it now, not when the
+                # retry backoff (up to RETRY_CAP_S) comes round.
+                self._retry_delay.pop(host, None)
+                self.roster.add(host)
+                self.journal.record("host_added", host=host, was="lost")
+                self._spawn(self._start(host, retry=True), self._work)
+                return True, f"{host} was lost: trying it again now"
             if host in self.roster.slots and self.roster.state(host) is not HostState.REMOVED:
                 return False, f"{host} is already part of the job ({self.roster.state(host).value})"
             self.roster.add(host)

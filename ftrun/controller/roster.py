@@ -6,7 +6,8 @@
        └──── retry ───  LOST ◀──agent lost────┘
     REMOVED ◀── `ftrun hosts JOB remove` (from any state);  `add` ──▶ STARTING
 
-The job wants `want` hosts: as many as it was launched with (torchrun's MAX in --nnodes MIN:MAX).
+The job wants `want` hosts: --max-nodes, else as many as it was launched with (torchrun's MAX in
+--nnodes MIN:MAX).
 `ftrun hosts add/remove` change the pool, not the want: an added host fills a shrunken job or
 waits as a spare; a removed one is replaced like a lost one. A plan keeps the hosts of the last generation that are still good, in their order (node rank 0
 stays where it was unless it is gone), then fills up from ready hosts, spares first as listed,
@@ -65,12 +66,17 @@ class NotEnoughHosts(FtrunError):
 
 class Roster:
     def __init__(
-        self, hosts: Iterable[str], spares: Iterable[str] = (), *, min_nodes: int = 1
+        self,
+        hosts: Iterable[str],
+        spares: Iterable[str] = (),
+        *,
+        min_nodes: int = 1,
+        max_nodes: int | None = None,
     ) -> None:
         self.slots: dict[str, HostSlot] = {}
         for host in [*hosts, *spares]:
             self.slots[host] = HostSlot(host)
-        self.want = len(self.slots) - len(tuple(spares))
+        self.want = max_nodes or len(self.slots) - len(tuple(spares))
         self.min_nodes = min_nodes
         self.active: list[str] = []  # the current generation's hosts, by node rank
         # Lost since the last plan: even if back already, the next plan takes them last (after

@@ -314,7 +314,15 @@ class ControlServer:
         self.inbox.put_nowait(
             (
                 link.agent_id,
-                {"kind": "agent_lost", "reason": reason, "host": link.host, "t": time.time()},
+                {
+                    "kind": "agent_lost",
+                    "reason": reason,
+                    "host": link.host,
+                    "t": time.time(),
+                    # The last we heard of it: when the host was last known alive, the fault's
+                    # time as well as we can know it (within a heartbeat interval).
+                    "last_heard_t": time.time() - (time.monotonic() - link.last_seen),
+                },
             )
         )
 

@@ -160,6 +160,7 @@ class Supervisor:
             hosts=list(cfg.hosts),
             spares=list(cfg.spares),
             min_nodes=cfg.min_nodes,
+            max_nodes=self.roster.want,
             nproc_per_node=cfg.nproc_per_node,
             max_restarts=cfg.max_restarts,
             entrypoint=cfg.entrypoint(),

@@ -171,7 +171,8 @@ def _marks(
         if kind == "job_started":
             first_of_run = True
             nproc = ev.get("nproc_per_node") or 1
-            full_world = full_world or len(ev.get("hosts") or []) * nproc
+            hosts = ev.get("max_nodes") or len(ev.get("hosts") or [])  # --max-nodes: spot jobs
+            full_world = full_world or hosts * nproc
             marks.append((t, "startup", current + 1))  # owned by the generation it starts
         elif kind == "plan_chosen" and isinstance(gen, int):
             plans[gen] = ev
@@ -209,6 +210,8 @@ def _marks(
             if isinstance(ev.get("step"), int) and owner in gens:
                 g = gens[owner]
                 g.last_step = ev["step"] if g.last_step is None else max(g.last_step, ev["step"])
+        elif kind == "stop_requested" and current in gens:  # Ctrl-C, SIGTERM: the end begins
+            marks.append((t, "teardown", current))
         elif kind == "reconfigure":
             marks.append((t, "teardown", gen if isinstance(gen, int) else current))
         elif kind == "torn_down":
@@ -217,8 +220,10 @@ def _marks(
             if isinstance(ev.get("step"), int) and gen in gens:
                 g = gens[gen]
                 g.last_step = ev["step"] if g.last_step is None else max(g.last_step, ev["step"])
-            # A clean end: what follows is the job shutting down; else the gap before the next.
-            label = "teardown" if ev.get("outcome") == "succeeded" else "waiting_for_hosts"
+            # After a fault or a reconfiguration: the gap before the next generation; after any
+            # other end (succeeded, stopped, preempted): the job shutting down.
+            gap = ev.get("outcome") in ("failed", "reconfigured")
+            label = "waiting_for_hosts" if gap else "teardown"
             marks.append((t, label, gen))
         elif kind == "job_finished":
             marks.append((t, _OFF, current))

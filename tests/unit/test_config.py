@@ -70,3 +70,9 @@ def test_exit_and_idle_timeouts(exit_s, idle_s, problems):
 def test_exit_and_idle_defaults():
     config = make()
     assert (config.exit_timeout_s, config.idle_timeout_s) == (60.0, 1800.0)
+
+
+def test_max_nodes_is_at_least_min_nodes():
+    assert make(hosts=("a",), transport="ssh", max_nodes=8).max_nodes == 8
+    with pytest.raises(UsageError, match="--max-nodes must be at least --min-nodes"):
+        make(hosts=("a", "b"), transport="ssh", min_nodes=2, max_nodes=1)

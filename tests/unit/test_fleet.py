@@ -201,3 +201,27 @@ def test_bad_hosts_requests(tmp_path, request_, message):
 
     ok, text = asyncio.run(scenario())
     assert not ok and message in text
+
+
+def test_adding_a_lost_host_tries_it_now_not_when_its_retry_comes_round(tmp_path):
+    async def scenario():
+        transport = StandInTransport(unreachable={"b"})
+        fleet = make_fleet(tmp_path, transport)
+        await fleet.start_all(port=1)
+        assert fleet.roster.state("b") is HostState.LOST
+        transport.unreachable.discard("b")  # the host is back (a spot node returned)
+        ok, text = fleet.request({"action": "add", "host": "b"})
+        assert ok and "trying it again now" in text
+        for _ in range(100):  # the start is spawned: a few loop turns, far below the 1 s retry
+            if fleet.agent_of("b") is not None:
+                break
+            await asyncio.sleep(0.001)
+        hello(fleet, "b")
+        state = fleet.roster.state("b")
+        await fleet.stop_all()
+        return fleet, state
+
+    fleet, state = asyncio.run(scenario())
+    assert state is HostState.READY
+    events = read_events(fleet.journal.job_dir)
+    assert [e.get("was") for e in events if e["kind"] == "host_added"] == ["lost"]

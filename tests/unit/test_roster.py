@@ -107,3 +107,16 @@ def test_without_a_spare_a_host_back_at_once_keeps_the_job_whole():
     roster.lost("a")
     assert roster.ready(roster.new_agent("a"))
     assert roster.plan() == ["b", "a"]
+
+
+def test_max_nodes_lets_added_hosts_grow_the_job_beyond_its_launch_hosts():
+    roster = Roster(["a"], min_nodes=1, max_nodes=3)
+    for host in ("a",):
+        roster.ready(roster.new_agent(host))
+    assert roster.plan() == ["a"]
+    for host in ("b", "c", "d"):
+        roster.add(host)
+        roster.ready(roster.new_agent(host))
+    assert roster.can_grow() == ["b", "c"]  # up to --max-nodes; d waits as a spare
+    assert roster.plan() == ["a", "b", "c"]
+    assert roster.state("d") is HostState.READY
