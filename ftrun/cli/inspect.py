@@ -1,8 +1,14 @@
-"""`ftrun inspect JOB`: the timeline of a job, its generations and incidents with their phases."""
+"""`ftrun inspect JOB`: the timeline of a job, its generations and incidents with their phases.
+
+With --html FILE and --png FILE it also draws that timeline (ftrun.jobview.timeline for the data,
+timeline_html.py and timeline_png.py for the pictures); both are made before anything is printed
+or written, so a missing matplotlib or an unwritable path fails the command cleanly.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import typer
@@ -13,11 +19,14 @@ from ftrun.cli.goodput_render import goodput_table, ratio_text
 from ftrun.cli.render import clock, make_console, print_job, secs
 from ftrun.cli.safetext import clean, plain
 from ftrun.config import resolve_run_dir
+from ftrun.errors import UsageError
 from ftrun.jobview import Generation, Incident, JobView, load_job
-from ftrun.jobview.goodput import job_goodput
+from ftrun.jobview.goodput import GoodputReport, job_goodput
+from ftrun.jobview.timeline import build_timeline
 from ftrun.journal_read import find_job_dir
 
 console = make_console()
+err_console = make_console(stderr=True)
 STACK_LINES = 12
 
 
@@ -30,16 +39,79 @@ def inspect(
         envvar=envcontract.RUN_DIR,
         help="Where job directories are [default: ~/.ftrun/runs].",
     ),
+    html_file: Path | None = typer.Option(
+        None,
+        "--html",
+        metavar="FILE",
+        help="Also draw the timeline into FILE: one self-contained web page (loads nothing).",
+    ),
+    png_file: Path | None = typer.Option(
+        None,
+        "--png",
+        metavar="FILE",
+        help="Also draw the timeline into FILE as a PNG image (needs matplotlib: "
+        "pip install 'ftrun\\[plot]').",
+    ),
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
     view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
-    report = job_goodput(view)
+    now = time.time()
+    report = job_goodput(view, now=now)
+    written = draw_timeline(view, report, now=now, html_file=html_file, png_file=png_file)
     if as_json:
         out = view.to_json(detail=True)
         out["goodput"] = report.to_json()
         out["events"] = view.events
         print(json.dumps(out, indent=2, default=str))
-        return
+    else:
+        print_inspect(view, report)
+    for what, path in written:  # on stderr with --json: stdout stays one JSON document
+        (err_console if as_json else console).print(f"{what} written to {path}", soft_wrap=True)
+
+
+def draw_timeline(
+    view: JobView,
+    report: GoodputReport | None = None,
+    *,
+    now: float | None = None,
+    html_file: Path | None,
+    png_file: Path | None,
+) -> list[tuple[str, Path]]:
+    """Draw the pictures asked for, then write them; (what, absolute path) of each."""
+    if html_file is None and png_file is None:
+        return []
+    if html_file is not None and png_file is not None and html_file.resolve() == png_file.resolve():
+        raise UsageError(
+            f"--html and --png both name {html_file}", hint="give each picture its own file"
+        )
+    timeline = build_timeline(view, now=time.time() if now is None else now, report=report)
+    pictures: list[tuple[str, str, Path, bytes]] = []
+    if html_file is not None:
+        from ftrun.cli.timeline_html import render_html
+
+        pictures.append(("--html", "timeline page", html_file, render_html(timeline).encode()))
+    if png_file is not None:
+        from ftrun.cli.timeline_png import render_png
+
+        pictures.append(("--png", "timeline image", png_file, render_png(timeline)))
+    return [(what, _write(flag, path, data)) for flag, what, path, data in pictures]
+
+
+def _write(flag: str, path: Path, data: bytes) -> Path:
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        if isinstance(e, IsADirectoryError):
+            hint = f"{flag} takes a file name, e.g. {flag} {path / ('timeline.' + flag[2:])}"
+        elif isinstance(e, FileNotFoundError | NotADirectoryError):
+            hint = f"create {path.parent} first, or write into an existing directory"
+        else:
+            hint = f"pick a file in a directory you can write, e.g. {flag} ./{path.name}"
+        raise UsageError(f"cannot write {flag} {path}: {e.strerror or e}", hint=hint) from e
+    return path.resolve()
+
+
+def print_inspect(view: JobView, report: GoodputReport) -> None:
     print_job(console, view)
     console.print()
     console.print(Text("timeline", style="bold"))

@@ -3,6 +3,7 @@
     views.py  the dataclasses (JobView, Generation, Incident) and the numbers derived from them
     fold.py   events → JobView (pure, but for asking the OS whether the controller still runs)
     load.py   a job directory → JobView: the journal folded, plus what each restart restored
+    timeline.py  JobView → what `inspect --html/--png` draw (phases.py: an incident's pieces)
 
 Imports only the ground floor (the journal); only the CLI imports it.
 """
