@@ -1,0 +1,82 @@
+"""`ftrun replay` of ../shared/traces/small-4.csv on the SSH testbed (hosts killed and brought back
+on cue, a real job through it), and `ftrun simulate` of the same trace with the costs that
+replay measured: the same decisions, and goodput within 10 %."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Ftrun
+from tests.testbed import SCRIPT, Testbed, ssh_testbed_fixture
+from tests.unit.test_sim import SMALL_4
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = str(ROOT / "recipes" / "gpt_ddp.py")
+SCALE, TAIL = "0.2", "40"  # the trace's 330 s in 66 s, and 8 s after its last event
+testbed = ssh_testbed_fixture(5, scope="module", prefix="ftrpl", subnet="10.213.64.0/24")
+
+
+def bed_command(bed: Testbed, action: str) -> str:
+    env = " ".join(f"{k}={shlex.quote(bed.env[k])}" for k in ("FTRUN_TESTBED_DIR",
+                   "FTRUN_TESTBED_SUBNET", "FTRUN_TESTBED_PREFIX"))  # fmt: skip
+    return f"env {env} bash {shlex.quote(str(SCRIPT))} {action} {{host}}"
+
+
+def generations(events: list[dict]) -> list[list[str]]:
+    return [e["hosts"] for e in events if e["kind"] == "generation_launched"]
+
+
+def test_replay_on_the_testbed_and_the_simulation_of_it(
+    ftrun: Ftrun, testbed: Testbed, tmp_path: Path
+) -> None:
+    trace = tmp_path / "small-4.csv"
+    trace.write_text(SMALL_4)
+    out = ftrun.run(
+        "replay", str(trace), "--time-scale", SCALE, "--tail", TAIL,
+        "--on-remove", bed_command(testbed, "kill"),
+        "--on-add", bed_command(testbed, "start"),
+        "--", "--ssh-config", str(testbed.ssh_config), "--max-restarts", "20",
+        RECIPE, "--steps", "1000000", "--ckpt-dir", str(tmp_path / "ckpt"),
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "goodput" in out.stdout and "Traceback" not in out.stderr
+    [job] = [p.name for p in ftrun.run_dir.iterdir() if p.name.startswith("replay-small-4")]
+    events = ftrun.events(job)
+    # The controller's decisions on real hosts: shrink when node3 dies, grow when it is back,
+    # shrink when node2 dies, grow onto node5; each death a host-lost incident, replaced.
+    assert generations(events) == [
+        ["node1", "node2", "node3", "node4"],
+        ["node1", "node2", "node4"],
+        ["node1", "node2", "node4", "node3"],
+        ["node1", "node4", "node3"],
+        ["node1", "node4", "node3", "node5"],
+    ]
+    faults = [e for e in events if e["kind"] == "fault_detected"]
+    assert [(e["fault"], e["host"]) for e in faults] == [("host-lost", "node3"),
+                                                         ("host-lost", "node2")]  # fmt: skip
+    assert all(0 < (e["detected_t"] or e["t"]) - e["fault_t"] < 5 for e in faults)  # last heard
+    assert [e["tier"] for e in events if e["kind"] == "fault_classified"] == ["replace-node"] * 2
+    restored = [e["tier"] for e in events if e["kind"] == "checkpoint_restored"]
+    assert restored == ["none"] + ["storage"] * 4
+    assert [e["state"] for e in events if e["kind"] == "job_finished"] == ["stopped"]
+
+    shown = json.loads(ftrun.run("inspect", job, "--json").stdout)["goodput"]
+    badput = shown["badput_s"]
+    for bucket in ("startup", "detection", "teardown", "waiting_for_hosts", "relaunch", "restore"):
+        assert badput[bucket] > 0, bucket
+    assert shown["productive_s"] + sum(badput.values()) == pytest.approx(shown["wall_s"], abs=0.01)
+
+    sim = ftrun.run(
+        "simulate", str(trace), "--time-scale", SCALE, "--tail", TAIL, "--costs-from", job,
+        "--json", "--keep", str(tmp_path / "sim"),
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    ours = json.loads(sim.stdout)["strategies"]["ftrun"]
+    sim_events = [json.loads(line) for line in (Path(ours["journal"]) / "events.jsonl").open()]
+    assert generations(sim_events) == generations(events)  # the same decisions
+    assert ours["goodput"] == pytest.approx(shown["goodput"], rel=0.10)
