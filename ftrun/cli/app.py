@@ -28,6 +28,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Help texts are plain: "[default: ...]" in them must show, not be taken for rich markup.
+    rich_markup_mode=None,
     help="A fault-tolerant launcher that wraps torchrun.",
 )
 

@@ -50,7 +50,7 @@ def inspect(
         "--png",
         metavar="FILE",
         help="Also draw the timeline into FILE as a PNG image (needs matplotlib: "
-        "pip install 'ftrun\\[plot]').",
+        "pip install 'ftrun[plot]').",
     ),
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
