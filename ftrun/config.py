@@ -104,6 +104,9 @@ class LaunchConfig:
     # Most hosts the job grows to as hosts are added (torchrun's MAX); None: as many as --hosts.
     # A spot job names the hosts it starts on and lets `ftrun hosts add` bring it up to this.
     max_nodes: int | None = None
+    # Prometheus metrics from the launcher (cli/metrics.py): None: not served; 0: a free port.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
     # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm).
     transport: str = "local"
     ssh_config: str | None = None
@@ -172,6 +175,8 @@ class LaunchConfig:
             problems.append(
                 f"--max-nodes must be at least --min-nodes ({self.min_nodes}); got {self.max_nodes}"
             )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            problems.append(f"--metrics-port must be 0 to 65535 (got {self.metrics_port})")
         if self.transport not in TRANSPORTS:
             problems.append(f"no transport {self.transport!r} (one of {', '.join(TRANSPORTS)})")
         if self.spares and not self.remote:

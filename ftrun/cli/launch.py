@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -85,6 +86,14 @@ def launch(
     ),
     min_nodes: int | None = typer.Option(
         None, "--min-nodes", help="Fewest hosts the job may shrink to [1]."
+    ),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        help="Serve the job's figures for Prometheus on this port (0: any free one).",
+    ),
+    metrics_addr: str = typer.Option(
+        "127.0.0.1", "--metrics-addr", help="Address the metrics are served on."
     ),
     max_nodes: int | None = typer.Option(
         None,
@@ -211,6 +220,8 @@ def launch(
             spares=host_list.spares,
             min_nodes=min_nodes if min_nodes is not None else 1,
             max_nodes=max_nodes,
+            metrics_port=metrics_port,
+            metrics_addr=metrics_addr,
             transport=host_list.transport,
             remote_python=remote_python,
             ssh_config=str(ssh_config) if ssh_config else None,
@@ -250,6 +261,20 @@ def launch(
 
 
 def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = None) -> int:
+    with contextlib.ExitStack() as stack:
+        metrics_port = None
+        if config.metrics_port is not None:  # bound first: a port in use stops us before a job
+            from ftrun.cli.metrics import serving
+
+            metrics_port = stack.enter_context(
+                serving(config.metrics_addr, config.metrics_port, config.job_dir)
+            )
+        return _run(config, policy, resume, metrics_port)
+
+
+def _run(
+    config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None, metrics_port: int | None
+) -> int:
     from ftrun.controller.supervisor import Supervisor
 
     journal = Journal(config.job_dir, existing=config.job_dir.is_dir(), umask=config.umask)
@@ -263,6 +288,9 @@ def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = 
     logging.getLogger("ftrun").setLevel(logging.INFO)
     reporter = ConsoleReporter(console)
     reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
+    if metrics_port is not None:
+        journal.record("metrics_listening", addr=config.metrics_addr, port=metrics_port)
+        reporter.notice(f"metrics for Prometheus: http://{config.metrics_addr}:{metrics_port}/")
     if config.transport != "local" and not config.control_tls:
         reporter.notice(
             "the control plane between hosts is NOT encrypted (--insecure-plain-control): "

@@ -10,8 +10,9 @@ import typer
 from ftrun import envcontract
 from ftrun.cli.render import jobs_table, make_console, print_job
 from ftrun.cli.safetext import plain
+from ftrun.cli.watch import watch as watch_jobs
 from ftrun.config import resolve_run_dir
-from ftrun.errors import FtrunError
+from ftrun.errors import FtrunError, UsageError
 from ftrun.jobview import load_job
 from ftrun.journal_read import find_job_dir, list_job_dirs
 from ftrun.transport.slurm_allocation import job_fields
@@ -24,6 +25,10 @@ def status(
         None, help="A job id (or a unique prefix); all jobs if left out."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Refresh in place until Ctrl-C (piped: a snapshot each time)."
+    ),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between --watch refreshes."),
     run_dir: Path | None = typer.Option(
         None,
         "--run-dir",
@@ -31,8 +36,17 @@ def status(
         help="Where job directories are [default: ~/.ftrun/runs].",
     ),
 ) -> None:
-    """List jobs, or show one job with its incidents."""
+    """List jobs, or show one job with its incidents; --watch follows them live."""
     directory = resolve_run_dir(run_dir)
+    if watch:
+        if as_json:
+            raise UsageError("--watch and --json do not go together", hint="poll --json instead")
+        if not 0.1 <= interval <= 3600:
+            raise UsageError(f"--interval must be 0.1 to 3600 seconds (got {interval:g})")
+        if job is not None:
+            find_job_dir(directory, job)  # an unknown job is an error now, not a blank screen
+        watch_jobs(console, directory, job, interval)
+        return
     if job is None:
         views = sorted(
             (load_job(d) for d in list_job_dirs(directory)),

@@ -48,6 +48,7 @@ class GenWatch:
     first_step_seen: bool = False
     last_progress_event: float = 0.0
     last_commit_event: float = 0.0
+    ranks_started: int = 0  # for what a slow first step is waiting on
     stall_s: float | None = None  # rank 0's time blocked on checkpoints so far (goodput)
     restored: bool = False  # the generation's restore is journaled (once)
     injected: dict[str, Any] | None = None
@@ -183,11 +184,21 @@ class GenWatch:
             )
             return True
         if kind == "rank_started":
+            self.ranks_started += 1
             journal.record(
                 "rank_started", gen=self.number, host=host, rank=msg.get("rank"), pid=msg.get("pid")
             )
             return True
         return False
+
+    def no_step_yet(self, waited: float) -> str:
+        """What a generation slow to its first step is doing, for the person waiting."""
+        started = self.ranks_started
+        ranks = f"{started} rank(s) started" if started else "no rank started yet"
+        return (
+            f"generation {self.number}: no step yet after {waited:.0f} s ({ranks}; "
+            "rendezvous, imports or a restore are still running)"
+        )
 
     def reconfiguration(
         self, roster: Roster, excluded: Callable[[str], bool]

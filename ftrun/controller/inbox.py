@@ -14,6 +14,7 @@ from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import GenWatch
 from ftrun.controller.internal import InternalFailures
+from ftrun.controller.patience import Patience
 from ftrun.controller.server import ControlServer
 
 # What ends a wait between generations early: a stop, or a preemption notice (supervisor.py's
@@ -63,8 +64,12 @@ class Inbox:
         """Wait for the hello (or the loss) of each agent in `waiting`; those silent past the
         timeout are the fleet's to mark lost. False when a stop was requested meanwhile."""
         deadline = time.monotonic() + timeout_s
+        total, patience = len(waiting), Patience(self.fleet.reporter, first_s=3.0)
         while waiting:
-            if (got := await self.next(deadline)) is None:
+            if (got := await self.next(min(deadline, patience.due()))) is None:
+                if time.monotonic() < deadline:
+                    patience.note(lambda s: self._connecting(waiting, total, s, timeout_s))
+                    continue
                 self.fleet.never_connected(waiting)
                 break
             agent_id, msg = got
@@ -79,6 +84,14 @@ class Inbox:
             else:
                 self.side_channel(agent_id, msg, None)
         return True
+
+    def _connecting(self, waiting: set[str], total: int, waited: float, limit: float) -> str:
+        hosts = sorted(self.fleet.roster.host_of(a) or a for a in waiting)
+        shown = ", ".join(hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")
+        return (
+            f"connecting: {total - len(waiting)} of {total} agent(s) ready after {waited:.0f} s; "
+            f"waiting for {shown} (up to {limit:g} s)"
+        )
 
     async def stop_requested_within(self, delay_s: float) -> bool:
         """Wait `delay_s` (a backoff, a fence), handling the side channel; True when a stop was

@@ -43,6 +43,7 @@ from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
+from ftrun.controller.patience import Patience
 from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.preemption import PreemptWait, under
@@ -352,12 +353,17 @@ class Supervisor:
 
     async def _watch(self, watch: GenWatch) -> WatchResult:
         preempt = self._preempt_wait(watch) if self.signals.preempt_pending else None
+        patience = Patience(self.reporter, first_s=10.0)  # a first step that is slow to come
         while True:
+            if not watch.first_step_seen:
+                patience.note(watch.no_step_yet)
             if (stalled := self.stalls.poll(watch)) is not None:
                 return under(preempt, stalled)
             if preempt is not None and preempt.expired():
                 return preempt.result("no checkpoint reported committed within the grace")
             wake = watch.stall.wakeup()
+            if not watch.first_step_seen:
+                wake = patience.due() if wake is None else min(wake, patience.due())
             if preempt is not None:
                 wake = preempt.deadline if wake is None else min(wake, preempt.deadline)
             if (got := await self.inbox.next(wake)) is None:

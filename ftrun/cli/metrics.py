@@ -1,0 +1,111 @@
+"""`ftrun launch --metrics-port PORT`: the job's figures for Prometheus, where cluster users
+already look.
+
+Served by prometheus-client (the exposition format and its HTTP server are its job, done well)
+from the launcher's process for as long as the job runs. Every scrape reads the job's journal,
+as `status` and `inspect` do, so the three never disagree: state, generation, step and step
+rate, hosts by state, restarts, incidents by kind and tier, the last detection and recovery
+times, and goodput with its badput buckets. Bound to 127.0.0.1 unless --metrics-addr says
+otherwise: the figures name hosts and failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from ftrun.cli.watch import step_rate
+from ftrun.errors import UsageError
+from ftrun.jobview import STATES, load_job
+from ftrun.jobview.goodput import BUCKETS, job_goodput
+
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class JobCollector(Collector):
+    """The job's figures, read from its journal at each scrape (none before it has one)."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+
+    def collect(self) -> Iterator[Metric]:
+        if not (self.job_dir / "events.jsonl").exists():
+            return
+        view = load_job(self.job_dir)
+        now = time.time()
+
+        def gauge(name: str, doc: str, value: float | None) -> Metric:
+            g = GaugeMetricFamily(f"ftrun_{name}", doc)
+            if value is not None:
+                g.add_metric([], value)
+            return g
+
+        states = GaugeMetricFamily("ftrun_job_state", "1 for the job's state", labels=["state"])
+        for state in STATES:
+            states.add_metric([state], 1.0 if view.state == state else 0.0)
+        yield states
+        yield gauge("generation", "The running (or last) generation", view.generation)
+        yield gauge("step", "The job's step", view.step)
+        yield gauge("steps_per_second", "Step rate over the last seconds", step_rate(view, now))
+        restarts = CounterMetricFamily("ftrun_restarts", "Restarts after faults")
+        restarts.add_metric([], view.restarts)
+        yield restarts
+        incidents = CounterMetricFamily(
+            "ftrun_incidents", "Incidents by kind and tier", labels=["kind", "tier"]
+        )
+        for (kind, tier), n in Counter((i.kind, i.tier or "") for i in view.incidents).items():
+            incidents.add_metric([kind, tier], n)
+        yield incidents
+        hosts = GaugeMetricFamily("ftrun_hosts", "Hosts by state", labels=["state"])
+        for state, n in Counter(view.hosts.values()).items():
+            hosts.add_metric([state], n)
+        yield hosts
+        last = view.incidents[-1] if view.incidents else None
+        yield gauge(
+            "last_detection_seconds",
+            "Fault to detection, last incident",
+            last.detected_s if last else None,
+        )
+        yield gauge(
+            "last_recovery_seconds", "Fault to first step again, last incident",
+            last.recovered_s if last else None,
+        )  # fmt: skip
+        report = job_goodput(view, now=now).job
+        yield gauge("goodput_ratio", "Kept training time / wall time", report.ratio)
+        yield gauge("wall_seconds", "The job's wall time so far", report.wall_s)
+        badput = GaugeMetricFamily(
+            "ftrun_badput_seconds", "Wall time lost, by bucket", labels=["bucket"]
+        )
+        for bucket in BUCKETS:
+            badput.add_metric([bucket], report.buckets[bucket])
+        yield badput
+
+
+@contextlib.contextmanager
+def serving(addr: str, port: int, job_dir: Path) -> Iterator[int]:
+    """Serve the job's metrics while inside; yields the port (PORT 0: one chosen free)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(job_dir))
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:
+        raise UsageError(
+            f"--metrics-port {port} on {addr}: {e.strerror or e}",
+            hint="pick another port, or 0 for any free one",
+        ) from None
+    try:
+        yield int(server.server_port)
+    finally:
+        done = threading.Thread(target=server.shutdown, daemon=True)
+        done.start()
+        done.join(SHUTDOWN_TIMEOUT_S)
+        server.server_close()
+        thread.join(SHUTDOWN_TIMEOUT_S)
