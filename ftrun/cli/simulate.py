@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from ftrun import envcontract
 from ftrun.cli.goodput_render import goodput_table
 from ftrun.cli.launch_inputs import device_memory_bytes
 from ftrun.cli.plan import _load as load_profile
@@ -60,7 +61,9 @@ def simulate_cmd(
         "--costs-from",
         help="A job (id or prefix) whose journal gives the figures of time [this machine's].",
     ),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Where --costs-from's job is."),
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir", envvar=envcontract.RUN_DIR, help="Where --costs-from's job is."
+    ),
     baseline_detect: float = typer.Option(
         15.0, "--baseline-detect", help="Seconds torchelastic takes to notice a lost node."
     ),

@@ -11,6 +11,7 @@ shown as escapes.
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 from ftrun.cli.safetext import clean
@@ -51,6 +52,7 @@ def render_png(timeline: Timeline) -> bytes:
         from matplotlib import pyplot as plt
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
+        from matplotlib.ticker import MultipleLocator
     except ImportError as e:
         raise UsageError(
             f"--png needs matplotlib, which is not installed ({e})",
@@ -68,6 +70,8 @@ def render_png(timeline: Timeline) -> bytes:
             ("s", 1.0) if span <= 180 else ("min", 60.0) if span <= 3 * 3600 else ("h", 3600.0)
         )
         rate.set_xlim(0, span)
+        # Ticks at round numbers of the unit shown (1 h, 2 h: not 1.38889 h).
+        rate.xaxis.set_major_locator(MultipleLocator(_round_step(span / scale) * scale))
         rate.xaxis.set_major_formatter(lambda v, _pos: f"{v / scale:g} {unit}")
         rate.set_xlabel("time since the job started")
         fig.suptitle(_title(timeline), x=0.06, ha="left", fontsize=14, fontweight="bold")
@@ -227,6 +231,14 @@ def _summary(tl: Timeline) -> list[str]:
             line += "; lost to " + ", ".join(f"{label} {_dur(s)}" for label, s in top)
         lines.append(line)
     return lines
+
+
+def _round_step(span: float, most: int = 8) -> float:
+    """The smallest of 1, 2, 5 × 10^k that puts at most `most` ticks on `span`."""
+    step = 10.0 ** math.floor(math.log10(max(span, 1e-9) / most))
+    while span / step > most:
+        step *= 2.5 if str(step).lstrip("0.").startswith("2") else 2.0
+    return step
 
 
 def _dur(s: float) -> str:
