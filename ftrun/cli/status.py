@@ -14,6 +14,7 @@ from ftrun.cli.watch import watch as watch_jobs
 from ftrun.config import resolve_run_dir
 from ftrun.errors import FtrunError, UsageError
 from ftrun.jobview import load_job
+from ftrun.jobview.goodput import job_goodput
 from ftrun.journal_read import find_job_dir, list_job_dirs
 from ftrun.transport.slurm_allocation import job_fields
 
@@ -63,7 +64,9 @@ def status(
     view = load_job(find_job_dir(directory, job))
     slurm = slurm_view(view.slurm_job_id)
     if as_json:
-        print(json.dumps({**view.to_json(detail=True), "slurm": slurm}, indent=2))
+        out = {**view.to_json(detail=True), "slurm": slurm}
+        out["goodput"] = job_goodput(view).to_json()
+        print(json.dumps(out, indent=2))
     else:
         print_job(console, view)
         if slurm is not None:
