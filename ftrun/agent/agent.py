@@ -67,6 +67,7 @@ class Agent:
         )
         self.warm = WarmInterpreter(boot, self.work / "zygote.sock", report=self._warm_failed)
         self.gen: GenerationRun | None = None
+        self.newest_gen = 0  # the newest generation this agent launched
         self.exit_code: int | None = None
         self.done = asyncio.Event()
         self.force_stop = asyncio.Event()
@@ -111,9 +112,9 @@ class Agent:
             self.ranks.close()
             shutil.rmtree(self.work, ignore_errors=True)
             # Whether the job ended or this host left it, its memory-tier checkpoints here are
-            # of no more use and hold RAM. (Hosts of the ssh testbed share one /dev/shm: there a
-            # leaving host takes the others' memory tier too, and they restore from storage.)
-            workdir.remove_if_ours(workdir.memory_tier(self.boot.job_id))
+            # of no more use and hold RAM, unless a newer generation than ours has claimed the
+            # tier: then it is another host's, which shares /dev/shm with us (the ssh testbed).
+            workdir.remove_memory_tier(self.boot.job_id, newest_gen=self.newest_gen)
             self.link.close()
         return self.exit_code or 0
 
@@ -251,6 +252,7 @@ class Agent:
         directory.mkdir()
         run = GenerationRun(msg, directory, host=self.boot.host, link=self.link, tasks=self.tasks)
         self.gen = run
+        self.newest_gen = max(self.newest_gen, run.number)
         self.force_stop.clear()
         if self.boot.warm_start and not self.warm.alive:
             log.warning("the warm interpreter is gone; starting a new one")

@@ -8,6 +8,7 @@ agents) cannot remove its own, so every new agent removes those whose agent is g
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -15,6 +16,10 @@ import tempfile
 from pathlib import Path
 
 import psutil
+
+from ftrun.claims import read_claim
+
+log = logging.getLogger("ftrun.agent")
 
 PREFIX = "ftrun-agent-"
 SHM = Path("/dev/shm")
@@ -47,6 +52,18 @@ def remove_if_ours(path: Path) -> bool:
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True
+
+
+def remove_memory_tier(job_id: str, *, newest_gen: int) -> bool:
+    """Remove the job's memory tier on this host, unless a generation newer than `newest_gen`
+    (the newest this agent ran) has claimed it (claims.py): then this agent was fenced off and
+    the tier belongs to ranks elsewhere that share this /dev/shm. True if it was removed."""
+    tier = memory_tier(job_id)
+    claim = read_claim(tier)
+    if claim is not None and claim.job == job_id and claim.generation > newest_gen:
+        log.info("left %s: generation %d of the job uses it", tier, claim.generation)
+        return False
+    return remove_if_ours(tier)
 
 
 def memory_tier(job_id: str) -> Path:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         StateError,
         UnsafePathError,
     )
+    from ftrun.checkpoint.fence import Superseded
     from ftrun.checkpoint.manager import Manager
     from ftrun.checkpoint.restore import Restored
     from ftrun.checkpoint.state import PerRank, TrainState
@@ -47,6 +48,7 @@ __all__ = [
     "StateError",
     "UnsafePathError",
     "CheckpointKeyError",
+    "Superseded",
 ]
 
 _HOME = {
@@ -62,6 +64,7 @@ _HOME = {
     "StateError": "errors",
     "UnsafePathError": "errors",
     "CheckpointKeyError": "errors",
+    "Superseded": "fence",
 }
 
 

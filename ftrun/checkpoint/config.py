@@ -6,7 +6,10 @@ Where things go:
 - memory tier: `memory_tier_dir(job_id)/rank<R>/`, enabled when a job id is known (`job_id=` or
   `$FTRUN_JOB_ID`); without one the snapshot buffers are anonymous memory that dies with the rank;
 - the checkpoint key (auth.py): `key=`, else `$FTRUN_CHECKPOINT_KEY`, else the user's key file,
-  loaded by the Manager (`with_key()`), not here: resolving a config makes no file.
+  loaded by the Manager (`with_key()`), not here: resolving a config makes no file;
+- generation fences (fence.py): on when the job is known (`owner`: `job_id=` or `$FTRUN_JOB_ID`,
+  memory tier or not). A plain torchrun run has no controller that relaunches around a zombie,
+  and its restart count starts again at 0 on every run, so it is not fenced.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class CheckpointConfig:
     directory: Path
     keep: int = 3
     job_id: str | None = None  # memory tier on iff set
+    owner: str | None = None  # the job whose generations fence each other; fences on iff set
     memory_root: Path = DEFAULT_MEMORY_ROOT
     memory_slots: int = 2  # snapshot buffers: the memory bound is slots x state size
     generation: int = 0
@@ -120,6 +124,7 @@ def resolve_config(
 
     `options` are CheckpointConfig fields, checked by its __post_init__."""
     env = os.environ if environ is None else environ
+    owner = options.pop("owner", None) or job_id or env.get(envcontract.JOB_ID) or None
     if directory is not None:
         chosen = Path(directory)
     elif env.get(envcontract.JOB_DIR):
@@ -138,8 +143,12 @@ def resolve_config(
     return CheckpointConfig(
         directory=chosen.absolute(),
         job_id=job,
-        generation=_generation(env),
-        **{"preempt_file": Path(flag) if flag else None, **options},
+        owner=owner,
+        **{
+            "generation": _generation(env),
+            "preempt_file": Path(flag) if flag else None,
+            **options,
+        },
     )
 
 

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
 from ftrun.checkpoint.errors import CheckpointError
+from ftrun.checkpoint.fence import FENCE_TIMEOUT_S, GenerationFence, Superseded
 from ftrun.checkpoint.persist_client import PersistClient
 from ftrun.checkpoint.persister import Persister, worker_died
 from ftrun.checkpoint.restore import warn
@@ -77,6 +79,17 @@ class Manager:
             world_size=world,
             key=self.config.hmac_key,
         )
+        # Claim both directories for this generation before reading either (fence.py): from now
+        # on a rank of an older generation, a zombie of a lost host, can publish nothing there.
+        owner = self.config.owner
+        try:
+            self._memory_fence = self._claim(mem, owner) if mem and owner else None
+            if owner:
+                self._claim(self.config.directory, owner).close()
+        except BaseException:
+            self._tier.close()
+            self._comm.close()
+            raise
         self._cond = threading.Condition()
         self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
         self._job: SnapshotJob | None = None
@@ -100,9 +113,26 @@ class Manager:
         except BaseException:
             self._snapshotter.close(timeout=10.0)
             self._tier.close()
+            self._release_memory_fence()
+            if self._memory_fence is not None:
+                self._memory_fence.close()
             self._comm.close()
             raise
         self._closed = False
+
+    def _claim(self, directory: os.PathLike[str], owner: str) -> GenerationFence:
+        fence = GenerationFence(
+            Path(directory),
+            job=owner,
+            generation=self.config.generation,
+            timeout_s=FENCE_TIMEOUT_S,
+        )
+        try:
+            fence.advance()
+        except BaseException:
+            fence.close()
+            raise
+        return fence
 
     @property
     def rank(self) -> int:
@@ -161,6 +191,8 @@ class Manager:
         self._wait_done()
         if self._slots.worker_gone:
             raise worker_died()
+        if self._persister.superseded:  # the worker's commit was refused: we are a zombie
+            raise Superseded(self._persister.superseded)
         flat = flatten(state)
         self.attach(*flat.optimizers())
         keyed = keyed_tensors(flat, self.rank)
@@ -170,15 +202,23 @@ class Manager:
         flag = self.config.preempt_file
         preempted = self._preempt_pending and flag is not None and flag.exists()
         persist, urgent = self._persister.wanted(step, keyed, sig, preempted=preempted)
-        with self._cond:
-            if not self._touched_slots:  # saving without a restore: old snapshots are stale
-                self._tier.invalidate_all()
-                self._touched_slots = True
-            persist = persist and not self._slots.worker_gone  # it may have died just now
-            index = self._slots.start_snapshot(persist=persist)
-            self._tier.invalidate(index)
-            if persist:
-                self._persister.started(step)
+        if self._memory_fence is not None:
+            # Held until the slot's manifest is written (_snapshot_done) or the copy failed: a
+            # newer generation cannot claim the tier while this rank writes into it.
+            self._memory_fence.acquire()
+        try:
+            with self._cond:
+                if not self._touched_slots:  # saving without a restore: old snapshots are stale
+                    self._tier.invalidate_all()
+                    self._touched_slots = True
+                persist = persist and not self._slots.worker_gone  # it may have died just now
+                index = self._slots.start_snapshot(persist=persist)
+                self._tier.invalidate(index)
+                if persist:
+                    self._persister.started(step)
+        except BaseException:
+            self._release_memory_fence()
+            raise
         small = self.config.small_tensor_bytes
         copies = [
             (t.clone() if e.nbytes <= small else t, e)
@@ -238,15 +278,18 @@ class Manager:
         plan: dcp_layout.StoragePlan | None,
     ) -> None:
         """Runs on the snapshot thread once the copy is complete."""
-        self._tier.commit(
-            index,
-            step=step,
-            generation=self.config.generation,
-            sig=sig,
-            entries=entries,
-            objects=objects,
-            data_size=size,
-        )
+        try:
+            self._tier.commit(
+                index,
+                step=step,
+                generation=self.config.generation,
+                sig=sig,
+                entries=entries,
+                objects=objects,
+                data_size=size,
+            )
+        finally:
+            self._release_memory_fence()
         with self._cond:
             send = self._slots.filled(index, step)
         if send:
@@ -257,10 +300,15 @@ class Manager:
 
     def _snapshot_failed(self, index: int) -> None:
         """Runs on the snapshot thread when the copy into `index` or its commit failed."""
+        self._release_memory_fence()
         with self._cond:
             if self._slots.phase(index) in COPYING_PHASES:  # not when only the persist send failed
                 self._slots.copy_failed(index)
             self._cond.notify_all()
+
+    def _release_memory_fence(self) -> None:
+        if self._memory_fence is not None:
+            self._memory_fence.release()
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -344,6 +392,8 @@ class Manager:
             self._persister.close(timeout_s=10.0)
             self._snapshotter.close(timeout=10.0)
             self._tier.close()
+            if self._memory_fence is not None:
+                self._memory_fence.close()
             self._comm.close()
 
     def _check_open(self) -> None:

@@ -62,6 +62,7 @@ def persist_message(
             "keep": config.keep,
             "timeout": config.persist_timeout,
             "job_id": config.job_id,
+            "owner": config.owner,  # fences on iff set (fence.py)
         }
     return {
         "op": "persist",

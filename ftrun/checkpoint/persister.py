@@ -47,6 +47,7 @@ class Persister:
         self.plan: dcp_layout.StoragePlan | None = None  # the last one made, for its signature
         self.last_started: int | None = None  # step of the last persist started
         self._closing = False
+        self.superseded: str | None = None  # why the worker's commit was refused (fence.py)
         self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
 
     def wanted(
@@ -163,6 +164,9 @@ class Persister:
                     self._stats.last_persisted_step = msg["step"]
                     if self._comm.rank == 0:  # rank 0's persist is the commit (manifest renamed)
                         runtime.checkpoint_committed(msg["step"])
+                elif msg.get("superseded"):  # a zombie: the next save() raises
+                    self._stats.persist_failures += 1
+                    self.superseded = msg["error"]
                 else:
                     self._stats.persist_failures += 1
                     warn(f"persisting step {msg['step']} failed: {msg['error']}")

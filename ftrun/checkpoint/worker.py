@@ -9,7 +9,8 @@ Protocol (frames are a 4-byte big-endian length + a pickle of a dict of plain va
   rank → worker on stdin:  {"op": "persist", ...} | {"op": "exit"}
   worker → rank on --reply-fd: {"op": "ready"}, {"op": "released", "step"} once the snapshot
   buffer has been read (the rank may overwrite it), {"op": "done", "step", "ok", "error",
-  "path"} once this rank's part is durable (rank 0: once the checkpoint is committed).
+  "path"[, "superseded"]} once this rank's part is durable (rank 0: once the checkpoint is
+  committed; "superseded": refused, a newer generation claimed the directory, fence.py).
 
 The frames are pickles, unsealed, and that is safe here: both ends are this rank and its own
 child, over an anonymous pipe (the worker's stdin, and an fd it inherits) that no other process
@@ -27,15 +28,18 @@ import mmap
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ftrun.checkpoint import storage
+from ftrun.checkpoint.fence import FENCE_TIMEOUT_S, GenerationFence, Superseded
 
 _HEADER = struct.Struct("!I")
 BLOCK = 4096  # alignment of offsets and lengths for O_DIRECT (== slots.ALIGN == dcp_layout.ALIGN)
@@ -180,6 +184,15 @@ class Worker:
                     self.reply(op="done", step=msg["step"], ok=True, error="", path=path)
                 except Aborted:
                     return
+                except Superseded as exc:
+                    self.reply(
+                        op="done",
+                        step=msg["step"],
+                        ok=False,
+                        error=str(exc),
+                        path="",
+                        superseded=True,
+                    )
                 except Exception as exc:  # noqa: BLE001 - reported to the rank, which warns
                     error = f"{type(exc).__name__}: {exc}"
                     self._fail_part(msg, error)
@@ -299,8 +312,26 @@ class Worker:
             key=msg["key"],
         )
         final = Path(commit["final_dir"])
-        storage.commit_dir(tmp, final)
-        storage.prune(final.parent, commit["keep"], key=msg["key"])
+        fence = None
+        if commit.get("owner"):  # under ftrun (config.py)
+            fence = GenerationFence(
+                final.parent,
+                job=commit["owner"],
+                generation=msg["generation"],
+                timeout_s=FENCE_TIMEOUT_S,
+            )
+        try:
+            # A newer generation may have claimed the directory (this rank's host was lost and
+            # replaced while it trained on): then nothing of ours is published or pruned.
+            with fence.hold() if fence else nullcontext():
+                storage.commit_dir(tmp, final)
+                storage.prune(final.parent, commit["keep"], key=msg["key"])
+        except Superseded:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            if fence:
+                fence.close()
         return str(final)
 
     def _idle_wait(self, timeout_s: float) -> None:

@@ -191,3 +191,40 @@ def test_a_bare_top_level_value_is_refused_since_it_could_not_be_restored(manage
     with pytest.raises(ckpt.StateError) as err:
         mgr.save(1, {"step": 3})
     assert "'step'" in err.value.message and err.value.hint
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["storage", "memory"])
+def test_a_newer_generation_fences_off_the_older_ones_writes(managers, memory):
+    """Generation 1 of a job trains on after generation 2 has started (a partitioned host's
+    zombie): once generation 2's Manager exists, nothing generation 1 saves is published. With
+    the memory tier the save itself is refused, before a byte is copied; without it, its commit
+    to storage is, and the save after that raises."""
+    owner = managers.job
+    zombie_toy = Toy(seed=0)
+    zombie = managers(memory=memory, owner=owner, generation=1, keep=10)
+    zombie.restore(zombie_toy.state)
+    train(zombie_toy, zombie, range(1, 4), persist_each=True)  # steps 1-3 committed
+    survivor = managers(memory=memory, owner=owner, generation=2, keep=10)
+    assert survivor.restore(Toy(seed=1).state) == 3
+    zombie_toy.step()
+    if memory:
+        with pytest.raises(ckpt.Superseded, match="generation 2 has claimed"):
+            zombie.save(4, zombie_toy.state)
+    else:
+        zombie.save(4, zombie_toy.state)  # copied to the rank's own anonymous memory...
+        assert zombie.wait_persist(30)  # ... and refused at the commit
+        assert zombie.stats.last_persisted_step == 3
+        with pytest.raises(ckpt.Superseded, match="generation 2 has claimed"):
+            zombie.save(5, zombie_toy.state)
+    steps = [
+        c.step for c in storage.list_candidates(managers.directory, key=zombie.config.hmac_key)[0]
+    ]
+    assert steps == [3, 2, 1]
+    assert not [p for p in managers.directory.iterdir() if p.name.startswith(".tmp-")]
+    # The survivor is not hindered, and what it restores next is its own.
+    toy = Toy(seed=1)
+    survivor.restore(toy.state)
+    train(toy, survivor, range(4, 6), persist_each=True)
+    survivor.close()
+    third = managers(memory=memory, owner=owner, generation=3)
+    assert third.restore(Toy(seed=2).state) == 5
