@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testbed.sh"
-DEFAULT_SUBNET = "10.213.47.0/24"
-DEFAULT_PREFIX = "fttb"
+# The environment may move the default testbed, so that a second suite (a worktree's) can run
+# beside CI's: FTRUN_TESTBED_PREFIX=ftwt FTRUN_TESTBED_SUBNET=10.213.90.0/24 pytest ...
+DEFAULT_SUBNET = os.environ.get("FTRUN_TESTBED_SUBNET", "10.213.47.0/24")
+DEFAULT_PREFIX = os.environ.get("FTRUN_TESTBED_PREFIX", "fttb")
 
 
 class TestbedError(RuntimeError):

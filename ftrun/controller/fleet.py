@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from ftrun.bootstrap import Bootstrap
@@ -31,9 +30,6 @@ log = logging.getLogger("ftrun.controller")
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
 TERMINATE_TIMEOUT_S = 5.0
-# A lost agent fences (kills its ranks) fence_timeout_s after it last heard from us, checking
-# every heartbeat interval; a margin for the kill itself. The next generation waits for it.
-FENCE_MARGIN_S = 0.5
 
 
 class Fleet:
@@ -70,7 +66,6 @@ class Fleet:
         self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
         self._retry_delay: dict[str, float] = {}
         self.closing = False
-        self.fenced_by: dict[str, float] = {}  # lost host → when its agent has surely fenced
 
     # ---- starting -----------------------------------------------------------------------------
 
@@ -166,24 +161,14 @@ class Fleet:
 
     def on_lost(self, agent_id: str) -> str | None:
         """The agent's connection or heartbeats are gone: the host is LOST, and retried later.
-        We stop talking to it now, so it fences within its fence timeout from now."""
+        We stop talking to it now, so it fences within its fence timeout from now. The next
+        generation does not wait for that: whatever its ranks still do is refused (generations
+        fence each other, docs/fencing.md)."""
         host = self.roster.host_of(agent_id)
         if host is None:
             return None
-        cfg = self.config
-        self.fenced_by[host] = (
-            time.monotonic() + cfg.fence_timeout_s + cfg.heartbeat_interval_s + FENCE_MARGIN_S
-        )
         self._drop(agent_id, host)
         return host
-
-    def fence_wait(self) -> tuple[list[str], float]:
-        """Hosts lost since the last call, and how long until all of them have surely fenced."""
-        if not self.fenced_by:
-            return [], 0.0
-        until = max(self.fenced_by.values())
-        hosts, self.fenced_by = sorted(self.fenced_by), {}
-        return hosts, until - time.monotonic()
 
     def journal_replan(self, incident: int, before: list[str], hosts: list[str]) -> None:
         gone = [h for h in before if h not in hosts]

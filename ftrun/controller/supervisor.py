@@ -263,11 +263,11 @@ class Supervisor:
             hosts = next_hosts
 
     async def _next_hosts(self, watch: GenWatch, end: Ending) -> list[str] | JobOutcome:
-        """Between a torn-down generation and the next: lost hosts fenced, the backoff after a
-        fault waited out, then the plan. A JobOutcome when the job ends here instead."""
+        """Between a torn-down generation and the next: the backoff after a fault waited out,
+        then the plan. A JobOutcome when the job ends here instead. A lost host's ranks may
+        still run (a partition): the next generation starts anyway, because nothing they do can
+        reach it (docs/fencing.md)."""
         self.fleet.release_removed()
-        if await self._wait_fenced(end.incident or 0):  # a host lost during the teardown
-            return self._interrupted()
         delay = self.incidents.backoff_s() if end.failure is not None else 0.0
         if delay:
             self.reporter.notice(f"{end.why}; next attempt in {delay:g} s", level="warning")
@@ -312,16 +312,6 @@ class Supervisor:
 
     def _excluded(self) -> Callable[[str], bool]:
         return self.health.excluded(time.monotonic())  # quarantined: not planned, no growing
-
-    async def _wait_fenced(self, incident: int) -> bool:
-        """Lost hosts' ranks must be dead before the next generation starts: wait out their
-        agents' fence timeout (they kill their ranks when they stop hearing from us).
-        True when a stop was requested meanwhile."""
-        hosts, wait = self.fleet.fence_wait()
-        if wait <= 0:
-            return False
-        self.journal.record("fence_wait", incident=incident, hosts=hosts, wait_s=round(wait, 3))
-        return await self.inbox.stop_requested_within(wait)
 
     def _launch(self, number: int, hosts: list[str]) -> GenWatch:
         hang = dataclasses.replace(

@@ -21,7 +21,6 @@ class Costs:
     startup_s: float  # the job started → its first step (agents, rendezvous, imports)
     detect_s: float  # a host lost → detected (heartbeats, --host-lost-timeout)
     teardown_s: float  # detected → the generation torn down
-    fence_wait_s: float  # torn down → a lost host's ranks surely dead (its fence timeout)
     agent_start_s: float  # a host added → its agent ready
     relaunch_s: float  # launched → first step, restore excluded
     restore_s: float  # the restore a relaunch does (storage: the layout changed)
@@ -43,7 +42,6 @@ DEFAULT_COSTS = Costs(
     startup_s=9.46,
     detect_s=1.03,
     teardown_s=0.08,
-    fence_wait_s=3.67,
     agent_start_s=0.63,
     relaunch_s=2.75,
     restore_s=0.92,
@@ -85,8 +83,6 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
             detected[ev.get("incident", -1)] = det
         elif kind == "torn_down" and ev.get("incident") in detected:
             seen["teardown_s"].append(max(0.0, t - detected[ev["incident"]]))
-        elif kind == "fence_wait" and isinstance(ev.get("wait_s"), (int, float)):
-            seen["fence_wait_s"].append(float(ev["wait_s"]))
         elif kind == "host_added" and isinstance(ev.get("host"), str):
             added[ev["host"]] = t
         elif kind == "agent_connected" and ev.get("host") in added:

@@ -266,10 +266,7 @@ class Simulation:
         if tier is Tier.FATAL:
             self.finish("failed", "a fatal fault")
             return
-        fence = self.costs.fence_wait_s if self.baseline is None else 0.0
-        if fence:
-            self.journal.record("fence_wait", incident=incident, hosts=[], wait_s=fence)
-        self.at(self.t + fence, lambda: self.relaunch_after(failure))
+        self.relaunch_after(failure)
 
     def relaunch_after(self, failure: evidence.Failure) -> None:
         self.incidents.restarted(failure, next_gen=self.generation + 1, backoff_s=0.0)

@@ -6,6 +6,12 @@ Every source of randomness is in the checkpoint: the data loader's own generator
 deterministically like tests/bin/train_toy.py: --fail-at STEP on --fail-rank R, a SIGKILL after
 the backward pass (mid-step, while the previous snapshot may still be copying), with
 --fail-once MARKER only the first time.
+
+--record DIR: each rank appends `STEP n <wall time>` to DIR/g<generation>-r<rank>.txt after each
+step, on the shared filesystem, so a test sees what a rank did even when its host is cut off
+from the controller; a save refused because a newer generation has claimed the checkpoint
+directories (ftrun.checkpoint.Superseded) is recorded as `SUPERSEDED n <wall time> <message>`,
+and the rank exits 3.
 """
 
 import argparse
@@ -58,6 +64,8 @@ def main() -> None:
     p.add_argument("--fail-once", default=None)
     p.add_argument("--persist-every", type=int, default=1)
     p.add_argument("--step-time", type=float, default=0.0, help="seconds a step takes at least")
+    p.add_argument("--keep", type=int, default=3, help="committed checkpoints kept")
+    p.add_argument("--record", default=None, help="a directory for what each rank did")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -76,7 +84,15 @@ def main() -> None:
         memory=False if args.no_memory else None,
         memory_slots=args.memory_slots,
         persist_every=args.persist_every,
+        keep=args.keep,
     )
+    generation = os.environ.get("FTRUN_GENERATION", "0")
+
+    def record(line: str) -> None:
+        if args.record:
+            with open(os.path.join(args.record, f"g{generation}-r{rank}.txt"), "a") as f:
+                f.write(f"{line}\n")
+
     start = mgr.restore(state)
     print(f"RESTORED rank={rank} step={start} tier={mgr.restored.tier}", flush=True)
 
@@ -101,7 +117,13 @@ def main() -> None:
         ftrun.step(step)
         print(f"LOSS rank={rank} step={step} loss={loss.item().hex()}", flush=True)
         if step % args.save_every == 0:
-            mgr.save(step, state)
+            try:
+                mgr.save(step, state)
+            except ckpt.Superseded as exc:
+                record(f"SUPERSEDED {step} {time.time()} {exc}")
+                print(f"SUPERSEDED rank={rank} step={step}: {exc}", flush=True)
+                os._exit(3)
+        record(f"STEP {step} {time.time()}")
     mgr.close()
     print(f"DONE rank={rank} persisted={mgr.stats.last_persisted_step}", flush=True)
     dist.barrier()
