@@ -142,6 +142,9 @@ class ResumePoint:
     runs: int = 0  # how many controllers ran the job before
     slurm_restart_count: int = 0  # the last run's SLURM_RESTART_COUNT
     controller: tuple[int | None, float | None] = (None, None)  # the last run's (pid, start)
+    last_t: float | None = None  # the journal's last event: about when a dead controller died
+    last_step: int | None = None  # the newest step the journal saw
+    running: int | None = None  # a generation launched and never ended (its controller died)
 
     @property
     def resumable(self) -> bool:
@@ -149,13 +152,24 @@ class ResumePoint:
         return self.finished in (None, "preempted", "requeued")
 
 
+# Events whose `step` is a step the ranks reached.
+STEP_KINDS = ("first_step", "progress", "generation_ended", "checkpoint_committed")
+
+
 def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
     generation = incidents = restarts = runs = slurm_restarts = 0
     finished: str | None = None
     last_incident: int | None = None
     controller: tuple[int | None, float | None] = (None, None)
+    last_t: float | None = None
+    last_step: int | None = None
+    running: int | None = None
     for ev in events:
         kind = ev.get("kind")
+        if isinstance(ev.get("t"), (int, float)):
+            last_t = float(ev["t"])
+        if isinstance(ev.get("step"), int) and kind in STEP_KINDS:
+            last_step = max(last_step or 0, ev["step"])
         if kind == "job_started":
             runs += 1
             finished = None
@@ -163,6 +177,9 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
             controller = (ev.get("controller_pid"), ev.get("controller_create_time"))
         elif kind == "generation_launched" and isinstance(ev.get("gen"), int):
             generation = max(generation, ev["gen"])
+            running = ev["gen"]
+        elif kind == "generation_ended" and ev.get("gen") == running:
+            running = None
         elif kind == "fault_detected" and isinstance(ev.get("incident"), int):
             incidents = max(incidents, ev["incident"])
             last_incident = ev["incident"]
@@ -174,7 +191,17 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
         elif kind == "job_finished":
             finished = str(ev.get("state"))
     return ResumePoint(
-        generation, incidents, restarts, finished, last_incident, runs, slurm_restarts, controller
+        generation,
+        incidents,
+        restarts,
+        finished,
+        last_incident,
+        runs,
+        slurm_restarts,
+        controller,
+        last_t,
+        last_step,
+        running if finished is None else None,
     )
 
 

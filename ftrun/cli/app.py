@@ -17,6 +17,7 @@ from ftrun.cli import (
     plan,
     profile,
     replay,
+    resume,
     sbatch,
     simulate,
     status,
@@ -41,6 +42,7 @@ def _register() -> None:
     if app.registered_commands:  # main() run again in one process (the CLI tests do)
         return
     launch.register(app)
+    resume.register(app)
     sbatch.register(app)
     status.register(app)
     inspect.register(app)

@@ -227,6 +227,8 @@ def _evidence(inc: Incident) -> str:
         return f"host {inc.host}: heartbeat or connection lost"
     if inc.kind == "preempted":
         return f"preemption notice ({inc.signal}) at step {inc.step_at_fault}"
+    if inc.kind == "controller-lost":
+        return "the controller died (its last journal entry → `ftrun resume`)"
     if inc.kind == "exit_hang":
         return (
             f"rank {inc.clean_rank} exited 0; {who} on {inc.host} was still running "

@@ -168,11 +168,8 @@ class Supervisor:
             run=(self.resume.runs + 1) if self.resume is not None else 1,
             **self._slurm_fields(),
         )
-        if self.resume is not None and self.resume.open_incident is not None:
-            # The next generation closes the incident that stopped the previous run.
-            self.journal.record(
-                "resumed", incident=self.resume.open_incident, next_gen=self.generation + 1
-            )
+        if self.resume is not None:
+            self._journal_resume(self.resume)
         self.signals.install()
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
@@ -205,6 +202,42 @@ class Supervisor:
                 else JobOutcome.stopped("stopped before the job started")
             )
         return await self._supervise()
+
+    def _journal_resume(self, point: ResumePoint) -> None:
+        """A job that ran before goes on. If its controller died (no `job_finished`), the
+        outage is an incident: from the journal's last event to now, closed, as any incident
+        is, by the next generation's first step."""
+        incident = point.open_incident
+        if point.finished is None:
+            incident = self.incidents.open()
+            self.journal.record(
+                "fault_detected",
+                incident=incident,
+                gen=point.generation,
+                fault="controller-lost",
+                fault_t=point.last_t,
+                detected_t=time.time(),
+                step=point.last_step,
+                reason="the controller died",
+            )
+            self.journal.record(
+                "fault_classified",
+                incident=incident,
+                tier="restart-in-place",
+                decision="restart",
+                rule="controller-lost",
+                reason="the controller died; a new one goes on from the freshest checkpoint",
+            )
+            if point.running is not None:
+                self.journal.record(
+                    "generation_ended",
+                    gen=point.running,
+                    outcome="controller-lost",
+                    step=point.last_step,
+                )
+        if incident is not None:
+            # The next generation closes the incident that stopped the previous run.
+            self.journal.record("resumed", incident=incident, next_gen=self.generation + 1)
 
     def _slurm_fields(self) -> dict[str, object]:
         cfg = self.config

@@ -141,7 +141,10 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
     view.incidents = [incidents[k] for k in sorted(incidents)]
     if view.ended_t is None and not controller_alive(view.controller_pid, create_time):
         view.state = "failed"
-        view.reason = "the controller died without finishing the job (killed, or its host was lost)"
+        view.reason = (
+            "the controller died without finishing the job (killed, or its host was lost); "
+            f"`ftrun resume {view.job_id}` goes on from its freshest checkpoint"
+        )
     view.hosts = fold_hosts(events)
     view.turned_away = fold_turned_away(events)
     return view

@@ -1,0 +1,121 @@
+"""`ftrun resume JOB`: a new controller for a job whose controller died.
+
+The machine or the process that ran `ftrun launch` is gone (SIGKILL, OOM, a reboot), and with it
+the job: its agents fenced. `ftrun resume` starts a new controller from what the job directory
+keeps: the launch's own settings (`config.json`), the fault policy, the journal (generation,
+incident and restart numbering go on), and the checkpoints. The next generation restores from
+the freshest of them. The outage is an incident of its own in the journal ("controller-lost"),
+so `ftrun inspect` shows what it cost.
+
+Values of `--env NAME=VALUE` are not kept in the job directory (they may be secrets): they are
+read again from this shell's environment, and a missing one is an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ftrun import envcontract
+from ftrun.cli import launch
+from ftrun.config import LaunchConfig, resolve_run_dir
+from ftrun.controller.policy_file import policy_from_dict
+from ftrun.errors import UsageError
+from ftrun.jobview.fold import controller_alive
+from ftrun.journal import CONFIG_FILE
+from ftrun.journal_read import find_job_dir, read_events, resume_point
+from ftrun.transport.slurm_allocation import in_allocation
+
+# LaunchConfig fields that config.json holds as lists.
+TUPLES = ("script_args", "hosts", "spares", "forward_signals")
+
+
+def resume(
+    job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        envvar=envcontract.RUN_DIR,
+        help="Where job directories are [default: ~/.ftrun/runs].",
+    ),
+) -> None:
+    """Start a new controller for a job whose controller died: it goes on from its freshest
+    checkpoint, with the settings it was launched with."""
+    job_dir = find_job_dir(resolve_run_dir(run_dir), job)
+    point = resume_point(read_events(job_dir))
+    pid = point.controller[0]
+    if controller_alive(*point.controller):
+        raise UsageError(
+            f"job {job_dir.name} is running: its controller is pid {pid}",
+            hint=f"`ftrun status {job_dir.name}` shows it",
+        )
+    if not point.resumable:
+        raise UsageError(
+            f"job {job_dir.name} already ended ({point.finished}): there is nothing to resume",
+            hint="start a new job with `ftrun launch`; it may restore from this job's "
+            f"checkpoints (--ckpt-dir {job_dir / 'checkpoints'}, as your script takes it)",
+        )
+    saved = _saved_launch(job_dir)
+    config = config_from_saved(saved, job_dir, os.environ)
+    if config.transport == "slurm" and not in_allocation():
+        raise UsageError(
+            f"job {job_dir.name} ran in a Slurm allocation, and this shell is not in one",
+            hint="requeue its batch job (`scontrol requeue`): the batch step resumes it",
+        )
+    policy = policy_from_dict(saved.get("policy") or {}, where=f"{job_dir / CONFIG_FILE}")
+    os.umask(config.umask)
+    code = launch.run(config, policy, point)
+    if code:
+        raise typer.Exit(code)
+
+
+def _saved_launch(job_dir: Path) -> dict[str, Any]:
+    path = job_dir / CONFIG_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UsageError(
+            f"cannot read the job's settings {path}: {e}",
+            hint="without them the job cannot be resumed; launch it again with its flags",
+        ) from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path} is not the job's settings", hint="launch the job again")
+    return saved
+
+
+def config_from_saved(
+    saved: dict[str, Any], job_dir: Path, environ: Mapping[str, str]
+) -> LaunchConfig:
+    """The LaunchConfig a job was launched with, from its config.json; the values of its
+    `--env` names and the forwarded environment from `environ`."""
+    fields = {k: v for k, v in saved.items() if k in LaunchConfig.__dataclass_fields__}
+    missing = [name for name in fields.get("env") or () if name not in environ]
+    if missing:
+        raise UsageError(
+            f"the job's --env variable(s) {', '.join(missing)} are not set here: their values "
+            "are not kept in the job directory",
+            hint="export them (with the values the job had), then `ftrun resume` again",
+        )
+    fields["env"] = tuple((name, environ[name]) for name in fields.get("env") or ())
+    fields["forward_env"] = tuple(envcontract.forwarded(environ).items())
+    for name in TUPLES:
+        if name in fields:
+            fields[name] = tuple(fields[name])
+    fields["run_dir"] = job_dir.parent
+    fields["job_id"] = job_dir.name
+    try:
+        return LaunchConfig(**fields)
+    except TypeError as e:
+        raise UsageError(
+            f"{job_dir / CONFIG_FILE} does not hold a launch's settings: {e}",
+            hint="launch the job again with its flags",
+        ) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(resume)
