@@ -136,7 +136,7 @@ class ResumePoint:
 
     generation: int = 0
     incidents: int = 0
-    restarts: int = 0
+    restarts: int = 0  # charged to --max-restarts
     finished: str | None = None  # the last run's end state; None: its controller died
     open_incident: int | None = None  # the preemption (or other) incident to resume from
     runs: int = 0  # how many controllers ran the job before
@@ -145,6 +145,7 @@ class ResumePoint:
     last_t: float | None = None  # the journal's last event: about when a dead controller died
     last_step: int | None = None  # the newest step the journal saw
     running: int | None = None  # a generation launched and never ended (its controller died)
+    replacements: int = 0  # restarts after a lost host, not charged
 
     @property
     def resumable(self) -> bool:
@@ -164,6 +165,7 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
     last_t: float | None = None
     last_step: int | None = None
     running: int | None = None
+    replacements = 0
     for ev in events:
         kind = ev.get("kind")
         if isinstance(ev.get("t"), (int, float)):
@@ -184,7 +186,10 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
             incidents = max(incidents, ev["incident"])
             last_incident = ev["incident"]
         elif kind == "restart":
-            restarts += 1
+            if ev.get("charged", True):  # journals before the field: every restart was charged
+                restarts += 1
+            else:
+                replacements += 1
             last_incident = None  # relaunched: closed
         elif kind == "resumed":
             last_incident = None
@@ -202,6 +207,7 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
         last_t,
         last_step,
         running if finished is None else None,
+        replacements,
     )
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from ftrun.controller.stall import Idle
 
-KINDS = ("crash", "hang", "host-lost")
+HOST_LOST = "host-lost"
+KINDS = ("crash", "hang", HOST_LOST)
 
 
 @dataclass(frozen=True, kw_only=True)

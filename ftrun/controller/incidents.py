@@ -9,7 +9,7 @@ and how many faults in a row came without progress (the backoff grows with those
 from __future__ import annotations
 
 from ftrun.config import LaunchConfig
-from ftrun.controller.evidence import Evidence, Failure
+from ftrun.controller.evidence import HOST_LOST, Evidence, Failure
 from ftrun.controller.generation import GenWatch
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.policy import Decision, History, Rule, Tier, backoff_s, classify
@@ -25,7 +25,8 @@ class Incidents:
         self.health = health
         self.journal = journal
         self.count = 0
-        self.restarts = 0
+        self.restarts = 0  # charged to --max-restarts: every restart but a lost host's
+        self.replacements = 0  # restarts after a host was lost: the machine's doing, not the job's
         self.ever_progressed = False
         self.previous: Evidence | None = None  # the last fault's evidence, once restarted
         self.failures_in_row = 0  # without progress in between
@@ -93,8 +94,15 @@ class Incidents:
         )
 
     def restarted(self, failure: Failure, *, next_gen: int, backoff_s: float) -> None:
-        """The fault's restart is planned: it uses up one of the budget."""
-        self.restarts += 1
+        """The fault's restart is planned. It uses up one of the budget, unless a host was lost:
+        a spot reclaim or a dead machine is not the job failing, and a day of them must not
+        leave a job that then crashes once with no restart left (torchrun's elastic agent does
+        not count a change of membership either)."""
+        charged = failure.evidence.kind != HOST_LOST
+        if charged:
+            self.restarts += 1
+        else:
+            self.replacements += 1
         self.previous = failure.evidence
         self.journal.record(
             "restart",
@@ -102,4 +110,16 @@ class Incidents:
             next_gen=next_gen,
             backoff_s=backoff_s,
             restarts=self.restarts,
+            charged=charged,
         )
+
+    @property
+    def relaunches(self) -> int:
+        """Restarts of every kind so far (what a rank sees as TORCHELASTIC_RESTART_COUNT)."""
+        return self.restarts + self.replacements
+
+    def budget_note(self, failure: Failure) -> str:
+        """What the restart after `failure` did to the budget, for the console."""
+        if failure.evidence.kind == HOST_LOST:
+            return "a lost host: not counted against --max-restarts"
+        return f"restart {self.restarts}/{self.config.max_restarts}"

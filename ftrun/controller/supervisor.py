@@ -136,6 +136,7 @@ class Supervisor:
             self.generation = resume.generation
             self.incidents.count = resume.incidents
             self.incidents.restarts = resume.restarts
+            self.incidents.replacements = resume.replacements
 
     # ---- top level --------------------------------------------------------------------------
 
@@ -189,6 +190,7 @@ class Supervisor:
             reason=outcome.reason,
             root_cause=outcome.root_cause,
             restarts=self.incidents.restarts,
+            replacements=self.incidents.replacements,
             generation=self.generation,
         )
         return outcome
@@ -320,8 +322,7 @@ class Supervisor:
             self.fleet.journal_replan(self.incidents.count, list(watch.hosts.values()), hosts)
             self.incidents.restarted(end.failure, next_gen=self.generation + 1, backoff_s=delay)
             self.reporter.notice(
-                f"{end.why} (restart {self.incidents.restarts}/{self.config.max_restarts})",
-                level="warning",
+                f"{end.why} ({self.incidents.budget_note(end.failure)})", level="warning"
             )
         return hosts
 
@@ -359,7 +360,7 @@ class Supervisor:
             number,
             hosts,
             hang=dataclasses.asdict(hang),
-            restarts=self.incidents.restarts,
+            restarts=self.incidents.relaunches,
             env=self.plans.rank_env(),
         )
         self.plans.launched()
