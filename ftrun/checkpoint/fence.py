@@ -84,6 +84,10 @@ class GenerationFence:
     def advance(self) -> Claim | None:
         """Claim the directory for this generation (before reading anything in it); returns the
         previous claim. Superseded if a newer generation of this job already claimed it."""
+        with self._locked(fcntl.LOCK_SH):  # most ranks find a peer's claim: no writer's lock
+            current = self._read()
+            if current == self.mine:
+                return current
         with self._locked(fcntl.LOCK_EX):
             current = self._read()
             if current is not None and current.job == self.mine.job:
