@@ -1,0 +1,132 @@
+"""Training throughput with a snapshot every step, and where the loss goes.
+
+    python scripts/bench_throughput.py [--state-gib 1 4.5] [--rounds 4]
+
+One process, one rank, the model of scripts/bench_ckpt.py (bias-free Linear layers, AdamW),
+at each --state-gib. For each ftrun variant, windows of --steps steps with a snapshot after
+every step alternate with windows without checkpoints (the machine is shared: a ratio is only
+meaningful next to its own baseline). Each variant is one cost added to the one before:
+
+  snapshot only      the copy into the memory tier, nothing persisted (persist_every huge)
+  + persist, nice 10 the persist worker writes whenever it is free (the default: "low")
+  + persist, idle    the same worker at SCHED_IDLE: it runs only on cycles training leaves
+
+Reported per size and variant: steps/s relative to none (mean over rounds, and the min-max of
+the rounds), the time the optimizer step was held for the copy, and how many snapshots reached
+storage. Target (DESIGN.md §9): ≥ 0.95 with a snapshot every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib
+import torch
+from bench_ckpt import Ftrun, Loop, build, timed_window
+from benchlib import Column, Table
+
+import ftrun.checkpoint as ckpt
+
+VARIANTS = {
+    "snapshot only": {"persist_every": 10**9},
+    "+ persist, nice 10": {"persist_priority": "low"},
+    "+ persist, idle": {"persist_priority": "idle"},
+}
+
+
+class Variant(Ftrun):
+    def __init__(self, root: Path, model, opt, *, options: dict) -> None:
+        self.options = options
+        super().__init__(root, model, opt)
+
+    def make_manager(self) -> ckpt.Manager:
+        return ckpt.Manager(self.root, job_id=self.job, keep=2, **self.options)
+
+
+def measure(args: argparse.Namespace, state_gib: float, root: Path) -> list[dict]:
+    model, opt, layers = build(state_gib)
+    loop = Loop(model, opt, args.batch)
+    loop.step()  # allocate optimizer state
+    gib = sum(p.numel() for p in model.parameters()) * 12 / 2**30
+    rows = []
+    for name, options in VARIANTS.items():
+        method = Variant(root / name.replace(" ", "_"), model, opt, options=options)
+        base, every, held = [], [], 0.0
+        try:
+            method.save(0)
+            method.settle()
+            method.drain()
+            method.ready()
+            start_blocked = method.mgr.stats.blocked_s
+            for r in range(args.rounds):
+                base.append(timed_window(loop, None, args.steps, 1, 0, None, drain=False))
+                every.append(
+                    timed_window(loop, method, args.steps, 1, 1 + 1000 * r, None, drain=False)
+                )
+            held = method.mgr.stats.blocked_s - start_blocked
+            base.append(timed_window(loop, None, args.steps, 1, 0, None, drain=False))
+            stats = method.mgr.stats
+            note = f"{stats.persisted} of {stats.saves} persisted"
+        finally:
+            method.close()
+        ratios = [b / e for b, e in zip(base, every, strict=False)]
+        rows.append(
+            {
+                "size": f"{gib:.2f} GiB",
+                "variant": name,
+                "thru": statistics.mean(base) / statistics.mean(every),
+                "spread": f"{min(ratios):.3f}-{max(ratios):.3f}",
+                "held_ms": 1000 * held / (args.rounds * args.steps),
+                "step_s": statistics.mean(base),
+                "note": note,
+            }
+        )
+        print(f"  {gib:.2f} GiB {name}: {rows[-1]}", flush=True)
+    del model, opt, loop
+    return rows
+
+
+TABLE = Table(
+    [
+        Column(key="size", header="state", align="<"),
+        Column(key="variant", header="variant", align="<"),
+        Column(key="step_s", header="step s (none)", spec=".2f"),
+        Column(key="thru", header="thru vs none", spec=".3f"),
+        Column(key="spread", header="rounds", align="<"),
+        Column(key="held_ms", header="opt.step held ms", spec=".1f"),
+        Column(key="note", header="snapshots", align="<"),
+    ],
+    name="variant",
+    anchor="none",
+)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--state-gib", type=float, nargs="+", default=[1.0, 4.5])
+    p.add_argument("--batch", type=int, default=256, help="rows per step (sets the step time)")
+    p.add_argument("--steps", type=int, default=4, help="steps per window")
+    p.add_argument("--rounds", type=int, default=4, help="windows of each kind per variant")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    args = p.parse_args()
+    print(f"{torch.get_num_threads()} threads; {args.rounds} rounds of {args.steps} steps")
+    root = Path(tempfile.mkdtemp(prefix="bench_throughput."))
+    t0 = time.monotonic()
+    try:
+        rows = [row for gib in args.state_gib for row in measure(args, gib, root)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print()
+    print(TABLE.render([{"variant": "none", "thru": 1.0}, *rows]))
+    print(f"({time.monotonic() - t0:.0f} s)")
+    if args.json:
+        benchlib.write_json(args.json, {"rows": rows})
+
+
+if __name__ == "__main__":
+    main()
