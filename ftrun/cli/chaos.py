@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from ftrun import envcontract
+from ftrun.cli import job_options
 from ftrun.cli.control import ask
 from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
@@ -28,12 +28,7 @@ def chaos(
     rank: int | None = typer.Option(None, "--rank", help="Target rank (kill-rank, hang-rank)."),
     host: str | None = typer.Option(None, "--host", help="Target host (kill-agent, freeze-agent)."),
     at_step: int | None = typer.Option(None, "--at-step", help="Wait until this step first."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories are [default: ~/.ftrun/runs].",
-    ),
+    run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:
     """Inject a fault: kill-rank, hang-rank (SIGSTOP), kill-agent, freeze-agent (SIGSTOP)."""
     if action not in ACTIONS:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from ftrun import envcontract
+from ftrun.cli import job_options
 from ftrun.cli.control import ask
 from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
@@ -27,12 +27,7 @@ def hosts(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     action: str = typer.Argument(..., help="add or remove."),
     host: str = typer.Argument(..., help="The host, as for --hosts: host, user@host[:port]."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories are [default: ~/.ftrun/runs].",
-    ),
+    run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:
     """Add a host to a running job (it grows back or waits as a spare), or remove one."""
     if action not in ACTIONS:

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from ftrun import envcontract
+from ftrun.cli import job_options
 from ftrun.cli.goodput_render import goodput_table, ratio_text
 from ftrun.cli.render import clock, make_console, print_job, secs
 from ftrun.cli.safetext import clean, plain
@@ -33,12 +33,7 @@ STACK_LINES = 12
 def inspect(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories are [default: ~/.ftrun/runs].",
-    ),
+    run_dir: Path | None = job_options.RUN_DIR,
     html_file: Path | None = typer.Option(
         None,
         "--html",

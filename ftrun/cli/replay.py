@@ -26,7 +26,7 @@ from pathlib import Path
 import typer
 from rich.text import Text
 
-from ftrun import envcontract
+from ftrun.cli import job_options
 from ftrun.cli.control import ask
 from ftrun.cli.goodput_render import goodput_table, ratio_text
 from ftrun.cli.render import make_console
@@ -63,12 +63,7 @@ def replay(
     tail: float = typer.Option(
         60.0, "--tail", help="Seconds (trace time) the job runs after the trace's last event."
     ),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories are [default: ~/.ftrun/runs].",
-    ),
+    run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:
     """Run a real job while following an availability trace: hosts killed and added on cue;
     goodput and its badput buckets at the end."""

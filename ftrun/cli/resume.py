@@ -22,7 +22,7 @@ from typing import Any
 import typer
 
 from ftrun import envcontract
-from ftrun.cli import launch
+from ftrun.cli import job_options, launch
 from ftrun.config import LaunchConfig, resolve_run_dir
 from ftrun.controller.policy_file import policy_from_dict
 from ftrun.errors import UsageError
@@ -37,12 +37,7 @@ TUPLES = ("script_args", "hosts", "spares", "forward_signals")
 
 def resume(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories are [default: ~/.ftrun/runs].",
-    ),
+    run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:
     """Start a new controller for a job whose controller died: it goes on from its freshest
     checkpoint, with the settings it was launched with."""

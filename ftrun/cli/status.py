@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ftrun import envcontract
+from ftrun.cli import job_options
 from ftrun.cli.render import jobs_table, make_console, print_job
 from ftrun.cli.safetext import plain
 from ftrun.cli.watch import watch as watch_jobs
@@ -30,12 +30,7 @@ def status(
         False, "--watch", "-w", help="Refresh in place until Ctrl-C (piped: a snapshot each time)."
     ),
     interval: float = typer.Option(1.0, "--interval", help="Seconds between --watch refreshes."),
-    run_dir: Path | None = typer.Option(
-        None,
-        "--run-dir",
-        envvar=envcontract.RUN_DIR,
-        help="Where job directories are [default: ~/.ftrun/runs].",
-    ),
+    run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:
     """List jobs, or show one job with its incidents; --watch follows them live."""
     directory = resolve_run_dir(run_dir)
