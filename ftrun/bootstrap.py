@@ -13,6 +13,10 @@ import json
 import sys
 from dataclasses import dataclass, field
 
+# What a launcher writes on an agent's stdin to terminate it on purpose (plain EOF may only mean
+# the launcher died, and the agent then waits for a controller to come back: agent/link.py).
+FENCE_WORD = b"fence"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Bootstrap:
@@ -27,6 +31,11 @@ class Bootstrap:
     heartbeat_interval_s: float
     fence_timeout_s: float
     warm_start: bool
+    # How long the agent keeps its ranks once the controller is gone (its connection closed,
+    # or silent for fence_timeout_s), reconnecting, before it fences: the window in which
+    # `ftrun resume` adopts the running generation. 0: fence at once (under Slurm, where the
+    # step dies with its srun anyway).
+    controller_grace_s: float = 0.0
     python: str = sys.executable
     # Environment the launcher forwards (NCCL_*, PYTHON*, ...): over ssh nothing is inherited.
     env: dict[str, str] = field(default_factory=dict)

@@ -198,6 +198,8 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "pid": PID,
                 "addr": Str(),
                 "port": PORT,
+                "gen": opt(GEN),  # the generation running here (a rejoin after an outage)
+                "rejoin": Bool(),
             },
             required=("agent_id",),
         ),
@@ -333,6 +335,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         "finishing": Schema({"gen": GEN}, ("gen",)),
         "capture_stacks": Schema({"gen": opt(GEN)}),
         "shutdown": Schema({}),
+        "fence": Schema({"reason": Str(MAX_LINE)}),  # an agent we no longer count on: fence now
         "chaos_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
         "hosts_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
     },

@@ -61,7 +61,11 @@ class Agent:
         self.boot = boot
         self.work = workdir.create()
         self.tasks = TaskSupervisor(on_failure=self._report_failure, on_fatal=self._on_fatal)
-        self.link = ControlLink(boot, fence=partial(self._finish, EXIT_FENCED))
+        self.link = ControlLink(
+            boot,
+            fence=partial(self._finish, EXIT_FENCED),
+            generation=lambda: self.gen.number if self.gen else None,
+        )
         self.ranks = RankSocket(
             str(self.work / "agent.sock"), on_event=self._on_rank_event, report=self.tasks.report
         )
@@ -93,7 +97,9 @@ class Agent:
             ):
                 self.tasks.spawn(name, loop_fn, restart=True)
             self.stdin_watch = watch_stdin(
-                loop, partial(self._finish, EXIT_FENCED, "stdin closed: the launcher is gone")
+                loop,
+                on_eof=self._stdin_closed,
+                on_fence=partial(self._finish, EXIT_FENCED, "the launcher terminates this agent"),
             )
             await self.done.wait()
         except (OSError, asyncio.TimeoutError) as e:
@@ -117,6 +123,17 @@ class Agent:
             workdir.remove_memory_tier(self.boot.job_id, newest_gen=self.newest_gen)
             self.link.close()
         return self.exit_code or 0
+
+    def _stdin_closed(self) -> None:
+        """EOF on stdin: the launcher (or the ssh session, or srun) is gone. Without a grace
+        that is the end. With one, the control connection decides (link.py); over ssh our
+        output went into that session, so it goes to a file from now on."""
+        if self.boot.controller_grace_s <= 0:
+            self._finish(EXIT_FENCED, "stdin closed: the launcher is gone")
+            return
+        if not self.boot.local:
+            workdir.redirect_output(self.work / "agent.log")
+        log.warning("stdin closed: the launcher may be gone; waiting for its connection to say")
 
     def _finish(self, code: int, reason: str) -> None:
         if self.exit_code is None:

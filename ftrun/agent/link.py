@@ -1,15 +1,26 @@
 """The agent's control link: its one connection to the controller, the heartbeats on it, and
-fencing when the controller is gone.
+what happens when the controller is gone.
 
-If the controller goes silent for fence_timeout_s, or its connection or our stdin closes, the
-agent kills everything it started and exits: a partitioned host never trains on as a zombie.
-A local agent (the controller is its parent on this host) does not fence on silence alone: the
-controller's death closes our stdin at once, and a silent but living controller is only slow.
+The controller is gone when its connection closes, or (for a remote agent) when it has been
+silent for fence_timeout_s. Then, with a `controller_grace_s` (the default under `ftrun launch`),
+the agent keeps its ranks training and reconnects, with back-off, to the same address: a new
+controller started by `ftrun resume` adopts the running generation there. It fences (kills
+everything it started and exits) when the grace runs out, or at once when a controller says
+so: a `fence` message (it dropped us: a partition healed), or the word `fence` on our stdin
+(the launcher terminating us on purpose). Plain EOF on stdin is only a hint: the launcher may
+have died, and its connection decides. Without a grace the agent fences at once, as before.
+A partitioned host's ranks may live on for the grace; generation claims keep anything they
+write from reaching the job (docs/fencing.md).
+
+A local agent (the controller is its parent on this host) does not take silence alone for the
+controller gone: a silent but living controller is only slow.
 The link decides that the controller is gone; the agent (agent.py) does the fencing.
 
 Whatever the ranks write, what goes over the connection is bounded (lines.py, tail.py), and a
-message that still does not fit a frame is sent cut short rather than lost. Waiting for sent
-bytes to leave is bounded too: a controller that stops reading must not hold the agent.
+message that still does not fit a frame is sent cut short rather than lost. While there is no
+connection, messages wait (at most MAX_EARLY_MESSAGES) and go out once the agent is back.
+Waiting for sent bytes to leave is bounded too: a controller that stops reading must not hold
+the agent.
 """
 
 from __future__ import annotations
@@ -24,8 +35,9 @@ from typing import Any
 
 from ftrun.agent.lines import shrunk
 from ftrun.agent.stallguard import StallGuard
-from ftrun.bootstrap import Bootstrap
+from ftrun.bootstrap import FENCE_WORD, Bootstrap
 from ftrun.errors import ProtocolError
+from ftrun.netutil import ALL_INTERFACES, free_port
 from ftrun.protocol import Channel, open_channel
 
 log = logging.getLogger("ftrun.agent")
@@ -33,35 +45,49 @@ log = logging.getLogger("ftrun.agent")
 # How long flush() waits for what was sent to leave. A report that must go before a
 # self-inflicted fault (chaos) waits this long at most; past it the controller is not reading.
 FLUSH_TIMEOUT_S = 5.0
-# What the agent says before its hello (a warm interpreter that did not start) waits for the
-# hello, since the controller accepts nothing before it; this many messages at most.
-MAX_EARLY_MESSAGES = 64
+# What the agent says before its hello (a warm interpreter that did not start), or while it is
+# without a controller, waits for the next hello; this many messages at most.
+MAX_EARLY_MESSAGES = 256
+# Reconnecting to a controller that is gone: the first wait, the longest, and how long one
+# attempt (TCP, TLS, keys, hello) may take.
+REJOIN_FIRST_S = 0.25
+REJOIN_CAP_S = 2.0
+REJOIN_ATTEMPT_S = 3.0
 
 
 class ControlLink:
-    """The connection to the controller. `fence(reason)` is called once the controller is gone:
-    its connection closed, or (for a remote agent) it has been silent for fence_timeout_s."""
+    """The connection to the controller. `fence(reason)` is called once the controller is gone
+    for good: no controller came back within the grace, or one told us to fence."""
 
-    def __init__(self, boot: Bootstrap, *, fence: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        boot: Bootstrap,
+        *,
+        fence: Callable[[str], None],
+        generation: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.boot = boot
         self._fence = fence
+        self._generation = generation
         self.chan: Channel | None = None
         self.last_heard = time.monotonic()
         self._early: list[tuple[str, dict[str, Any]]] = []
+        self.rejoining = False
 
-    async def open(self, *, port: int) -> None:
+    async def open(self, *, port: int, rejoin: bool = False) -> None:
         """Connect, authenticate and say hello; raises OSError or TimeoutError when the
-        controller cannot be reached within fence_timeout_s. `port` is a free port of this
-        host, in case the controller makes us the rendezvous host (node rank 0)."""
+        controller cannot be reached in time. `port` is a free port of this host, in case the
+        controller makes us the rendezvous host (node rank 0)."""
         self.chan = await open_channel(
             self.boot.controller_host,
             self.boot.controller_port,
             self.boot.secret,
-            timeout_s=self.boot.fence_timeout_s,
+            timeout_s=REJOIN_ATTEMPT_S if rejoin else self.boot.fence_timeout_s,
             cert_pem=self.boot.controller_cert,
         )
         # Our end of the control connection is an address the other hosts can reach too:
         # the controller makes it the rendezvous address when we are node rank 0.
+        extra: dict[str, Any] = {"rejoin": True, "gen": self._generation()} if rejoin else {}
         self.chan.send(
             "hello",
             agent_id=self.boot.agent_id,
@@ -69,48 +95,95 @@ class ControlLink:
             pid=os.getpid(),
             addr=self.chan.writer.get_extra_info("sockname")[0],
             port=port,
+            **extra,
         )
         self.last_heard = time.monotonic()
+        self.rejoining = False  # connected: what waited goes out now, after the hello
         early, self._early = self._early, []
         for kind, fields in early:
             self.send(kind, **fields)
 
     async def receive(self) -> dict[str, Any] | None:
-        """The controller's next message; None once its connection is lost (fence was called).
-        A message that fails the protocol's checks is dropped and logged."""
-        assert self.chan is not None
+        """The controller's next message; None once the agent fences (fence was called).
+        A message that fails the protocol's checks is dropped and logged. A lost connection is
+        rejoined within the grace."""
         while True:
+            if self.chan is None:
+                return None
             try:
                 msg = await self.chan.receive()
             except ProtocolError as e:
                 log.warning("dropped a message from the controller: %s", e)
                 continue
             except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-                self._fence(f"lost the controller connection ({e.__class__.__name__})")
+                if await self._rejoin(f"lost the controller connection ({e.__class__.__name__})"):
+                    continue
                 return None
             self.last_heard = time.monotonic()
+            if msg["kind"] == "fence":
+                self._fence(f"the controller says: {msg.get('reason') or 'fence'}")
+                return None
             return msg
 
+    async def _rejoin(self, reason: str) -> bool:
+        """The controller is gone: keep the ranks, and reconnect until one answers (True) or
+        the grace runs out (fence, False)."""
+        grace = self.boot.controller_grace_s
+        if grace <= 0:
+            self._fence(reason)
+            return False
+        if self.chan is not None:
+            self.chan.close()
+            self.chan = None  # what the agent says meanwhile waits (send)
+        deadline = self.last_heard + grace
+        log.warning(
+            "%s; keeping this host's ranks for up to %.0f s while reconnecting", reason, grace
+        )
+        self.rejoining = True
+        delay = REJOIN_FIRST_S
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    await self.open(port=free_port(ALL_INTERFACES), rejoin=True)
+                    log.warning("reconnected to the controller")
+                    return True
+                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+                    log.info("no controller yet (%s)", e.__class__.__name__)
+                except ProtocolError as e:
+                    log.warning("the controller refused us: %s", e)
+                await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(2 * delay, REJOIN_CAP_S)
+        finally:
+            self.rejoining = False
+        self._fence(f"{reason}, and no controller came back within {grace:g} s")
+        return False
+
     async def heartbeat_loop(self, generation: Callable[[], int | None]) -> None:
-        """Heartbeat every heartbeat_interval_s (with the generation running here), and fence
-        after fence_timeout_s without a word from the controller. Returns once fenced."""
-        assert self.chan is not None
+        """Heartbeat every heartbeat_interval_s (with the generation running here). A remote
+        agent that hears nothing from the controller for fence_timeout_s takes it for gone:
+        it closes the connection, and the receive loop rejoins or fences. Returns once fenced."""
         check = StallGuard()
         warned = False
         while True:
-            self.chan.send("heartbeat", gen=generation())
+            if self.chan is not None and not self.rejoining:
+                self.chan.send("heartbeat", gen=generation())
             silent = time.monotonic() - self.last_heard
-            if check.due() and silent > self.boot.fence_timeout_s:
+            if self.chan is not None and check.due() and silent > self.boot.fence_timeout_s:
                 if not self.boot.local:
-                    self._fence(f"no word from the controller for {silent:.1f} s")
-                    return
-                if not warned:
+                    why = f"no word from the controller for {silent:.1f} s"
+                    if self.boot.controller_grace_s <= 0:
+                        self._fence(why)
+                        return
+                    if not self.rejoining:
+                        log.warning("%s: taking it for gone", why)
+                        self.chan.close()  # the receive loop sees it and rejoins
+                elif not warned:
                     log.warning(
                         "no word from the controller for %.1f s; not fencing: it runs "
-                        "on this host, and its exit would close our stdin",
+                        "on this host, and its exit would close our connection",
                         silent,
                     )
-                warned = True
+                    warned = True
             elif silent <= self.boot.fence_timeout_s:
                 warned = False
             await check.sleep(self.boot.heartbeat_interval_s)
@@ -118,11 +191,11 @@ class ControlLink:
     def send(self, kind: str, **fields: Any) -> None:
         """Send a message; one too big for a frame (a bug: reports are bounded) is sent with
         every field cut short rather than lost, and said so. Before the hello, it waits for it."""
-        if self.chan is None:
+        if self.chan is None or self.rejoining:
             if len(self._early) < MAX_EARLY_MESSAGES:
                 self._early.append((kind, fields))
             else:
-                log.error("not connected yet; dropped a %s message", kind)
+                log.error("not connected; dropped a %s message", kind)
             return
         try:
             self.chan.send(kind, **fields)
@@ -154,16 +227,23 @@ class ControlLink:
             self.chan.close()
 
 
-def watch_stdin(loop: asyncio.AbstractEventLoop, on_eof: Callable[[], None]) -> threading.Thread:
-    """Call on_eof (in the loop) at EOF on stdin: the process that started us (controller, ssh,
-    srun) is gone. Returns the watching thread, a daemon: it blocks in read() until then."""
+def watch_stdin(
+    loop: asyncio.AbstractEventLoop, *, on_eof: Callable[[], None], on_fence: Callable[[], None]
+) -> threading.Thread:
+    """Call on_fence (in the loop) when the launcher writes the word `fence` on our stdin (it
+    terminates us on purpose), on_eof at EOF without it (the process that started us is gone:
+    the controller, ssh or srun). Returns the watching thread, a daemon: it blocks in read()."""
 
     def wait_eof() -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader makes
         # interpreter shutdown abort ("could not acquire lock ... at interpreter shutdown").
+        seen = b""
         try:
-            while os.read(0, 4096):
-                pass
+            while chunk := os.read(0, 4096):
+                seen = (seen + chunk)[-64:]
+                if FENCE_WORD in seen:
+                    loop.call_soon_threadsafe(on_fence)
+                    return
         except OSError:
             pass
         loop.call_soon_threadsafe(on_eof)

@@ -66,6 +66,17 @@ def remove_memory_tier(job_id: str, *, newest_gen: int) -> bool:
     return remove_if_ours(tier)
 
 
+def redirect_output(path: Path) -> None:
+    """Point stdout and stderr at a file of ours: the pipe or ssh channel they were is gone,
+    and a write into it would fail (EPIPE) in the middle of whatever logs."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
 def memory_tier(job_id: str) -> Path:
     """The job's host-memory checkpoint tier (ftrun.checkpoint.memory_tier_dir): the agent owns
     it and removes it when the job ends. Kept in step with ftrun/checkpoint/config.py."""

@@ -242,10 +242,16 @@ class ControlServer:
             agent_id, host, pid = f"client#{self._clients}", "client", 0
         else:
             agent_id, host, pid = hello["agent_id"], hello.get("host", "?"), hello.get("pid", 0)
+            why = None
             if agent_id not in self.expected:
-                raise ProtocolError(f"agent {agent_id[:80]!r} is not one this job started")
-            if agent_id in self.links and not self.links[agent_id].lost:
-                raise ProtocolError(f"agent {agent_id[:80]!r} is already connected")
+                why = f"agent {agent_id[:80]!r} is not one this job counts on"
+            elif agent_id in self.links and not self.links[agent_id].lost:
+                why = f"agent {agent_id[:80]!r} is already connected"
+            if why is not None:
+                # An agent of ours that lost us and came back after we dropped it (a healed
+                # partition) would keep its ranks for its grace: tell it to fence now.
+                channel.send("fence", reason=why)
+                raise ProtocolError(why)
         channel.trust(role)
         return AgentLink(agent_id, host, pid, channel, time.monotonic(), role=role), hello
 

@@ -1,6 +1,7 @@
 """An agent that is a child process of the controller, fed its bootstrap on stdin: the local
 agent itself, or the `srun` that carries a Slurm node's agent. Starting it, handing it the
-bootstrap, and closing its stdin (EOF: the agent fences) are the same for both.
+bootstrap, and closing its stdin (the word `fence`, then EOF: the agent fences) are the same
+for both.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from ftrun import envcontract
-from ftrun.bootstrap import Bootstrap
+from ftrun.bootstrap import FENCE_WORD, Bootstrap
 from ftrun.errors import HostUnreachable
 
 BOOTSTRAP_TIMEOUT_S = 10.0
@@ -62,6 +63,11 @@ async def send_bootstrap(
 
 
 def close_stdin(proc: asyncio.subprocess.Process) -> None:
-    """EOF for the agent: it fences itself (kills its ranks and exits)."""
+    """`fence`, then EOF, for the agent: it fences itself (kills its ranks and exits). EOF
+    alone would only make it wait for a controller to come back (agent/link.py)."""
     if proc.stdin is not None and not proc.stdin.is_closing():
+        try:
+            proc.stdin.write(FENCE_WORD + b"\n")
+        except (ConnectionError, OSError):
+            pass  # it is gone already
         proc.stdin.close()

@@ -6,8 +6,9 @@ open for the agent's whole life instead of running a command to completion:
 
 - the Bootstrap (with the job secret) is written to the agent's stdin, never on a command line;
 - the agent's stdin stays open: when the controller dies, its TCP connection to sshd closes, sshd
-  closes the agent's stdin, and the agent fences itself (the ssh client dying is not enough on
-  its own: the remote agent owns its children and must kill them itself);
+  closes the agent's stdin, and the agent keeps its ranks for its grace while it waits for a
+  controller (`ftrun resume`) to come back, then fences: the remote agent owns its children
+  and must kill them itself. To terminate it on purpose we write `fence` first;
 - the agent's stdout/stderr come back over the same channel into `<job>/agents/<host>.log`.
 
 Each host is opened in a worker thread (paramiko blocks), so all hosts start in parallel.
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from ftrun.bootstrap import Bootstrap
+from ftrun.bootstrap import FENCE_WORD, Bootstrap
 from ftrun.errors import HostUnreachable
 from ftrun.hostlist import split_target
 from ftrun.transport import hostkeys
@@ -93,9 +94,9 @@ class SshAgent:
             self.ended.set()
 
     async def terminate(self, timeout_s: float) -> None:
-        # The agent was told to shut down. If it does not, closing its stdin makes it fence
-        # itself; if even that fails, a fresh ssh session kills everything tagged with its id.
-        for nudge in (None, self.chan.shutdown_write):
+        # The agent was told to shut down. If it does not, `fence` and EOF on its stdin make it
+        # fence itself; if even that fails, a fresh ssh session kills everything tagged with it.
+        for nudge in (None, self._fence_stdin):
             if nudge is not None and not self.chan.closed:
                 try:  # paramiko may block on a full send window or a key exchange: off the loop
                     await asyncio.wait_for(in_thread(nudge), timeout_s / 2)
@@ -120,6 +121,10 @@ class SshAgent:
         except asyncio.TimeoutError:
             log.warning("%s: the ssh connection did not close in time", self.host)
         self.log_file.close()
+
+    def _fence_stdin(self) -> None:
+        self.chan.sendall(FENCE_WORD + b"\n")
+        self.chan.shutdown_write()
 
     def _sweep(self) -> None:
         """Kill everything tagged with this agent's id, over a fresh session (bounded waits)."""
