@@ -94,6 +94,9 @@ class LaunchConfig:
     fence_timeout_s: float = ControlTimeouts.fence_timeout_s
     local_stall_timeout_s: float = ControlTimeouts.local_stall_timeout_s
     agent_start_timeout_s: float = 30.0
+    # How long agents keep their ranks once the controller is gone, waiting for `ftrun resume`
+    # to adopt them (agent/link.py); 0: they fence at once. Not under Slurm (srun dies too).
+    controller_grace_s: float = 60.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
     # Hosts as the user wrote them (ftrun/hostlist.py). No --hosts: this machine, no ssh.
@@ -162,6 +165,10 @@ class LaunchConfig:
                     )
                 )
         problems.extend(self.timeouts.problems())
+        if self.controller_grace_s < 0:
+            problems.append(
+                f"--controller-grace must be 0 (off) or more (got {self.controller_grace_s:g})"
+            )
         if not self.exit_timeout_s > 0:
             problems.append(f"--exit-timeout must be more than 0 (got {self.exit_timeout_s:g})")
         if self.idle_timeout_s < 0:

@@ -17,6 +17,7 @@ from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
 from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
+from ftrun.controller.adoption import Adoption
 from ftrun.controller.planning import PROFILE_FILE
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState
@@ -68,6 +69,7 @@ def launch(
     heartbeat_interval: float | None = opts.HEARTBEAT_INTERVAL,
     host_lost_timeout: float | None = opts.HOST_LOST_TIMEOUT,
     fence_timeout: float | None = opts.FENCE_TIMEOUT,
+    controller_grace: float = opts.CONTROLLER_GRACE,
     local_stall_timeout: float | None = opts.LOCAL_STALL_TIMEOUT,
     profile: Path | None = opts.PROFILE,
     global_batch: int | None = opts.GLOBAL_BATCH,
@@ -230,6 +232,7 @@ def launch(
             heartbeat_interval_s=timeouts.heartbeat_interval_s,
             host_lost_timeout_s=timeouts.host_lost_timeout_s,
             fence_timeout_s=timeouts.fence_timeout_s,
+            controller_grace_s=controller_grace,
             local_stall_timeout_s=timeouts.local_stall_timeout_s,
             slurm_job_id=allocation.job_id if allocation else None,
             slurm_restart_count=allocation.restart_count if allocation else 0,
@@ -260,7 +263,12 @@ def launch(
         raise typer.Exit(code)
 
 
-def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = None) -> int:
+def run(
+    config: LaunchConfig,
+    policy: FaultPolicy,
+    resume: ResumePoint | None = None,
+    adoption: Adoption | None = None,
+) -> int:
     with contextlib.ExitStack() as stack:
         metrics_port = None
         if config.metrics_port is not None:  # bound first: a port in use stops us before a job
@@ -269,11 +277,15 @@ def run(config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None = 
             metrics_port = stack.enter_context(
                 serving(config.metrics_addr, config.metrics_port, config.job_dir)
             )
-        return _run(config, policy, resume, metrics_port)
+        return _run(config, policy, resume, adoption, metrics_port)
 
 
 def _run(
-    config: LaunchConfig, policy: FaultPolicy, resume: ResumePoint | None, metrics_port: int | None
+    config: LaunchConfig,
+    policy: FaultPolicy,
+    resume: ResumePoint | None,
+    adoption: Adoption | None,
+    metrics_port: int | None,
 ) -> int:
     from ftrun.controller.supervisor import Supervisor
 
@@ -311,6 +323,7 @@ def _run(
             transport=make_transport(config),
             reporter=reporter,
             resume=resume,
+            adoption=adoption,
         )
         outcome = asyncio.run(supervisor.run())
         if outcome.state is OutcomeState.REQUEUED:

@@ -98,7 +98,13 @@ HOST_LOST_TIMEOUT: Any = typer.Option(
 FENCE_TIMEOUT: Any = typer.Option(
     None,
     "--fence-timeout",
-    help="Seconds without the controller before an agent kills its ranks [3.0].",
+    help="Seconds of silence from the controller before an agent takes it for gone [3.0].",
+)
+CONTROLLER_GRACE: Any = typer.Option(
+    60.0,
+    "--controller-grace",
+    help="Seconds agents keep their ranks once the controller is gone, for `ftrun resume` to "
+    "adopt them; 0 = kill them at once (always under Slurm).",
 )
 LOCAL_STALL_TIMEOUT: Any = typer.Option(
     None,

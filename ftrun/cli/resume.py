@@ -1,11 +1,14 @@
 """`ftrun resume JOB`: a new controller for a job whose controller died.
 
-The machine or the process that ran `ftrun launch` is gone (SIGKILL, OOM, a reboot), and with it
-the job: its agents fenced. `ftrun resume` starts a new controller from what the job directory
-keeps: the launch's own settings (`config.json`), the fault policy, the journal (generation,
-incident and restart numbering go on), and the checkpoints. The next generation restores from
-the freshest of them. The outage is an incident of its own in the journal ("controller-lost"),
-so `ftrun inspect` shows what it cost.
+The machine or the process that ran `ftrun launch` is gone (SIGKILL, OOM, a reboot). Its agents
+keep their ranks training for `--controller-grace` (60 s), dialling the controller's address.
+`ftrun resume` starts a new controller from what the job directory keeps: the launch's own
+settings (`config.json`), the fault policy, the journal (generation, incident and restart
+numbering go on), and the checkpoints. Within the grace it listens where the old one did and
+adopts the running generation when all its agents come back with it: no rank restarted, no step
+lost (controller/adoption.py). After the grace, or when some did not come back, the next
+generation restores from the freshest checkpoint. The outage is an incident of its own in the
+journal ("controller-lost"), so `ftrun inspect` shows what it cost.
 
 Values of `--env NAME=VALUE` are not kept in the job directory (they may be secrets): they are
 read again from this shell's environment, and a missing one is an error that names it.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ import typer
 from ftrun import envcontract
 from ftrun.cli import job_options, launch
 from ftrun.config import LaunchConfig, resolve_run_dir
+from ftrun.controller.adoption import adoption_of
 from ftrun.controller.policy_file import policy_from_dict
 from ftrun.errors import UsageError
 from ftrun.jobview.fold import controller_alive
@@ -42,7 +47,8 @@ def resume(
     """Start a new controller for a job whose controller died: it goes on from its freshest
     checkpoint, with the settings it was launched with."""
     job_dir = find_job_dir(resolve_run_dir(run_dir), job)
-    point = resume_point(read_events(job_dir))
+    events = read_events(job_dir)
+    point = resume_point(events)
     pid = point.controller[0]
     if controller_alive(*point.controller):
         raise UsageError(
@@ -64,7 +70,9 @@ def resume(
         )
     policy = policy_from_dict(saved.get("policy") or {}, where=f"{job_dir / CONFIG_FILE}")
     os.umask(config.umask)
-    code = launch.run(config, policy, point)
+    # Within the agents' grace, the running generation may still be alive: adopt it.
+    adoption = adoption_of(config, point, events, now=time.time())
+    code = launch.run(config, policy, point, adoption)
     if code:
         raise typer.Exit(code)
 

@@ -90,6 +90,7 @@ class Fleet:
             host=host,
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             fence_timeout_s=cfg.fence_timeout_s,
+            controller_grace_s=0.0 if cfg.transport == "slurm" else cfg.controller_grace_s,
             warm_start=cfg.warm_start,
             python=cfg.agent_python,
             env=self.env,
@@ -139,6 +140,26 @@ class Fleet:
                     level="warning",
                 )
                 self._drop(agent_id, host)
+
+    # ---- a resumed controller's agents (adoption.py) ----------------------------------------
+
+    def expect_back(self, agents: dict[str, str]) -> set[str]:
+        """The old controller's agents (host → agent id) may say hello again: the roster
+        takes their ids (later agents of those hosts number on from them)."""
+        for host, agent_id in agents.items():
+            self.roster.expect(host, agent_id)
+            self.server.expected.add(agent_id)
+        return set(agents.values())
+
+    def release(self, agent_ids: list[str], why: str) -> None:
+        """Agents of a generation that is not adopted: they fence (kill their ranks, exit),
+        and their hosts start over with fresh agents."""
+        for agent_id in agent_ids:
+            self.server.send(agent_id, "fence", reason=f"not adopted: {why}")
+            self.server.expected.discard(agent_id)
+            host = self.roster.host_of(agent_id)
+            if host is not None:
+                self.roster.forget(host)
 
     # ---- what agents say ----------------------------------------------------------------------
 

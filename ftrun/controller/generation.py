@@ -53,6 +53,9 @@ class GenWatch:
     restored: bool = False  # the generation's restore is journaled (once)
     injected: dict[str, Any] | None = None
     nproc_per_node: int = 0  # ranks per host, numbered by node rank; 0: not checked
+    # Taken over by a resumed controller (adoption.py): its first progress here is the first
+    # step again, which closes the controller-lost incident.
+    adopted: bool = False
     # agent id → its node rank; forged() runs on every message, so not order.index each time.
     node_rank: dict[str, int] = field(init=False)
 
@@ -142,7 +145,7 @@ class GenWatch:
             if msg.get("stall_s") is not None:
                 self.stall_s = msg["stall_s"]
             now = time.monotonic()
-            if msg.get("first") and not self.first_step_seen:
+            if (msg.get("first") or self.adopted) and not self.first_step_seen:
                 self.first_step_seen = True
                 journal.record(
                     "first_step",

@@ -85,6 +85,32 @@ class Inbox:
                 self.side_channel(agent_id, msg, None)
         return True
 
+    async def agents_back(self, waiting: set[str], gen: int, timeout_s: float) -> set[str] | None:
+        """Wait for the hello again of each agent in `waiting` (a resumed controller adopting
+        generation `gen`); those that came back running it. None when a stop was requested."""
+        deadline = time.monotonic() + timeout_s
+        back: set[str] = set()
+        held: list[tuple[str, dict[str, Any]]] = []  # what they said meanwhile: for the watch
+        while waiting - back:
+            if (got := await self.next(deadline)) is None:
+                break
+            agent_id, msg = got
+            if msg["kind"] in INTERRUPTIONS:
+                return None
+            if msg["kind"] == "hello":
+                self.fleet.on_message(agent_id, msg)
+                if agent_id in waiting and msg.get("rejoin") and msg.get("gen") == gen:
+                    back.add(agent_id)
+                elif agent_id in waiting:
+                    waiting.discard(agent_id)  # back, but its ranks are gone
+            elif msg["kind"] == "agent_lost":
+                waiting.discard(agent_id)
+            elif not self.side_channel(agent_id, msg, None):
+                held.append((agent_id, msg))
+        for item in held:
+            self.server.inbox.put_nowait(item)
+        return back
+
     def _connecting(self, waiting: set[str], total: int, waited: float, limit: float) -> str:
         hosts = sorted(self.fleet.roster.host_of(a) or a for a in waiting)
         shown = ", ".join(hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")

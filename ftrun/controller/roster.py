@@ -94,6 +94,29 @@ class Roster:
         slot.state = HostState.STARTING
         return slot.agent_id
 
+    def expect(self, host: str, agent_id: str) -> None:
+        """An agent a previous controller started (host#N) is the host's current one again
+        (a resumed controller adopting its generation)."""
+        slot = self.slots.setdefault(host, HostSlot(host))
+        slot.incarnation = max(slot.incarnation, int(agent_id.rpartition("#")[2] or 0))
+        slot.agent_id = agent_id
+        slot.state = HostState.STARTING
+
+    def forget(self, host: str) -> None:
+        """The host's agent is let go; a fresh one starts next (its incarnation numbers on)."""
+        slot = self.slots[host]
+        slot.agent_id = None
+        slot.state = HostState.STARTING
+
+    def adopt(self, hosts: list[str]) -> None:
+        """An adopted generation's hosts are the active ones, by node rank."""
+        for slot in self.slots.values():
+            if slot.state is HostState.ACTIVE:
+                slot.state = HostState.READY
+        for host in hosts:
+            self.slots[host].state = HostState.ACTIVE
+        self.active = list(hosts)
+
     def host_of(self, agent_id: str) -> str | None:
         host = agent_id.rpartition("#")[0]
         slot = self.slots.get(host)

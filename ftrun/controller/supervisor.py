@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import ssl
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ import psutil
 from ftrun import tls
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
+from ftrun.controller.adoption import Adoption, save_identity
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
@@ -73,14 +75,18 @@ class Supervisor:
         transport: Transport,
         reporter: Reporter,
         resume: ResumePoint | None = None,
+        adoption: Adoption | None = None,
     ) -> None:
         self.config = config
         self.resume = resume
+        self.adoption = adoption
         self.policy = policy
         self.journal = journal
         self.transport = transport
         self.reporter = reporter
-        self.secret = new_secret()
+        # A resumed controller that may adopt the running generation is found by its agents as
+        # the old one was: its secret, port and certificate (adoption.py).
+        self.secret = adoption.secret if adoption is not None else new_secret()
         self.internal = InternalFailures(journal, reporter, generation=lambda: self.generation)
         self.server = ControlServer(
             self.secret,
@@ -146,9 +152,13 @@ class Supervisor:
         # Agents on other hosts talk to us over the network: encrypted (tls.py), unless the user
         # said --insecure-plain-control. Loopback: plain.
         encrypted = bind != "127.0.0.1" and self.config.control_tls
-        identity = tls.new_identity() if encrypted else None
+        identity = None
+        if encrypted:
+            adopted = self.adoption.identity if self.adoption is not None else None
+            identity = adopted or tls.new_identity()
+            save_identity(self.journal.job_dir, identity)
         context = tls.server_context(identity, self.journal.job_dir) if identity else None
-        port = await self.server.start(host=bind, tls=context)
+        port = await self._listen(bind, context)
         self.fleet.controller_cert = identity.cert_pem if identity else ""
         me = psutil.Process()
         self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
@@ -195,7 +205,28 @@ class Supervisor:
         )
         return outcome
 
+    async def _listen(self, bind: str, context: ssl.SSLContext | None) -> int:
+        """The control port: the old controller's when adopting (its agents dial it), else a
+        free one. A port taken meanwhile means no adoption: the agents cannot find us."""
+        if self.adoption is not None:
+            try:
+                return await self.server.start(host=bind, port=self.adoption.port, tls=context)
+            except OSError as e:
+                self.reporter.notice(
+                    f"cannot listen on port {self.adoption.port} again ({e.strerror}): the "
+                    "running generation cannot be adopted",
+                    level="warning",
+                )
+                self.adoption = None
+        return await self.server.start(host=bind, tls=context)
+
     async def _start_and_supervise(self, port: int) -> JobOutcome:
+        if self.adoption is not None:
+            adopted = await self._adopt(self.adoption, port)
+            if isinstance(adopted, JobOutcome):
+                return adopted
+            if adopted is not None:
+                return await self._supervise(adopted)
         started = await self.fleet.start_all(port)
         if not await self.inbox.agents_started(set(started), self.config.agent_start_timeout_s):
             return (
@@ -230,6 +261,8 @@ class Supervisor:
                 rule="controller-lost",
                 reason="the controller died; a new one goes on from the freshest checkpoint",
             )
+            if self.adoption is not None:
+                return  # adopted, or ended, once its agents are back or not (_adopt)
             if point.running is not None:
                 self.journal.record(
                     "generation_ended",
@@ -240,6 +273,51 @@ class Supervisor:
         if incident is not None:
             # The next generation closes the incident that stopped the previous run.
             self.journal.record("resumed", incident=incident, next_gen=self.generation + 1)
+
+    async def _adopt(self, adoption: Adoption, port: int) -> GenWatch | JobOutcome | None:
+        """Wait for the running generation's agents; a GenWatch of it when all of them are
+        back with it running, else None (they are told to fence, and the resume goes on from
+        the freshest checkpoint)."""
+        self.fleet.port = port
+        back = await self.inbox.agents_back(
+            self.fleet.expect_back(adoption.agents), adoption.gen, adoption.wait_s
+        )
+        if back is None:
+            return self._interrupted()
+        incident = self.incidents.count
+        agents = [adoption.agents[h] for h in adoption.hosts]
+        missing = [h for h, a in zip(adoption.hosts, agents, strict=True) if a not in back]
+        if not missing:
+            self.roster.adopt(adoption.hosts)
+            self.incidents.ever_progressed |= adoption.first_step_seen
+            self.journal.record(
+                "adopted", incident=incident, gen=adoption.gen, hosts=adoption.hosts
+            )
+            self.reporter.notice(
+                f"adopted generation {adoption.gen} on {', '.join(adoption.hosts)}: its ranks "
+                "trained on while there was no controller"
+            )
+            return GenWatch(
+                adoption.gen,
+                set(agents),
+                dict(zip(agents, adoption.hosts, strict=True)),
+                order=agents,
+                stall=self.stalls.watch(set(agents)),
+                journal=self.journal,
+                reporter=self.reporter,
+                nproc_per_node=self.config.nproc_per_node,
+                adopted=True,
+            )
+        why = f"{', '.join(missing)} did not come back with generation {adoption.gen}"
+        self.journal.record("adoption_failed", incident=incident, gen=adoption.gen, why=why)
+        self.reporter.notice(f"cannot adopt: {why}; going on from the freshest checkpoint")
+        self.fleet.release(list(adoption.agents.values()), why)
+        self.journal.record(
+            "generation_ended", gen=adoption.gen, outcome="controller-lost", step=None
+        )
+        self.journal.record("resumed", incident=incident, next_gen=self.generation + 1)
+        self.adoption = None
+        return None
 
     def _slurm_fields(self) -> dict[str, object]:
         cfg = self.config
@@ -265,18 +343,26 @@ class Supervisor:
 
     # ---- generations ------------------------------------------------------------------------
 
-    async def _supervise(self) -> JobOutcome:
-        try:
-            hosts = self._plan("launch")
-        except NotEnoughHosts as e:
-            return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
-        except NoLayoutFits as e:
-            return JobOutcome.failed(f"cannot start: {e.message}", {"hint": e.hint})
+    async def _supervise(self, adopted: GenWatch | None = None) -> JobOutcome:
+        """Launch, watch, end and relaunch generations until the job ends; the first one is
+        `adopted` when a resumed controller took a running generation over."""
+        if adopted is not None:
+            hosts = list(adopted.hosts.values())
+        else:
+            try:
+                hosts = self._plan("launch")
+            except NotEnoughHosts as e:
+                return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
+            except NoLayoutFits as e:
+                return JobOutcome.failed(f"cannot start: {e.message}", {"hint": e.hint})
         while True:
             if self.signals.count or self.signals.preempt_pending:
                 return self._interrupted()  # a Ctrl-C or a notice while we tore down or waited
-            self.generation += 1
-            watch = self._launch(self.generation, hosts)
+            if adopted is not None:
+                watch, adopted = adopted, None
+            else:
+                self.generation += 1
+                watch = self._launch(self.generation, hosts)
             result = await self._watch(watch)
             end = self.judge(watch, result, stop_requests=self.signals.count)
             if end.graceful is not None:

@@ -124,6 +124,11 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
             pending_recovery = incidents.get(ev.get("incident", -1))
         elif kind == "resumed":  # a requeued job's next run picks up the incident that ended it
             pending_recovery = incidents.get(ev.get("incident", -1))
+        elif kind == "adopted":  # a resumed controller took over the running generation
+            pending_recovery = incidents.get(ev.get("incident", -1))
+            if pending_recovery is not None:
+                pending_recovery.relaunched_t = t
+                pending_recovery.next_generation = ev.get("gen")
         elif kind == "generation_ended":
             g = gens.get(ev.get("gen", -1))
             if g is not None:

@@ -234,6 +234,51 @@ def test_a_partitioned_host_trains_on_but_is_fenced_off(ftrun, bed, tmp_path):
     ]
 
 
+def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp_path):
+    """The controller is SIGKILLed: its ssh sessions die with it, and the agents keep their
+    ranks training, dialling it again. `ftrun resume` comes up within their grace, on the same
+    port, secret and certificate (TLS between hosts), and adopts the generation: the same rank
+    processes, every step once."""
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = ftrun.start(
+        "launch",
+        "--ssh-config",
+        str(bed.ssh_config),
+        "--hosts",
+        "node1,node2",
+        CKPT_TRAIN,
+        "--steps",
+        "120",
+        "--step-time",
+        "0.05",
+        "--record",
+        str(record),
+    )
+    out = Output(proc)
+    out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)
+    job_id = ftrun.only_job()["job_id"]
+    ranks = {e["rank"]: e["pid"] for e in ftrun.events(job_id) if e["kind"] == "rank_started"}
+    proc.kill()
+    proc.wait(timeout=10)
+    killed_t = time.time()
+
+    def steps(rank: int) -> list[tuple[int, float]]:
+        path = record / f"g1-r{rank}.txt"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [(int(w[1]), float(w[2])) for w in (line.split() for line in lines)]
+
+    wait_for(lambda: sum(t > killed_t + 0.5 for _, t in steps(1)) >= 3, 30, "steps without it")
+    resumed = ftrun.run("resume", job_id, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "adopted generation 1 on node1, node2" in resumed.stderr, resumed.stderr[-3000:]
+    events = ftrun.events(job_id)
+    assert [e["gen"] for e in events if e["kind"] == "generation_launched"] == [1]
+    assert {e["rank"]: e["pid"] for e in events if e["kind"] == "rank_started"} == ranks
+    for rank in (0, 1):
+        assert [s for s, _ in steps(rank)] == list(range(1, 121)), steps(rank)[-5:]
+
+
 def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, tmp_path):
     nowhere = bed.subnet.rsplit(".", 1)[0] + ".99"  # in the testbed's /24, no host there
     proc, out = launch(

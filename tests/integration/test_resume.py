@@ -1,12 +1,17 @@
-"""`ftrun resume JOB`: the controller is SIGKILLed mid-run (its agents fence, the ranks die), a
-new one goes on from the freshest checkpoint with the launch's own settings, and the losses
-are the uninterrupted run's, bit for bit. A running job and a finished one are refused."""
+"""`ftrun resume JOB`: the controller is SIGKILLed mid-run.
+
+Within the agents' grace, the ranks train on without a controller and the resumed controller
+adopts their generation: no rank restarted, no step lost or done twice. After the grace (the
+agents fenced, the ranks died), it goes on from the freshest checkpoint with the launch's own
+settings. Either way the losses are the uninterrupted run's, bit for bit. A running job and a
+finished one are refused."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 
 import psutil
 
@@ -15,15 +20,17 @@ from tests.integration.test_checkpoint_resume import losses
 
 TRAIN = str(BIN / "ckpt_train.py")
 ARGS = ("--nproc-per-node", "2", TRAIN, "--steps", "40", "--step-time", "0.05", "--no-memory")
+GRACE = ("--controller-grace", "2")  # the agents fence 2 s after the controller is gone
+LONG = ("--nproc-per-node", "2", TRAIN, "--steps", "150", "--step-time", "0.05", "--no-memory")
 
 
 def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_id):
-    clean = ftrun.run("launch", *ARGS, timeout=120)
+    clean = ftrun.run("launch", *LONG, timeout=120)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
     [clean_job] = [j["job_id"] for j in ftrun.status_json()]
 
     ftrun.env["RESUME_TEST_SECRET"] = "s3cret"
-    proc = ftrun.start("launch", "--env", "RESUME_TEST_SECRET", *ARGS)
+    proc = ftrun.start("launch", *GRACE, "--env", "RESUME_TEST_SECRET", *LONG)
     del ftrun.env["RESUME_TEST_SECRET"]
     out = Output(proc)
     out.wait_for("[rank1]: LOSS rank=1 step=12 ", 120)
@@ -34,7 +41,7 @@ def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_i
 
     os.kill(proc.pid, signal.SIGKILL)  # the machine running `ftrun launch` is gone, say
     proc.wait(timeout=10)
-    wait_for(lambda: not tagged(test_id), 30, "the agents to fence and the ranks to die")
+    wait_for(lambda: not tagged(test_id), 30, "the agents' grace to pass and the ranks to die")
     assert ftrun.status_json(job)["state"] != "succeeded"
 
     # Its --env value is not in the job directory: asked for by name, nothing started.
@@ -50,7 +57,7 @@ def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_i
     [step] = {int(line.split("restored step ")[1].split()[0]) for line in restored}
     before, after = losses("".join(out.lines)), losses(resumed.stdout)
     assert step >= 5 and min(s for _, s in after) == step + 1  # a checkpoint, not a fresh start
-    assert {(r, s) for r in (0, 1) for s in range(step + 1, 41)} == set(after)
+    assert {(r, s) for r in (0, 1) for s in range(step + 1, 151)} == set(after)
     want = losses(clean.stdout)
     for key, seen in [*before.items(), *after.items()]:
         assert seen == want[key], key  # every step of either run is the clean run's, bit for bit
@@ -69,3 +76,45 @@ def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_i
     assert again.returncode == 2
     assert f"job {job} already ended (succeeded): there is nothing to resume" in again.stderr
     assert not [p for p in psutil.process_iter() if p.pid == proc.pid]
+
+
+def test_a_resume_within_the_grace_adopts_the_running_generation(ftrun, test_id, tmp_path):
+    args = (*ARGS[:-1], "--record", str(tmp_path))  # memory tier on; what each rank did
+    clean = ftrun.run("launch", *ARGS, timeout=120)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    [clean_job] = [j["job_id"] for j in ftrun.status_json()]
+
+    proc = ftrun.start("launch", *args)
+    out = Output(proc)
+    out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)
+    [job] = [j["job_id"] for j in ftrun.status_json() if j["job_id"] != clean_job]
+    ranks = {e["rank"]: e["pid"] for e in ftrun.events(job) if e["kind"] == "rank_started"}
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    killed_t = time.time()
+
+    def steps(rank: int) -> list[tuple[int, float]]:
+        path = tmp_path / f"g1-r{rank}.txt"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [(int(w[1]), float(w[2])) for w in (line.split() for line in lines)]
+
+    # No controller, and the ranks train on.
+    wait_for(lambda: sum(t > killed_t + 0.5 for _, t in steps(1)) >= 3, 30, "steps without it")
+    resumed = ftrun.run("resume", job, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "adopted generation 1 on localhost" in resumed.stderr, resumed.stderr[-3000:]
+
+    events = ftrun.events(job)
+    assert [e["gen"] for e in events if e["kind"] == "generation_launched"] == [1]
+    assert {e["rank"]: e["pid"] for e in events if e["kind"] == "rank_started"} == ranks
+    [adopted] = [e for e in events if e["kind"] == "adopted"]
+    assert adopted["gen"] == 1 and adopted["hosts"] == ["localhost"]
+    for rank in (0, 1):  # every step once, none lost, none done twice
+        assert [s for s, _ in steps(rank)] == list(range(1, 41)), steps(rank)
+    want, got = losses(clean.stdout), losses("".join(out.lines) + resumed.stdout)
+    for key, seen in got.items():
+        assert seen == want[key], key
+    inspect = json.loads(ftrun.run("inspect", job, "--json", timeout=30).stdout)
+    [incident] = inspect["incidents"]
+    assert incident["kind"] == "controller-lost" and incident["recovered_s"] > 0
+    assert inspect["state"] == "succeeded" and inspect["generation"] == 1

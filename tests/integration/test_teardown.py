@@ -1,5 +1,6 @@
 """Stopping: Ctrl-C and SIGTERM stop everything within the grace period, a second Ctrl-C kills at
-once, and a controller killed with SIGKILL leaves agents that fence themselves."""
+once, and a controller killed with SIGKILL leaves agents that fence themselves (at once without a
+grace; with one, tests/integration/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,17 @@ def test_second_ctrl_c_kills_at_once(ftrun, tmp_path):
     assert ftrun.only_job()["state"] == "stopped"
 
 
-def test_controller_sigkill_makes_the_agent_fence(ftrun, tmp_path, test_id):
-    proc = ftrun.start("launch", "--nproc-per-node", "2", SLEEPER, "--pid-dir", str(tmp_path))
+def test_without_a_grace_a_killed_controller_makes_the_agent_fence(ftrun, tmp_path, test_id):
+    proc = ftrun.start(
+        "launch",
+        "--controller-grace",
+        "0",
+        "--nproc-per-node",
+        "2",
+        SLEEPER,
+        "--pid-dir",
+        str(tmp_path),
+    )
     out = Output(proc)
     out.wait_for("[rank1]: step 3")
     pids = rank_pids(tmp_path)

@@ -149,7 +149,9 @@ def test_timeline_of_a_job_with_an_incident(ftrun, tmp_path, chromium, test_id):
 
 @pytest.mark.timeout(browser.INSTALL_TIMEOUT_S + 180)
 def test_timeline_while_running_and_after_the_controller_died(ftrun, tmp_path, chromium, test_id):
-    proc = ftrun.start("launch", "--nproc-per-node", "2", SLEEPER, "--interval", "0.1")
+    proc = ftrun.start(
+        "launch", "--controller-grace", "0", "--nproc-per-node", "2", SLEEPER, "--interval", "0.1"
+    )
     out = Output(proc)
     try:
         out.wait_for("[rank0]: step 3")
