@@ -73,7 +73,10 @@ def test_authenticated_but_stale_agents_are_refused(ftrun):
             chan.send("gen_exited", gen=1, exit_code=0)  # would end the job if it were taken
             await chan.drain(10.0)
             try:
-                await asyncio.wait_for(chan.receive(), 5)
+                # Refused: told to fence (what an agent of ours dropped earlier must do), then
+                # closed; nothing else comes back.
+                while (msg := await asyncio.wait_for(chan.receive(), 5))["kind"] == "fence":
+                    assert agent_id in msg["reason"]
                 return True
             except (asyncio.IncompleteReadError, ConnectionError):
                 return False
