@@ -98,3 +98,10 @@ class Managers:
                 assert mgr._client.proc.poll() is not None, "a persist worker outlived close()"
         finally:
             shutil.rmtree(ckpt.memory_tier_dir(self.job), ignore_errors=True)
+
+
+def recorded_steps(record: Path, rank: int, gen: int = 1) -> list[tuple[int, float]]:
+    """(step, wall time) of each step a rank of tests/bin/ckpt_train.py ran with --record."""
+    path = record / f"g{gen}-r{rank}.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(w[1]), float(w[2])) for w in (line.split() for line in lines) if w[0] == "STEP"]

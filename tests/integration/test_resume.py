@@ -16,6 +16,7 @@ import time
 import psutil
 
 from tests.conftest import BIN, Output, tagged, wait_for
+from tests.integration.ckpt_helpers import recorded_steps
 from tests.integration.test_checkpoint_resume import losses
 
 TRAIN = str(BIN / "ckpt_train.py")
@@ -93,13 +94,12 @@ def test_a_resume_within_the_grace_adopts_the_running_generation(ftrun, test_id,
     proc.wait(timeout=10)
     killed_t = time.time()
 
-    def steps(rank: int) -> list[tuple[int, float]]:
-        path = tmp_path / f"g1-r{rank}.txt"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [(int(w[1]), float(w[2])) for w in (line.split() for line in lines)]
-
     # No controller, and the ranks train on.
-    wait_for(lambda: sum(t > killed_t + 0.5 for _, t in steps(1)) >= 3, 30, "steps without it")
+    wait_for(
+        lambda: sum(t > killed_t + 0.5 for _, t in recorded_steps(tmp_path, 1)) >= 3,
+        30,
+        "steps without it",
+    )
     resumed = ftrun.run("resume", job, timeout=120)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "adopted generation 1 on localhost" in resumed.stderr, resumed.stderr[-3000:]
@@ -110,7 +110,8 @@ def test_a_resume_within_the_grace_adopts_the_running_generation(ftrun, test_id,
     [adopted] = [e for e in events if e["kind"] == "adopted"]
     assert adopted["gen"] == 1 and adopted["hosts"] == ["localhost"]
     for rank in (0, 1):  # every step once, none lost, none done twice
-        assert [s for s, _ in steps(rank)] == list(range(1, 41)), steps(rank)
+        done = [s for s, _ in recorded_steps(tmp_path, rank)]
+        assert done == list(range(1, 41)), done
     want, got = losses(clean.stdout), losses("".join(out.lines) + resumed.stdout)
     for key, seen in got.items():
         assert seen == want[key], key
