@@ -50,6 +50,7 @@ from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.preemption import PreemptWait, under
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
+from ftrun.controller.resumption import Interrupted, Resumption
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
@@ -137,6 +138,15 @@ class Supervisor:
             generation=lambda: self.generation,
         )
         self.plans = plan_desk(config, journal=journal, reporter=reporter)
+        self.resumption = Resumption(
+            config,
+            journal=journal,
+            reporter=reporter,
+            incidents=self.incidents,
+            fleet=self.fleet,
+            inbox=self.inbox,
+            stalls=self.stalls,
+        )
         self.generation = 0
         if resume is not None:  # a requeued job goes on where its journal left off
             self.generation = resume.generation
@@ -180,7 +190,9 @@ class Supervisor:
             **self._slurm_fields(),
         )
         if self.resume is not None:
-            self._journal_resume(self.resume)
+            self.resumption.journal_start(
+                self.resume, adopting=self.adoption is not None, next_gen=self.generation + 1
+            )
         self.signals.install()
         try:
             outcome = await self.internal.guard(self._start_and_supervise(port))
@@ -222,9 +234,12 @@ class Supervisor:
 
     async def _start_and_supervise(self, port: int) -> JobOutcome:
         if self.adoption is not None:
-            adopted = await self._adopt(self.adoption, port)
-            if isinstance(adopted, JobOutcome):
-                return adopted
+            try:
+                adopted = await self.resumption.adopt(
+                    self.adoption, port, next_gen=self.generation + 1
+                )
+            except Interrupted:
+                return self._interrupted()
             if adopted is not None:
                 return await self._supervise(adopted)
         started = await self.fleet.start_all(port)
@@ -235,89 +250,6 @@ class Supervisor:
                 else JobOutcome.stopped("stopped before the job started")
             )
         return await self._supervise()
-
-    def _journal_resume(self, point: ResumePoint) -> None:
-        """A job that ran before goes on. If its controller died (no `job_finished`), the
-        outage is an incident: from the journal's last event to now, closed, as any incident
-        is, by the next generation's first step."""
-        incident = point.open_incident
-        if point.finished is None:
-            incident = self.incidents.open()
-            self.journal.record(
-                "fault_detected",
-                incident=incident,
-                gen=point.generation,
-                fault="controller-lost",
-                fault_t=point.last_t,
-                detected_t=time.time(),
-                step=point.last_step,
-                reason="the controller died",
-            )
-            self.journal.record(
-                "fault_classified",
-                incident=incident,
-                tier="restart-in-place",
-                decision="restart",
-                rule="controller-lost",
-                reason="the controller died; a new one goes on from the freshest checkpoint",
-            )
-            if self.adoption is not None:
-                return  # adopted, or ended, once its agents are back or not (_adopt)
-            if point.running is not None:
-                self.journal.record(
-                    "generation_ended",
-                    gen=point.running,
-                    outcome="controller-lost",
-                    step=point.last_step,
-                )
-        if incident is not None:
-            # The next generation closes the incident that stopped the previous run.
-            self.journal.record("resumed", incident=incident, next_gen=self.generation + 1)
-
-    async def _adopt(self, adoption: Adoption, port: int) -> GenWatch | JobOutcome | None:
-        """Wait for the running generation's agents; a GenWatch of it when all of them are
-        back with it running, else None (they are told to fence, and the resume goes on from
-        the freshest checkpoint)."""
-        self.fleet.port = port
-        back = await self.inbox.agents_back(
-            self.fleet.expect_back(adoption.agents), adoption.gen, adoption.wait_s
-        )
-        if back is None:
-            return self._interrupted()
-        incident = self.incidents.count
-        agents = [adoption.agents[h] for h in adoption.hosts]
-        missing = [h for h, a in zip(adoption.hosts, agents, strict=True) if a not in back]
-        if not missing:
-            self.roster.adopt(adoption.hosts)
-            self.incidents.ever_progressed |= adoption.first_step_seen
-            self.journal.record(
-                "adopted", incident=incident, gen=adoption.gen, hosts=adoption.hosts
-            )
-            self.reporter.notice(
-                f"adopted generation {adoption.gen} on {', '.join(adoption.hosts)}: its ranks "
-                "trained on while there was no controller"
-            )
-            return GenWatch(
-                adoption.gen,
-                set(agents),
-                dict(zip(agents, adoption.hosts, strict=True)),
-                order=agents,
-                stall=self.stalls.watch(set(agents)),
-                journal=self.journal,
-                reporter=self.reporter,
-                nproc_per_node=self.config.nproc_per_node,
-                adopted=True,
-            )
-        why = f"{', '.join(missing)} did not come back with generation {adoption.gen}"
-        self.journal.record("adoption_failed", incident=incident, gen=adoption.gen, why=why)
-        self.reporter.notice(f"cannot adopt: {why}; going on from the freshest checkpoint")
-        self.fleet.release(list(adoption.agents.values()), why)
-        self.journal.record(
-            "generation_ended", gen=adoption.gen, outcome="controller-lost", step=None
-        )
-        self.journal.record("resumed", incident=incident, next_gen=self.generation + 1)
-        self.adoption = None
-        return None
 
     def _slurm_fields(self) -> dict[str, object]:
         cfg = self.config
