@@ -309,7 +309,12 @@ def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, t
 
 @pytest.mark.parametrize("how", ["ctrl-c", "controller-killed"])
 def test_teardown_reaches_every_host(ftrun, bed, tmp_path, how):
-    proc, out = launch(ftrun, bed, "--hosts", "node1,node2,node3", ckpt=tmp_path, steps=100000)
+    # Killed, the controller leaves agents that fence: at once without a grace (with one they
+    # wait for `ftrun resume`: test_a_resumed_controller_adopts_the_generation_on_ssh_hosts).
+    grace = ("--controller-grace", "0") if how == "controller-killed" else ()
+    proc, out = launch(
+        ftrun, bed, "--hosts", "node1,node2,node3", *grace, ckpt=tmp_path, steps=100000
+    )
     out.wait_for("[rank2]: STEP 3 ", 120)
     assert not only_sshd(bed, "node2")
     if how == "ctrl-c":

@@ -61,8 +61,14 @@ def test_replay_on_the_testbed_and_the_simulation_of_it(
                                                          ("host-lost", "node2")]  # fmt: skip
     assert all(0 < (e["detected_t"] or e["t"]) - e["fault_t"] < 5 for e in faults)  # last heard
     assert [e["tier"] for e in events if e["kind"] == "fault_classified"] == ["replace-node"] * 2
-    restored = [e["tier"] for e in events if e["kind"] == "checkpoint_restored"]
-    assert restored == ["none"] + ["storage"] * 4
+    # Every generation that stepped restored first: the first from nothing, the later ones
+    # from storage. (On a slow machine the first generation may still be starting when node3
+    # goes, and the last may be stopped before it steps: neither restores then.)
+    restored = {e["gen"]: e["tier"] for e in events if e["kind"] == "checkpoint_restored"}
+    stepped = {e["gen"] for e in events if e["kind"] == "first_step"}
+    assert stepped <= set(restored) and len(restored) >= 3, (stepped, restored)
+    tiers = [restored[g] for g in sorted(restored)]
+    assert tiers[0] == "none" and set(tiers[1:]) == {"storage"}, tiers
     assert [e["state"] for e in events if e["kind"] == "job_finished"] == ["stopped"]
 
     shown = json.loads(ftrun.run("inspect", job, "--json").stdout)["goodput"]
