@@ -35,7 +35,7 @@ import psutil
 from ftrun import tls
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
-from ftrun.controller.adoption import Adoption, save_identity
+from ftrun.controller.adoption import CONTROL_FILE, Adoption, save_identity
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
@@ -62,8 +62,6 @@ from ftrun.planner import NoLayoutFits
 from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
-
-CONTROL_FILE = "control.json"
 
 
 class Supervisor:
