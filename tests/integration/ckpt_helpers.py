@@ -105,3 +105,32 @@ def recorded_steps(record: Path, rank: int, gen: int = 1) -> list[tuple[int, flo
     path = record / f"g{gen}-r{rank}.txt"
     lines = path.read_text().splitlines() if path.exists() else []
     return [(int(w[1]), float(w[2])) for w in (line.split() for line in lines) if w[0] == "STEP"]
+
+
+def kill_and_adopt(ftrun: Any, proc: Any, job: str, record: Path, *, hosts: str, steps: int) -> Any:
+    """SIGKILL a running job's controller, see its ranks train on without it, `ftrun resume`
+    it and check the resumed controller adopted generation 1: the same rank processes, every
+    recorded step once. Returns the resume's CompletedProcess."""
+    import time
+
+    from tests.conftest import wait_for
+
+    ranks = {e["rank"]: e["pid"] for e in ftrun.events(job) if e["kind"] == "rank_started"}
+    proc.kill()
+    proc.wait(timeout=10)
+    killed_t = time.time()
+    wait_for(
+        lambda: sum(t > killed_t + 0.5 for _, t in recorded_steps(record, 1)) >= 3,
+        30,
+        "steps without a controller",
+    )
+    resumed = ftrun.run("resume", job, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"adopted generation 1 on {hosts}" in resumed.stderr, resumed.stderr[-3000:]
+    events = ftrun.events(job)
+    assert [e["gen"] for e in events if e["kind"] == "generation_launched"] == [1]
+    assert {e["rank"]: e["pid"] for e in events if e["kind"] == "rank_started"} == ranks
+    for rank in (0, 1):  # every step once, none lost, none done twice
+        done = [s for s, _ in recorded_steps(record, rank)]
+        assert done == list(range(1, steps + 1)), done[-5:]
+    return resumed

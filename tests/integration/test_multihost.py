@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import Output, wait_for
-from tests.integration.ckpt_helpers import recorded_steps
+from tests.integration.ckpt_helpers import kill_and_adopt
 from tests.testbed import Testbed, ssh_testbed_fixture
 
 BIN = Path(__file__).resolve().parent.parent / "bin"
@@ -259,25 +259,7 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
     out = Output(proc)
     out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)
     job_id = ftrun.only_job()["job_id"]
-    ranks = {e["rank"]: e["pid"] for e in ftrun.events(job_id) if e["kind"] == "rank_started"}
-    proc.kill()
-    proc.wait(timeout=10)
-    killed_t = time.time()
-
-    wait_for(
-        lambda: sum(t > killed_t + 0.5 for _, t in recorded_steps(record, 1)) >= 3,
-        30,
-        "steps without it",
-    )
-    resumed = ftrun.run("resume", job_id, timeout=120)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "adopted generation 1 on node1, node2" in resumed.stderr, resumed.stderr[-3000:]
-    events = ftrun.events(job_id)
-    assert [e["gen"] for e in events if e["kind"] == "generation_launched"] == [1]
-    assert {e["rank"]: e["pid"] for e in events if e["kind"] == "rank_started"} == ranks
-    for rank in (0, 1):  # every step once, none lost, none done twice
-        done = [s for s, _ in recorded_steps(record, rank)]
-        assert done == list(range(1, 121)), done[-5:]
+    kill_and_adopt(ftrun, proc, job_id, record, hosts="node1, node2", steps=120)
 
 
 def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, tmp_path):
