@@ -97,6 +97,9 @@ class LaunchConfig:
     # How long agents keep their ranks once the controller is gone, waiting for `ftrun resume`
     # to adopt them (agent/link.py); 0: they fence at once. Not under Slurm (srun dies too).
     controller_grace_s: float = 60.0
+    # The peer tier (ftrun/peercopy): MB/s each host streams its ranks' newest memory snapshots
+    # to the next host at, at most; 0: no peer copies.
+    peer_copy_mbps: float = 1000.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 30.0
     # Hosts as the user wrote them (ftrun/hostlist.py). No --hosts: this machine, no ssh.
@@ -168,6 +171,10 @@ class LaunchConfig:
         if self.controller_grace_s < 0:
             problems.append(
                 f"--controller-grace must be 0 (off) or more (got {self.controller_grace_s:g})"
+            )
+        if self.peer_copy_mbps < 0:
+            problems.append(
+                f"--peer-copy-rate must be 0 (off) or more (got {self.peer_copy_mbps:g})"
             )
         if not self.exit_timeout_s > 0:
             problems.append(f"--exit-timeout must be more than 0 (got {self.exit_timeout_s:g})")

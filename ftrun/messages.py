@@ -10,7 +10,8 @@ logged by the caller, never passed on, so no reader further in has to defend its
 Roles:
 - AGENT: a per-host agent, to the controller;
 - CLIENT: a `ftrun chaos` / `ftrun hosts` client (it holds control.json), to the controller;
-- CONTROLLER: the controller, to an agent or a client.
+- CONTROLLER: the controller, to an agent or a client;
+- PEER: an agent to another agent's peer store, and that store's answers (ftrun/peercopy).
 Kinds the controller makes for itself (`agent_lost`, `stop_requested`, `preempt_notice`) are in
 no role's list: from the wire they are refused.
 """
@@ -42,6 +43,7 @@ class Role(enum.Enum):
     AGENT = "agent"
     CLIENT = "client"
     CONTROLLER = "controller"
+    PEER = "peer"
 
 
 class Field:
@@ -176,6 +178,7 @@ SIGNAL = Str(32)
 LINES = ListOf(Str(MAX_LINE))
 TEXT = Str(MAX_TEXT)
 EXIT_CODE = Int(-(1 << 31), 1 << 31)
+PEER_SOURCES = ("primary", "replica")  # a rank's own memory tier, or the copy a peer keeps
 CHAOS_ACTIONS = ("kill-rank", "hang-rank", "kill-agent", "freeze-agent")
 
 
@@ -200,6 +203,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "port": PORT,
                 "gen": opt(GEN),  # the generation running here (a rejoin after an outage)
                 "rejoin": Bool(),
+                "peer_port": opt(PORT),  # where its peer store listens (ftrun/peercopy)
             },
             required=("agent_id",),
         ),
@@ -267,6 +271,19 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         "signalled": Schema(
             {**AGENT_REPORT, "signal": SIGNAL, "ranks": ListOf(RANK, MAX_RANKS)}, ("gen",)
         ),
+        "peer_fetched": Schema(
+            {
+                **AGENT_REPORT,
+                "source": Str(),
+                "which": Str(16, choices=PEER_SOURCES),
+                "ranks": ListOf(RANK, MAX_RANKS),
+                "snapshots": ListOf(ListOf(STEP, 3), MAX_RANKS * 3),  # [rank, step, generation]
+                "bytes": Int(0, 1 << 50),
+                "seconds": SECONDS,
+                "error": opt(Str(MAX_LINE)),
+            },
+            ("gen", "ranks"),
+        ),
         "injected": Schema(
             {
                 **AGENT_REPORT,
@@ -316,6 +333,29 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             ("action",),
         ),
         "hosts": Schema({"action": Str(16, choices=("add", "remove")), "host": Str()}, ("action",)),
+    },
+    Role.PEER: {
+        "hello": Schema({"role": Str(16, choices=("peer",)), "host": Str(), "gen": GEN}, ("gen",)),
+        # a snapshot follows as blobs: its manifest, its objects, its data (ftrun/peercopy/wire.py)
+        "snapshot": Schema(
+            {
+                "rank": RANK,
+                "slot": Int(0, 2),
+                "step": STEP,
+                "generation": GEN,
+                "manifest_size": Int(0, 1 << 20),
+                "objects_size": Int(0, 1 << 30),
+                "data_size": Int(0, 1 << 44),
+            },
+            ("rank", "slot", "step", "generation", "manifest_size", "objects_size", "data_size"),
+        ),
+        "end": Schema({"ok": Bool()}, ("ok",)),  # the snapshot did not change while it was sent
+        "fetch": Schema(
+            {"ranks": ListOf(RANK, MAX_RANKS), "which": Str(16, choices=PEER_SOURCES)},
+            ("ranks", "which"),
+        ),
+        "fetched": Schema({"count": Int(0, MAX_RANKS * 3)}, ("count",)),
+        "refused": Schema({"message": Str(MAX_LINE)}, ("message",)),
     },
     Role.CONTROLLER: {
         "heartbeat": Schema({}),

@@ -148,6 +148,30 @@ class Channel:
         self._recv_seq = body["seq"]
         return body if self.peer is None else validate(self.peer, body)
 
+    def send_blob(self, data: bytes) -> None:
+        """Queue raw bytes (a snapshot's chunk: the peer tier, ftrun/peercopy): a frame like a
+        message's, its tag over the frame's sequence number and the bytes, so a blob cannot be
+        replayed, reordered or passed off as a message (nor a message as a blob)."""
+        self._sent_seq += 1
+        tag = hmac.new(self._send_key, _blob_label(self._sent_seq) + data, hashlib.sha256).digest()
+        if len(tag) + len(data) > MAX_FRAME_BYTES:
+            raise ProtocolError(f"blob of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+        if not self.writer.is_closing():
+            self.writer.write(_LENGTH.pack(len(tag) + len(data)) + tag + data)
+
+    async def receive_blob(self) -> bytes:
+        """The next frame, which must be a blob; ProtocolError if it is not authentic."""
+        try:
+            frame = await read_frame(self.reader, self.max_frame_bytes)
+        except ProtocolError as e:
+            raise ConnectionResetError(str(e)) from None
+        self._recv_seq += 1
+        tag, data = frame[:_TAG_BYTES], frame[_TAG_BYTES:]
+        want = hmac.new(self._recv_key, _blob_label(self._recv_seq) + data, hashlib.sha256)
+        if len(frame) < _TAG_BYTES or not hmac.compare_digest(tag, want.digest()):
+            raise ProtocolError("bad authentication tag on a blob")
+        return data
+
     async def drain(self, timeout_s: float) -> None:
         """Wait until what was sent has left, at most timeout_s (asyncio.TimeoutError after):
         a peer that stops reading must not hold the sender up."""
@@ -157,16 +181,26 @@ class Channel:
         self.writer.close()
 
 
+def _blob_label(seq: int) -> bytes:
+    return b"ftrun-blob\0" + seq.to_bytes(8, "big")
+
+
 # The nonce is 16-odd bytes into an empty socket buffer: only a dead peer could block it.
 NONCE_SEND_TIMEOUT_S = 5.0
 
 
 async def open_channel(
-    host: str, port: int, secret: str, timeout_s: float, *, cert_pem: str = ""
+    host: str,
+    port: int,
+    secret: str,
+    timeout_s: float,
+    *,
+    cert_pem: str = "",
+    server: Role = Role.CONTROLLER,
 ) -> Channel:
     """Client side of the handshake: connect (over TLS pinned to `cert_pem` when given), read
-    the server's nonce, send ours, derive the keys. The server is the controller: what it
-    sends is held to its schema."""
+    the server's nonce, send ours, derive the keys. What the server sends is held to the schema
+    of its role `server` (the controller, or another agent's peer store)."""
     tls = client_context(cert_pem) if cert_pem else None
     reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls), timeout_s)
     try:
@@ -181,7 +215,7 @@ async def open_channel(
         writer,
         send_key=direction_key(secret, server_nonce, client_nonce, b"c2s"),
         recv_key=direction_key(secret, server_nonce, client_nonce, b"s2c"),
-        peer=Role.CONTROLLER,
+        peer=server,
     )
 
 

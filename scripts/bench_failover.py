@@ -72,8 +72,11 @@ sys.path.insert(0, str(ROOT))
 from tests.testbed import Host, Testbed, unavailable_reason  # noqa: E402
 
 SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
+CKPT_SCRIPT = str(ROOT / "tests" / "bin" / "ckpt_train.py")
 PY = sys.executable
-MODES = ("torchrun", "ftrun-spare", "ftrun-shrink")
+# ftrun.checkpoint with a snapshot every step, spare node4, the peer tier on / off (storage only)
+CKPT_MODES = ("ftrun-peer", "ftrun-storage")
+MODES = ("torchrun", "ftrun-spare", "ftrun-shrink", *CKPT_MODES)
 HOSTS = ("node1", "node2", "node3")  # the job's hosts; node4 is the spare
 VICTIM = "node3"
 STEP = re.compile(r"^(?:\[rank(\d+)\]:\s*)?STEP (\d+) t=([\d.]+)")
@@ -97,6 +100,28 @@ def recovery(lines: list[str], since: int) -> tuple[float, int, int] | None:
             first = int(m.group(2))
             times.append(float(m.group(3)))
     return (min(times), first, resumed) if first is not None else None
+
+
+LOSS = re.compile(r"LOSS rank=\d+ step=(\d+) ")
+
+
+def journal_recovery(run_dir: Path) -> tuple[float, int | None, int | None] | None:
+    """For ftrun.checkpoint's script: (wall time, step, restored step) of generation 2's first
+    step as the journal has it (the controller heard it then), None if not yet."""
+    events = []
+    for path in run_dir.glob("*/events.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    first = next((e for e in events if e.get("kind") == "first_step" and e.get("gen") == 2), None)
+    if first is None:
+        return None
+    restored = next(
+        (e for e in events if e.get("kind") == "checkpoint_restored" and e.get("gen") == 2), {}
+    )
+    return first["t"], first.get("step"), restored.get("step")
 
 
 def last_step(lines: list[str]) -> int | None:
@@ -129,6 +154,16 @@ class Bench:
             str(args.step_time),
             "--ckpt-every",
             str(args.ckpt_every),
+        ]
+        self.ckpt_train = [
+            "--steps",
+            "100000",
+            "--step-time",
+            str(args.step_time),
+            "--save-every",
+            "1",
+            "--persist-every",
+            str(args.persist_every),
         ]
         self.victim_down = False
 
@@ -285,7 +320,11 @@ class Bench:
         ckpt, run_dir = work / "ckpt", work / "runs"
         ckpt.mkdir(parents=True)
         run_dir.mkdir()
-        policy = ["--spares", "node4"] if mode == "ftrun-spare" else ["--min-nodes", "2"]
+        policy = ["--min-nodes", "2"] if mode == "ftrun-shrink" else ["--spares", "node4"]
+        if mode == "ftrun-storage":
+            policy += ["--peer-copy-rate", "0"]
+        ckpt_mode = mode in CKPT_MODES
+        script = [CKPT_SCRIPT, *self.ckpt_train] if ckpt_mode else [SCRIPT, *self.train]
         cmd = [
             PY,
             "-m",
@@ -302,8 +341,7 @@ class Bench:
             str(run_dir),
             "--job-name",
             "bench-failover",
-            SCRIPT,
-            *self.train,
+            *script,
             "--ckpt-dir",
             str(ckpt),
         ]
@@ -316,9 +354,12 @@ class Bench:
         }
         run = Run(cmd, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
         try:
-            at = run.wait_for(
-                re.compile(rf"^\[rank\d+\]:\s*STEP {a.fault_step} t="), a.start_timeout_s
+            fault_line = (
+                rf"^\[rank\d+\]:\s*LOSS rank=\d+ step={a.fault_step} "
+                if ckpt_mode
+                else rf"^\[rank\d+\]:\s*STEP {a.fault_step} t="
             )
+            at = run.wait_for(re.compile(fault_line), a.start_timeout_s)
             if at is None:
                 rc = run.proc.poll()
                 why = (
@@ -335,7 +376,7 @@ class Bench:
             deadline = fault_t + a.wait_s
             found = None
             while time.time() < deadline and found is None and run.proc.poll() is None:
-                found = recovery(run.lines, since)
+                found = journal_recovery(run_dir) if ckpt_mode else recovery(run.lines, since)
                 time.sleep(0.05)
             if found:
                 t, step, resumed = found
@@ -343,6 +384,11 @@ class Bench:
                     recovered=True, recovery_s=t - fault_t, first_step=step, resumed_from=resumed
                 )
                 time.sleep(1.0)  # let the journal catch up with the first step
+                if ckpt_mode:  # the newest step printed before the kill
+                    result["failed_at"] = max(
+                        (int(m.group(1)) for m in map(LOSS.search, run.lines[:since]) if m),
+                        default=None,
+                    )
             elif run.proc.poll() is not None:
                 result["error"] = "ftrun: exited after the fault: " + error_summary(
                     run.lines, run.proc.returncode
@@ -400,6 +446,22 @@ def journal_check(run_dir: Path, fault_t: float) -> dict[str, Any]:
         if first:
             out["first_step_s"] = first["t"] - fault_t
             out["generation"] = first.get("gen")
+        restored = next(
+            (
+                e
+                for e in events
+                if e.get("kind") == "checkpoint_restored" and e.get("gen", -1) > gen
+            ),
+            None,
+        )
+        if restored:
+            out["restored_tier"], out["restored_step"] = restored.get("tier"), restored.get("step")
+        fetched = [e for e in events if e.get("kind") == "peer_fetched" and e.get("gen", -1) > gen]
+        if fetched:
+            out["peer_fetched"] = [
+                {k: e.get(k) for k in ("host", "which", "snapshots", "bytes", "seconds", "error")}
+                for e in fetched
+            ]
         launched = next(
             (
                 e
@@ -453,6 +515,12 @@ def summarize(results: list[dict[str, Any]], mode: str, wait_s: float) -> dict[s
         "journal_first_step_median_s": benchlib.median(j.get("first_step_s") for j in journals),
         "detected_median_s": benchlib.median(j.get("detected_s") for j in journals),
         "trials_with_leftovers": sum(bool(r.get("left_on_hosts")) for r in mine),
+        "tiers": "/".join(sorted({str(j.get("restored_tier")) for j in journals if j})) or None,
+        "steps_lost_median": benchlib.median(
+            r["failed_at"] - r["resumed_from"]
+            for r in mine
+            if r.get("failed_at") is not None and r.get("resumed_from") is not None
+        ),
         "errors": sorted({r["error"] for r in mine if r.get("error")}),
         "wait_s": wait_s,
     }
@@ -467,6 +535,8 @@ TABLE = Table(
         Column(key="spread", header="min–max s"),
         Column(key="detected_median_s", header="detected s", spec=".2f"),
         Column(key="journal_first_step_median_s", header="journal s", spec=".2f"),
+        Column(key="tiers", header="restored from", align="<"),
+        Column(key="steps_lost_median", header="steps lost", spec=".1f"),
         Column(key="verdict", header=f"target ≤ {TARGET_S:g} s", align="<"),
     ],
     name="mode",
@@ -550,6 +620,12 @@ def main() -> int:
     p.add_argument("--fault-step", type=int, default=20, help="kill node3 once a rank prints it")
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument(
+        "--persist-every",
+        type=int,
+        default=8,
+        help="ftrun-peer/-storage: a snapshot every step, persisted to storage every N",
+    )
     p.add_argument(
         "--start-timeout-s",
         type=float,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The multi-host testbed (DESIGN.md §10): N hosts as network namespaces on a private bridge, each
-# running Debian's sshd on its own address, one filesystem shared by all. Faults: `kill` is a power
-# loss, `cut`/`heal` a partition. Traffic never leaves the testbed's /24 (no NAT, no forwarding, no
-# default route inside a host, IPv6 off on every testbed link). Needs root. See docs/testbed.md.
+# running Debian's sshd on its own address, one filesystem shared by all but /dev/shm (each host's
+# own memory). Faults: `kill` is a power loss, `cut`/`heal` a partition. Traffic never leaves the
+# testbed's /24 (no NAT, no forwarding, no default route inside a host, IPv6 off on every testbed
+# link). Needs root. See docs/testbed.md.
 #
 #   testbed.sh up N        create N hosts (tearing down any previous one), print their addresses
 #   testbed.sh down        remove everything: processes, namespaces, links, bridge, state dir
@@ -209,14 +210,17 @@ EOF
     } >"$d/hosts"
 }
 
-# sshd in the host's namespace with its own hostname (UTS namespace) and /etc/hosts (a bind mount
-# private to the mount namespace `ip netns exec` creates). sshd daemonizes and writes its pid file.
+# sshd in the host's namespace with its own hostname (UTS namespace), /etc/hosts (a bind mount
+# private to the mount namespace `ip netns exec` creates) and host memory: a /dev/shm of its own,
+# which dies with the host's last process, as RAM does at a power loss (the memory tier of
+# ftrun.checkpoint lives there; a shared one would let a spare "restore from memory" what only the
+# dead host held). sshd daemonizes and writes its pid file.
 start_sshd() {
     local k=$1 d
     d=$(host_dir "$k")
     rm -f "$d/sshd.pid"
     ip netns exec "$(ns_name "$k")" unshare --uts -- /bin/sh -c \
-        'hostname "$1" && mount --bind "$2" /etc/hosts && exec "$3" -f "$4" -E "$5"' \
+        'hostname "$1" && mount --bind "$2" /etc/hosts && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$3" -f "$4" -E "$5"' \
         sh "node$k" "$d/hosts" "$SSHD" "$d/sshd_config" "$d/sshd.log" \
         </dev/null >>"$d/sshd.log" 2>&1 9<&- \
         || die "sshd for node$k did not start: $(tail -n 3 "$d/sshd.log" | tr '\n' ' ')"

@@ -43,6 +43,9 @@ from ftrun.agent.warm import WarmInterpreter, WarmStartFailed
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED
 from ftrun.netutil import ALL_INTERFACES, free_port
+from ftrun.peercopy.fetch import fetch
+from ftrun.peercopy.replicator import Replicator
+from ftrun.peercopy.store import PeerStore
 from ftrun.tasks import TaskFailure, TaskSupervisor
 
 log = logging.getLogger("ftrun.agent")
@@ -72,6 +75,13 @@ class Agent:
         self.warm = WarmInterpreter(boot, self.work / "zygote.sock", report=self._warm_failed)
         self.gen: GenerationRun | None = None
         self.newest_gen = 0  # the newest generation this agent launched
+        self.tier = workdir.memory_tier(boot.job_id)
+        self.peers = PeerStore(
+            tier=self.tier,
+            secret=boot.secret,
+            job_id=boot.job_id,
+            newest_gen=lambda: self.newest_gen,
+        )
         self.exit_code: int | None = None
         self.done = asyncio.Event()
         self.force_stop = asyncio.Event()
@@ -86,6 +96,7 @@ class Agent:
             self.ranks.open(loop)
             if self.boot.warm_start:
                 await self._start_warm()
+            self.link.peer_port = await self.peers.start(ALL_INTERFACES)
             await self.link.open(port=free_port(ALL_INTERFACES))
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
@@ -111,6 +122,7 @@ class Agent:
             )
             self.exit_code = EXIT_FENCED
         finally:
+            self.peers.close()
             self.tasks.cancel_all()
             await self.tasks.wait_all(TASKS_STOP_TIMEOUT_S)
             await self._kill_generation()
@@ -265,11 +277,18 @@ class Agent:
 
     async def _launch(self, msg: dict[str, Any]) -> None:
         await self._kill_generation()
-        directory = self.work / f"g{int(msg['gen'])}"
+        number = int(msg["gen"])
+        self.newest_gen = max(self.newest_gen, number)  # from now on older pushes are refused
+        peer = msg.get("peer") or {}
+        for source in peer.get("fetch") or []:  # snapshots of the ranks we take over: first
+            report = await fetch(
+                source, tier=self.tier, gen=number, host=self.boot.host, secret=self.boot.secret
+            )
+            self.link.send("peer_fetched", gen=number, **report)
+        directory = self.work / f"g{number}"
         directory.mkdir()
         run = GenerationRun(msg, directory, host=self.boot.host, link=self.link, tasks=self.tasks)
         self.gen = run
-        self.newest_gen = max(self.newest_gen, run.number)
         self.force_stop.clear()
         if self.boot.warm_start and not self.warm.alive:
             log.warning("the warm interpreter is gone; starting a new one")
@@ -299,6 +318,23 @@ class Agent:
             return
         run.pgids.add(run.proc.pid)
         self.tasks.spawn(f"torchrun output of generation {run.number}", self._follow_torchrun(run))
+        if peer.get("to"):
+            self._replicate(run, msg, peer)
+
+    def _replicate(self, run: GenerationRun, msg: dict[str, Any], peer: dict[str, Any]) -> None:
+        """Keep our ranks' newest snapshots in the peer's memory while this generation runs."""
+        first = int(msg["node_rank"]) * int(msg["nproc_per_node"])
+        replicator = Replicator(
+            tier=self.tier,
+            ranks=list(range(first, first + int(msg["nproc_per_node"]))),
+            gen=run.number,
+            host=self.boot.host,
+            peer=(str(peer["to"][0]), int(peer["to"][1])),
+            secret=self.boot.secret,
+            rate=float(peer.get("rate") or 0),
+            running=lambda: self.gen is run,
+        )
+        self.tasks.spawn(f"peer copy of generation {run.number}", replicator.run())
 
     async def _follow_torchrun(self, run: GenerationRun) -> None:
         """torchrun's own output, in chunks rather than readline(): a line longer than the

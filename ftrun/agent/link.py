@@ -73,6 +73,7 @@ class ControlLink:
         self.last_heard = time.monotonic()
         self._early: list[tuple[str, dict[str, Any]]] = []
         self.rejoining = False
+        self.peer_port: int | None = None  # where this agent's peer store listens, if it does
 
     async def open(self, *, port: int, rejoin: bool = False) -> None:
         """Connect, authenticate and say hello; raises OSError or TimeoutError when the
@@ -95,6 +96,7 @@ class ControlLink:
             pid=os.getpid(),
             addr=self.chan.writer.get_extra_info("sockname")[0],
             port=port,
+            peer_port=self.peer_port,
             **extra,
         )
         self.last_heard = time.monotonic()

@@ -106,6 +106,12 @@ CONTROLLER_GRACE: Any = typer.Option(
     help="Seconds agents keep their ranks once the controller is gone, for `ftrun resume` to "
     "adopt them; 0 = kill them at once (always under Slurm).",
 )
+PEER_COPY_RATE: Any = typer.Option(
+    1000.0,
+    "--peer-copy-rate",
+    help="MB/s at most that each host streams its ranks' newest memory snapshots to the next "
+    "host at, so a spare that replaces a lost host restores from memory; 0 = no peer copies.",
+)
 LOCAL_STALL_TIMEOUT: Any = typer.Option(
     None,
     "--local-stall-timeout",

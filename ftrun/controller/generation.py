@@ -167,6 +167,17 @@ class GenWatch:
                 journal.record("checkpoint_committed", gen=self.number, step=msg.get("step"))
                 self.last_commit_event = now
             return False  # a preemption wait also reads it
+        if kind == "peer_fetched":  # the snapshots of ranks this host took over (peercopy)
+            journal.record(
+                "peer_fetched",
+                gen=self.number,
+                host=host,
+                **{
+                    k: msg.get(k)
+                    for k in ("source", "which", "ranks", "snapshots", "bytes", "seconds", "error")
+                },
+            )
+            return True
         if kind == "checkpoint_restored" and not self.restored:
             self.restored = True  # every rank restores the same step; rank 0 tells
             journal.record(

@@ -15,6 +15,7 @@ from typing import Any
 
 from ftrun import envcontract
 from ftrun.config import LaunchConfig
+from ftrun.controller.peer_plan import peer_fields
 from ftrun.netutil import LOOPBACK, free_port
 
 
@@ -32,6 +33,8 @@ class Rendezvous:
         self.config = config
         self.addrs: dict[str, str] = {}  # agent id → its address (rendezvous host if node rank 0)
         self.ports: dict[str, int] = {}  # agent id → a free port on its host, for the rendezvous
+        self.peer_stores: dict[str, tuple[str, int]] = {}  # agent id → its peer store (peercopy)
+        self.previous: list[str] = []  # the last generation's agents, by node rank
 
     def heard(self, agent_id: str, msg: dict[str, Any]) -> None:
         """A port the agent's host offers (hello, stopped): the next rendezvous may bind it."""
@@ -41,11 +44,14 @@ class Rendezvous:
     def connected(self, agent_id: str, msg: dict[str, Any]) -> str:
         """The hello of the host's current agent: where it is; returns that address."""
         self.addrs[agent_id] = str(msg.get("addr") or "127.0.0.1")
+        if isinstance(msg.get("peer_port"), int):
+            self.peer_stores[agent_id] = (self.addrs[agent_id], msg["peer_port"])
         return self.addrs[agent_id]
 
     def forget(self, agent_id: str) -> None:
         self.addrs.pop(agent_id, None)
         self.ports.pop(agent_id, None)
+        self.peer_stores.pop(agent_id, None)
 
     def launch(
         self,
@@ -71,6 +77,14 @@ class Rendezvous:
             envcontract.MAX_RESTARTS: str(cfg.max_restarts),
             **env,
         }
+        peers = peer_fields(
+            agents,
+            self.previous,
+            self.peer_stores,
+            nproc_per_node=cfg.nproc_per_node,
+            rate_bytes_s=cfg.peer_copy_mbps * 1e6,
+        )
+        self.previous = list(agents)
         messages = [
             {
                 "gen": number,
@@ -85,6 +99,7 @@ class Rendezvous:
                 "hang": hang,
                 "idle_timeout_s": cfg.idle_timeout_s,
                 "env": env,
+                "peer": peers[node_rank],
             }
             for node_rank in range(len(agents))
         ]

@@ -153,11 +153,20 @@ class Roster:
     # ---- plans --------------------------------------------------------------------------------
 
     def plan(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:
-        """The next generation's hosts, by node rank; marks them ACTIVE and the rest READY."""
+        """The next generation's hosts, by node rank; marks them ACTIVE and the rest READY.
+        A host that replaces one of the current generation takes its node rank, and the others
+        keep theirs: their ranks then find their own memory snapshots where they are, and only
+        the newcomer fetches its ranks' from the peer tier (peer_plan.py)."""
         keep = [h for h in self.active if self._usable(h, excluded) and h not in self.recently_lost]
         fill = [h for h in self.slots if h not in keep and self._usable(h, excluded)]
         fill.sort(key=lambda h: h in self.recently_lost)  # stable: spares in order, then those
-        chosen = (keep + fill)[: self.want]
+        chosen: list[str] = []
+        for host in self.active:
+            if host in keep:
+                chosen.append(host)
+            elif fill:  # its replacement, in its place; with none left the job shrinks
+                chosen.append(fill.pop(0))
+        chosen = (chosen + fill)[: self.want]
         if len(chosen) < self.min_nodes or not chosen:
             raise NotEnoughHosts(chosen, self.min_nodes)
         for slot in self.slots.values():

@@ -6,6 +6,7 @@ at start, and teardown that leaves nothing on any host."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from tests.conftest import Output, wait_for
-from tests.integration.ckpt_helpers import kill_and_adopt
+from tests.integration.ckpt_helpers import kill_and_adopt, recorded_steps
 from tests.testbed import Testbed, ssh_testbed_fixture
 
 BIN = Path(__file__).resolve().parent.parent / "bin"
@@ -108,6 +109,42 @@ def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
     assert "WORLD 3 rank 2 on node4" in out.text()
     # The rank logs of every host, the spare's too, are in the controller's job directory.
     assert "STEP" in (ftrun.run_dir / job["job_id"] / "logs" / "g2" / "rank2.log").read_text()
+
+
+def test_a_spare_restores_the_lost_hosts_ranks_from_its_peers_memory(ftrun, bed, tmp_path):
+    """node2 (node rank 1) is powered off, its memory gone: the spare node4 takes its node rank
+    and fetches its rank's snapshots from the replica node3 kept, and every rank restores from
+    memory, a snapshot or two behind, while storage holds only the first step."""
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = ftrun.start(
+        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
+        "--spares", "node4", CKPT_TRAIN, "--steps", "60", "--step-time", "0.1",
+        "--memory-slots", "3", "--persist-every", "100000", "--record", str(record),
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
+    bed.kill("node2")
+    assert proc.wait(timeout=120) == 0, out.text()
+    job_id = ftrun.only_job()["job_id"]
+    events = ftrun.events(job_id)
+    launched = kinds(events, "generation_launched")
+    assert [g["hosts"] for g in launched] == [
+        ["node1", "node2", "node3"],
+        ["node1", "node4", "node3"],  # the spare in the lost host's place: the others keep theirs
+    ]
+    [fetched] = kinds(events, "peer_fetched")
+    assert (fetched["gen"], fetched["host"], fetched["which"]) == (2, "node4", "replica")
+    assert fetched["ranks"] == [1] and fetched["error"] is None and fetched["snapshots"], fetched
+    [restored] = [e for e in kinds(events, "checkpoint_restored") if e["gen"] == 2]
+    failed_at = max(step for r in range(3) for step, _ in recorded_steps(record, r))
+    assert restored["tier"] == "memory", restored
+    assert failed_at - 3 <= restored["step"] <= failed_at, (restored, failed_at)
+    # Every loss printed again after the restore is the one printed before it (exact resume).
+    losses: dict[tuple[str, str], str] = {}
+    for rank, step, loss in re.findall(r"LOSS rank=(\d+) step=(\d+) loss=(\S+)", out.text()):
+        assert losses.setdefault((rank, step), loss) == loss, (rank, step)
+    assert ("1", "60") in losses
 
 
 def test_without_a_spare_the_job_shrinks_then_grows_back(ftrun, bed, tmp_path):

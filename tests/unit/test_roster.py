@@ -32,8 +32,8 @@ def test_a_spare_at_start_fills_in_for_an_unreachable_host():
 @pytest.mark.parametrize(
     "lost, spares, expected",
     [
-        ("b", ["s"], ["a", "c", "s"]),  # survivors keep their order, the spare comes last
-        ("a", ["s"], ["b", "c", "s"]),  # node rank 0 gone: the next survivor takes it
+        ("b", ["s"], ["a", "s", "c"]),  # the spare takes the lost host's node rank
+        ("a", ["s"], ["s", "b", "c"]),  # node rank 0 too: the survivors keep theirs
         ("b", [], ["a", "c"]),  # no spare: shrink
     ],
 )
@@ -106,7 +106,7 @@ def test_without_a_spare_a_host_back_at_once_keeps_the_job_whole():
     roster.plan()
     roster.lost("a")
     assert roster.ready(roster.new_agent("a"))
-    assert roster.plan() == ["b", "a"]
+    assert roster.plan() == ["a", "b"]  # back in its place
 
 
 def test_max_nodes_lets_added_hosts_grow_the_job_beyond_its_launch_hosts():

@@ -1,0 +1,119 @@
+"""The peer store every agent runs: keeps the replicas its ring neighbour pushes, serves fetches.
+
+A push is refused, and the connection closed, when it comes from an older generation than this
+host knows of: the newest one its agent launched, or the one that claimed its memory tier
+(claims.py). That is the peer-memory write of generation fencing (docs/fencing.md): a zombie
+host that still trains after the job moved on cannot overwrite the replica the new generation
+may restore from. A fetch is answered to any agent of the job (the job secret): it reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ftrun.checkpoint.errors import UnsafePathError
+from ftrun.checkpoint.storage import Invalid
+from ftrun.claims import read_claim
+from ftrun.errors import ProtocolError
+from ftrun.messages import Role, validate
+from ftrun.peercopy import files, wire
+from ftrun.protocol import Channel, accept_channel
+
+log = logging.getLogger("ftrun.agent")
+
+HELLO_TIMEOUT_S = 10.0
+
+
+class PeerStore:
+    def __init__(
+        self, *, tier: Path, secret: str, job_id: str, newest_gen: Callable[[], int]
+    ) -> None:
+        self.tier = tier
+        self.secret = secret
+        self.job_id = job_id
+        self.newest_gen = newest_gen
+        self.server: asyncio.Server | None = None
+        self.locks: dict[int, asyncio.Lock] = {}  # rank → its replica directory's
+        self.refused = 0
+
+    async def start(self, host: str) -> int:
+        """Listen on `host` (every interface: the controller tells the others our address);
+        returns the port."""
+        self.server = await asyncio.start_server(self._serve, host=host, port=0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        chan: Channel | None = None
+        try:
+            chan = await accept_channel(reader, writer, self.secret)
+            hello = validate(Role.PEER, await asyncio.wait_for(chan.receive(), HELLO_TIMEOUT_S))
+            if hello["kind"] != "hello":
+                raise ProtocolError(f"expected a hello, got {hello['kind']!r}")
+            chan.trust(Role.PEER)
+            gen = int(hello["gen"])
+            while True:
+                msg = await chan.receive()
+                if msg["kind"] == "snapshot":
+                    if (why := self._stale(gen)) is not None:
+                        self.refused += 1
+                        log.warning("refused a replica from %s: %s", hello.get("host"), why)
+                        chan.send("refused", message=why)
+                        await chan.drain(wire.SEND_TIMEOUT_S)
+                        return
+                    await self._keep(chan, msg)
+                elif msg["kind"] == "fetch":
+                    count = await self._answer(chan, msg["ranks"], msg["which"])
+                    chan.send("fetched", count=count)
+                    await chan.drain(wire.SEND_TIMEOUT_S)
+                else:
+                    raise ProtocolError(f"a peer may not start with {msg['kind']!r}")
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+            pass  # the peer went away (its generation ended, its host died)
+        except (ProtocolError, OSError, Invalid, UnsafePathError) as e:
+            log.warning("peer connection dropped: %s", e)
+        finally:
+            if chan is not None:
+                chan.close()
+            else:
+                writer.close()
+
+    def _stale(self, gen: int) -> str | None:
+        newest = self.newest_gen()
+        claim = read_claim(self.tier)
+        if claim is not None and claim.job == self.job_id:
+            newest = max(newest, claim.generation)
+        if gen < newest:
+            return f"generation {gen} is older than generation {newest} of this host"
+        return None
+
+    async def _keep(self, chan: Channel, header: dict) -> None:
+        rank = int(header["rank"])
+        async with self.locks.setdefault(rank, asyncio.Lock()):
+            await wire.receive_snapshot(chan, header, files.replica_dir(self.tier, rank))
+
+    async def _answer(self, chan: Channel, ranks: list[int], which: str) -> int:
+        """Send every snapshot held of `ranks`, from their own directories ("primary": ranks
+        of this host, which may write meanwhile) or from the replicas kept here."""
+        count = 0
+        pacer = wire.Pacer(0)  # the job waits for a fetch: as fast as it goes
+        for rank in ranks:
+            if which == "replica":
+                directory = files.replica_dir(self.tier, rank)
+                lock = self.locks.setdefault(rank, asyncio.Lock())
+            else:
+                directory, lock = files.rank_dir(self.tier, rank), None
+            async with lock if lock is not None else contextlib.nullcontext():
+                for snap in files.snapshots(directory, rank):
+                    ok, _ = await wire.send_snapshot(
+                        chan, directory, snap, pacer, locked=bool(lock)
+                    )
+                    count += ok
+        return count

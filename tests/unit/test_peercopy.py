@@ -1,0 +1,235 @@
+"""The peer tier (ftrun/peercopy) with real snapshots, real sockets and real files: a rank's memory
+snapshots are pushed to a peer's store, the rank's host is lost, a spare fetches the replica and
+restores from memory, bit for bit; a zombie generation's pushes are refused; a snapshot rewritten
+while it is sent is never kept torn; the controller's ring and takeover plan."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ftrun.controller.peer_plan import peer_fields
+from ftrun.errors import ProtocolError
+from ftrun.messages import Role
+from ftrun.peercopy import files, wire
+from ftrun.peercopy.fetch import fetch
+from ftrun.peercopy.replicator import Replicator
+from ftrun.peercopy.store import PeerStore
+from ftrun.protocol import accept_channel, new_secret, open_channel
+from tests.conftest import wait_for
+from tests.integration.ckpt_helpers import Managers, Toy, assert_same
+
+TIMEOUT_S = 30
+
+
+@pytest.fixture
+def managers(tmp_path):
+    made = Managers(tmp_path)
+    yield made
+    made.cleanup()
+
+
+def tier(root: Path, job: str) -> Path:
+    return root / f"ftrun-{job}"
+
+
+def trained(managers: Managers, root: Path, steps: int, width: int = 8) -> tuple[Toy, object]:
+    """A rank on host `root` that snapshotted steps 1..steps into its memory tier."""
+    toy = Toy(seed=0, width=width)
+    mgr = managers(memory_root=root, generation=1, owner=managers.job)
+    mgr.restore(toy.state)
+    for step in range(1, steps + 1):
+        toy.step()
+        mgr.save(step, toy.state)
+    mgr.wait_snapshot()  # the copy is done; the manifest follows it
+    directory = files.rank_dir(tier(root, managers.job), 0)
+    wait_for(lambda: [s.step for s in files.snapshots(directory, 0)][:1] == [steps], 30, "it")
+    return toy, mgr
+
+
+async def until(predicate, what: str) -> None:
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+    try:
+        await asyncio.wait_for(poll(), TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def test_a_spare_restores_a_lost_hosts_rank_from_its_peers_memory(managers, tmp_path):
+    host_a, host_b, spare = tmp_path / "a", tmp_path / "b", tmp_path / "s"
+    toy, mgr = trained(managers, host_a, steps=4)
+    saved = toy.tensors()
+    mgr.close(persist_last=False)
+    reference = [toy.step() for _ in range(3)]  # the run that never stopped (the global RNG too)
+    secret, job = new_secret(), managers.job
+
+    async def scenario() -> dict:
+        store = PeerStore(tier=tier(host_b, job), secret=secret, job_id=job, newest_gen=lambda: 1)
+        port = await store.start("127.0.0.1")
+        running = True
+        replicator = Replicator(
+            tier=tier(host_a, job), ranks=[0], gen=1, host="a", peer=("127.0.0.1", port),
+            secret=secret, rate=0, running=lambda: running,
+        )  # fmt: skip
+        task = asyncio.ensure_future(replicator.run())
+        replica = files.replica_dir(tier(host_b, job), 0)
+        await until(lambda: [s.step for s in files.snapshots(replica, 0)][:1] == [4], "step 4")
+        running = False
+        await asyncio.wait_for(task, TIMEOUT_S)
+        shutil.rmtree(host_a)  # host a is lost, and its memory with it
+        source = {"addr": "127.0.0.1", "port": port, "which": "replica", "ranks": [0]}
+        report = await fetch(source, tier=tier(spare, job), gen=2, host="s", secret=secret)
+        store.close()
+        return report
+
+    report = asyncio.run(scenario())
+    assert "error" not in report, report
+    assert report["snapshots"] == [[0, 4, 1]]  # the newest is pushed, not the ones before it
+    fresh = Toy(seed=7)
+    again = managers(memory_root=spare, generation=2, owner=managers.job)
+    assert again.restore(fresh.state) == 4 and again.restored.tier == "memory"
+    assert_same(fresh.tensors(), saved)
+    assert [fresh.step() for _ in range(3)] == reference
+
+
+def test_a_zombie_generations_pushes_are_refused(managers, tmp_path):
+    _, mgr = trained(managers, tmp_path / "a", steps=2)
+    mgr.close(persist_last=False)
+    secret, job = new_secret(), managers.job
+    peer = tier(tmp_path / "b", job)
+
+    async def scenario() -> tuple[int, float]:
+        store = PeerStore(tier=peer, secret=secret, job_id=job, newest_gen=lambda: 2)
+        port = await store.start("127.0.0.1")
+        replicator = Replicator(
+            tier=tier(tmp_path / "a", job), ranks=[0], gen=1, host="a",
+            peer=("127.0.0.1", port), secret=secret, rate=0, running=lambda: True,
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.wait_for(replicator.run(), TIMEOUT_S)  # ends by itself: refused
+        store.close()
+        return store.refused, loop.time() - t0
+
+    refused, _ = asyncio.run(scenario())
+    assert refused == 1
+    assert files.snapshots(files.replica_dir(peer, 0), 0) == []
+
+
+def test_a_snapshot_rewritten_while_it_is_sent_is_not_kept(managers, tmp_path):
+    _, mgr = trained(managers, tmp_path / "a", steps=1, width=512)  # ~3 MiB: several frames
+    source = files.rank_dir(tier(tmp_path / "a", managers.job), 0)
+    [snap] = files.snapshots(source, 0)
+    assert snap.data_size > 2 * files.CHUNK
+    secret = new_secret()
+
+    class RewrittenMidway(wire.Pacer):
+        """After the first chunk, the rank starts its next snapshot into this slot."""
+
+        def __init__(self) -> None:
+            super().__init__(0)
+            self.calls = 0
+
+        async def take(self, n: int) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                files.paths(source, snap.slot)[2].unlink()
+
+    async def scenario(replica: Path) -> tuple[bool, object]:
+        got: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def serve(reader, writer) -> None:
+            chan = await accept_channel(reader, writer, secret)
+            chan.trust(Role.PEER)
+            header = await chan.receive()
+            got.set_result(await wire.receive_snapshot(chan, header, replica))
+            chan.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        chan = await open_channel("127.0.0.1", port, secret, 5, server=Role.PEER)
+        ok, _ = await wire.send_snapshot(chan, source, snap, RewrittenMidway())
+        kept = await asyncio.wait_for(got, TIMEOUT_S)
+        chan.close()
+        server.close()
+        return ok, kept
+
+    replica = tmp_path / "replica"
+    ok, kept = asyncio.run(scenario(replica))
+    assert not ok and kept is None
+    assert not files.paths(replica, snap.slot)[2].exists()  # no manifest: the slot is invalid
+    mgr.close(persist_last=False)
+
+
+def test_a_blob_with_a_bad_tag_or_out_of_order_is_refused():
+    secret = new_secret()
+
+    async def scenario(tamper: str) -> None:
+        received: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def serve(reader, writer) -> None:
+            chan = await accept_channel(reader, writer, secret)
+            try:
+                received.set_result(await chan.receive_blob())
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                received.set_result(e)
+            chan.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        chan = await open_channel("127.0.0.1", port, secret, 5, server=Role.PEER)
+        if tamper == "message":
+            chan.send("end", ok=True)  # a message where a blob is due
+        else:
+            chan._sent_seq += 1  # a blob whose number is not the next: a replay or a drop
+            chan.send_blob(b"x" * 100)
+        result = await asyncio.wait_for(received, TIMEOUT_S)
+        chan.close()
+        server.close()
+        assert isinstance(result, ProtocolError), result
+
+    for tamper in ("message", "sequence"):
+        asyncio.run(scenario(tamper))
+
+
+@pytest.mark.parametrize(
+    "agents, previous, up, expected_fetch",
+    [
+        # the spare s takes the lost b's node rank: b's ranks are in c's replica
+        (["a", "s", "c"], ["a", "b", "c"], "asc", {1: ("c", "replica", [2, 3])}),
+        # node rank 0 lost too: its replica is on node rank 1
+        (["s", "b", "c"], ["a", "b", "c"], "sbc", {0: ("b", "replica", [0, 1])}),
+        # the old host is still up (its ranks moved): from its own memory
+        (["b", "a"], ["a", "b"], "ab", {0: ("a", "primary", [0, 1]), 1: ("b", "primary", [2, 3])}),
+        # b and c both lost: c's replica is on a (the ring wraps), b's was on c: gone with it
+        (["a", "s", "t"], ["a", "b", "c"], "ast", {2: ("a", "replica", [4, 5])}),
+        # another number of nodes: the ranks reshard from storage
+        (["a", "c"], ["a", "b", "c"], "ac", {}),
+        # the same hosts: every rank's snapshots are where it runs
+        (["a", "b", "c"], ["a", "b", "c"], "abc", {}),
+    ],
+)
+def test_the_ring_and_where_a_newcomer_fetches(agents, previous, up, expected_fetch):
+    where = {a: (f"10.0.0.{ord(a)}", 1000 + ord(a)) for a in up}
+    fields = peer_fields(agents, previous, where, nproc_per_node=2, rate_bytes_s=1e9)
+    n = len(agents)
+    assert [f["to"] for f in fields] == [list(where[agents[(i + 1) % n]]) for i in range(n)]
+    got = {
+        i: (chr(f["fetch"][0]["port"] - 1000), f["fetch"][0]["which"], f["fetch"][0]["ranks"])
+        for i, f in enumerate(fields)
+        if f["fetch"]
+    }
+    assert got == expected_fetch
+
+
+def test_no_ring_for_one_host_or_a_zero_rate():
+    where = {"a": ("10.0.0.1", 1), "b": ("10.0.0.2", 2)}
+    assert peer_fields(["a"], [], where, nproc_per_node=1, rate_bytes_s=1e9)[0]["to"] is None
+    off = peer_fields(["a", "b"], ["a", "c"], where, nproc_per_node=1, rate_bytes_s=0)
+    assert all(f["to"] is None and f["fetch"] == [] for f in off)
