@@ -96,7 +96,8 @@ class Agent:
             self.ranks.open(loop)
             if self.boot.warm_start:
                 await self._start_warm()
-            self.link.peer_port = await self.peers.start(ALL_INTERFACES)
+            if not self.boot.local:  # one host has no peer to keep its snapshots
+                self.link.peer_port = await self.peers.start()
             await self.link.open(port=free_port(ALL_INTERFACES))
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")

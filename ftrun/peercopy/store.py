@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,10 +41,11 @@ class PeerStore:
         self.locks: dict[int, asyncio.Lock] = {}  # rank → its replica directory's
         self.refused = 0
 
-    async def start(self, host: str) -> int:
-        """Listen on `host` (every interface: the controller tells the others our address);
-        returns the port."""
-        self.server = await asyncio.start_server(self._serve, host=host, port=0)
+    async def start(self) -> int:
+        """Listen on every interface (the controller tells the others our address); returns
+        the port. One socket, so one port: `host=""` would bind IPv4 and IPv6 apart, each on
+        a port of its own, and the port said could be the other family's."""
+        self.server = await asyncio.start_server(self._serve, sock=_any_address_socket())
         return int(self.server.sockets[0].getsockname()[1])
 
     def close(self) -> None:
@@ -117,3 +119,22 @@ class PeerStore:
                     )
                     count += ok
         return count
+
+
+def _any_address_socket() -> socket.socket:
+    """A listening TCP socket on every address: dual-stack IPv6 where there is IPv6 (it takes
+    IPv4 connections too), else IPv4."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", 0))
+        except OSError:
+            sock.close()
+            raise
+    except OSError:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("0.0.0.0", 0))
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock

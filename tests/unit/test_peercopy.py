@@ -71,7 +71,7 @@ def test_a_spare_restores_a_lost_hosts_rank_from_its_peers_memory(managers, tmp_
 
     async def scenario() -> dict:
         store = PeerStore(tier=tier(host_b, job), secret=secret, job_id=job, newest_gen=lambda: 1)
-        port = await store.start("127.0.0.1")
+        port = await store.start()
         running = True
         replicator = Replicator(
             tier=tier(host_a, job), ranks=[0], gen=1, host="a", peer=("127.0.0.1", port),
@@ -106,7 +106,7 @@ def test_a_zombie_generations_pushes_are_refused(managers, tmp_path):
 
     async def scenario() -> tuple[int, float]:
         store = PeerStore(tier=peer, secret=secret, job_id=job, newest_gen=lambda: 2)
-        port = await store.start("127.0.0.1")
+        port = await store.start()
         replicator = Replicator(
             tier=tier(tmp_path / "a", job), ranks=[0], gen=1, host="a",
             peer=("127.0.0.1", port), secret=secret, rate=0, running=lambda: True,
