@@ -3,7 +3,7 @@
 
 On the namespace testbed (scripts/testbed.sh: real sshd and TCP, each host its own /dev/shm),
 `ftrun launch` runs tests/bin/ckpt_train.py (DDP on gloo, ftrun.checkpoint with a snapshot every
-step, every source of randomness in the checkpoint) on node1..node3 with node4 and node5 as
+step, every source of randomness in the checkpoint) on node1 and node2, with node3 and node4 as
 spares. Every --fault-every seconds, once the job has recovered from the previous fault, one of
 
   rank-crash       `ftrun chaos JOB kill-rank --rank R`
@@ -19,8 +19,8 @@ come and the job trains to its last step. It ends with:
 
 - the job finished, exit 0;
 - losses: every (rank, step) the job printed, in every generation, equal to an uninterrupted
-  run of the same script on 3 local ranks (plain torchrun), bit for bit, as long as the plan
-  did not change (3 hosts throughout: a spare is always back in time);
+  run of the same script on 2 local ranks (plain torchrun), bit for bit, as long as the plan
+  did not change (2 hosts throughout: a spare is always back in time);
 - no growth of file descriptors, memory, threads or child processes in the controller and the
   agents: sampled every --sample-every seconds, reported per process (first sample after
   --warmup-s, last, max) with a verdict; and every host back to its sshd alone at the end.
@@ -57,9 +57,14 @@ from tests.testbed import Testbed, unavailable_reason  # noqa: E402
 SCRIPT = str(ROOT / "tests" / "bin" / "ckpt_train.py")
 PY = sys.executable
 FAULTS = ("rank-crash", "rank-hang", "host-loss", "partition", "controller-kill")
-HOSTS, SPARES = ("node1", "node2", "node3"), ("node4", "node5")
+# Two ranks: a DDP all-reduce of two is exact whichever rank adds first. With three, the order
+# of the additions follows DDP's buckets, which a restarted process builds anew, and the losses
+# would differ from the uninterrupted run's in the last bit from the first restart on.
+HOSTS, SPARES = ("node1", "node2"), ("node3", "node4")
 WORLD = len(HOSTS)
-LOSS = re.compile(r"LOSS rank=(\d+) step=(\d+) loss=(\S+)")
+# float.hex(): the losses compare bit for bit. Spelled out because torchrun's merged output
+# can run one rank's line into the next ("...p-1LOSS rank=2 ...").
+LOSS = re.compile(r"LOSS rank=(\d+) step=(\d+) loss=(-?0x[0-9a-f]\.[0-9a-f]+p[+-]\d+|-?inf|nan)")
 RECOVER_TIMEOUT_S = 120.0
 # What counts as growth between the first sample after the warm-up and the last.
 GROWTH = {"fds": 8, "threads": 4, "children": 2, "rss_mib": 32}
@@ -338,7 +343,7 @@ def losses_of(logs: Path) -> tuple[dict[tuple[int, int], str], list[str]]:
 
 
 def reference(steps: int, tmp: Path) -> dict[tuple[int, int], str]:
-    """The uninterrupted run: the same script, 3 ranks on this machine, plain torchrun."""
+    """The uninterrupted run: the same script, as many ranks on this machine, plain torchrun."""
     out = subprocess.run(
         [
             PY, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
@@ -422,7 +427,9 @@ def main() -> int:
     report: dict[str, Any] = {"config": vars(args)}
     soak: Soak | None = None
     try:
-        with Testbed(5, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
+        with Testbed(
+            len(HOSTS + SPARES), state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix
+        ) as bed:
             soak = Soak(bed, tmp, args)
             print(f"soak: {soak.steps} steps on {', '.join(HOSTS)} (spares "
                   f"{', '.join(SPARES)}), a fault every {args.fault_every:g} s for "
