@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -97,17 +98,12 @@ async def receive_snapshot(
 ) -> files.Snapshot | None:
     """Receive the snapshot `header` announced into its slot of `directory`; returns it when it
     arrived whole (committed), None when the sender said it changed (the slot is left invalid)."""
-    manifest = await _blob(chan, int(header["manifest_size"]))
-    objects = await _blob(chan, int(header["objects_size"]))
+    manifest = b"".join([part async for part in _blobs(chan, int(header["manifest_size"]))])
+    objects = b"".join([part async for part in _blobs(chan, int(header["objects_size"]))])
     writer = files.SlotWriter(directory, int(header["slot"]))
     try:
-        left = int(header["data_size"])
-        while left > 0:
-            chunk = await chan.receive_blob()
-            if len(chunk) > left:
-                raise ProtocolError("more data than the snapshot said")
+        async for chunk in _blobs(chan, int(header["data_size"])):
             writer.write(chunk)
-            left -= len(chunk)
         end = await chan.receive()
         if end["kind"] != "end":
             raise ProtocolError(f"expected the end of the snapshot, got {end['kind']!r}")
@@ -121,12 +117,12 @@ async def receive_snapshot(
     return files.read_manifest(directory, int(header["rank"]), int(header["slot"]))
 
 
-async def _blob(chan: Channel, size: int) -> bytes:
-    parts, left = [], size
+async def _blobs(chan: Channel, size: int) -> AsyncIterator[bytes]:
+    """The blobs that make up `size` bytes, as they come."""
+    left = size
     while left > 0:
         part = await chan.receive_blob()
         if len(part) > left:
-            raise ProtocolError("a blob longer than the snapshot said")
-        parts.append(part)
+            raise ProtocolError("more bytes than the snapshot said")
         left -= len(part)
-    return b"".join(parts)
+        yield part
