@@ -162,6 +162,13 @@ class Soak:
             self.controller.wait(30)
             self.controllers.append(Run([PY, "-m", "ftrun", "resume", self.job], env=self.env))
         self.wait_recovered(fault)
+        if "new_gen" in fault:  # what its ranks restored from, and whether a peer copy helped
+            events = self.events()
+            for e in events:
+                if e["kind"] == "checkpoint_restored" and e["gen"] == fault["new_gen"]:
+                    fault["restored"] = f"{e['tier']} step {e['step']}"
+                if e["kind"] == "peer_fetched" and e["gen"] == fault["new_gen"]:
+                    fault["peer"] = e.get("error") or e["which"]
         if kind in ("host-loss", "partition"):
             self.bring_back(fault)
         fault["recovered_s"] = round(fault.pop("recovered_t") - fault["t"], 3)
@@ -326,7 +333,12 @@ def describe(f: dict[str, Any]) -> str:
     if f["kind"] == "controller-kill":
         how = " (adopted)" if f.get("adopted") else " (restored)"
     back = f", back in {f['back_s']:.1f} s" if "back_s" in f else ""
-    return f"gen {f['gen']}{who}: training again in {f['recovered_s']:.2f} s{how}{back}"
+    restored = f", restored {f['restored']}" if "restored" in f else ""
+    peer = f" (peer {f['peer']})" if "peer" in f else ""
+    return (
+        f"gen {f['gen']}{who}: training again in {f['recovered_s']:.2f} s{how}{restored}{peer}"
+        f"{back}"
+    )
 
 
 def losses_of(logs: Path) -> tuple[dict[tuple[int, int], str], list[str]]:

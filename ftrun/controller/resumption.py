@@ -99,6 +99,7 @@ class Resumption:
         missing = [h for h, a in zip(adoption.hosts, agents, strict=True) if a not in back]
         if not missing:
             self.fleet.roster.adopt(adoption.hosts)
+            self.fleet.rendezvous.previous = agents  # where its ranks' snapshots are (peercopy)
             self.incidents.ever_progressed |= adoption.first_step_seen
             self.journal.record(
                 "adopted", incident=incident, gen=adoption.gen, hosts=adoption.hosts
