@@ -27,6 +27,9 @@ from ftrun.protocol import Channel, accept_channel
 log = logging.getLogger("ftrun.agent")
 
 HELLO_TIMEOUT_S = 10.0
+# Connections that have not said a valid hello yet, at most: a stranger on the network cannot
+# hold more of the agent's descriptors than this (the controller has the same guard).
+MAX_UNAUTHENTICATED = 32
 
 
 class PeerStore:
@@ -40,6 +43,7 @@ class PeerStore:
         self.server: asyncio.Server | None = None
         self.locks: dict[int, asyncio.Lock] = {}  # rank → its replica directory's
         self.refused = 0
+        self.unauthenticated = 0
 
     async def start(self) -> int:
         """Listen on every interface (the controller tells the others our address); returns
@@ -54,11 +58,19 @@ class PeerStore:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         chan: Channel | None = None
+        if self.unauthenticated >= MAX_UNAUTHENTICATED:
+            writer.close()
+            return
+        self.unauthenticated += 1
         try:
-            chan = await accept_channel(reader, writer, self.secret)
-            hello = validate(Role.PEER, await asyncio.wait_for(chan.receive(), HELLO_TIMEOUT_S))
-            if hello["kind"] != "hello":
-                raise ProtocolError(f"expected a hello, got {hello['kind']!r}")
+            try:
+                chan = await accept_channel(reader, writer, self.secret)
+                hello = await asyncio.wait_for(chan.receive(), HELLO_TIMEOUT_S)
+                hello = validate(Role.PEER, hello)
+                if hello["kind"] != "hello":
+                    raise ProtocolError(f"expected a hello, got {hello['kind']!r}")
+            finally:
+                self.unauthenticated -= 1
             chan.trust(Role.PEER)
             gen = int(hello["gen"])
             while True:

@@ -17,6 +17,7 @@ from ftrun.messages import Role
 from ftrun.peercopy import files, wire
 from ftrun.peercopy.fetch import fetch
 from ftrun.peercopy.replicator import Replicator
+from ftrun.peercopy.store import MAX_UNAUTHENTICATED as MAX_UNAUTH
 from ftrun.peercopy.store import PeerStore
 from ftrun.protocol import accept_channel, new_secret, open_channel
 from tests.conftest import wait_for
@@ -233,3 +234,20 @@ def test_no_ring_for_one_host_or_a_zero_rate():
     assert peer_fields(["a"], [], where, nproc_per_node=1, rate_bytes_s=1e9)[0]["to"] is None
     off = peer_fields(["a", "b"], ["a", "c"], where, nproc_per_node=1, rate_bytes_s=0)
     assert all(f["to"] is None and f["fetch"] == [] for f in off)
+
+
+def test_strangers_cannot_hold_more_than_a_few_connections(tmp_path):
+    async def scenario() -> tuple[list[bytes], bytes]:
+        store = PeerStore(tier=tmp_path, secret=new_secret(), job_id="j", newest_gen=lambda: 1)
+        port = await store.start()
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_UNAUTH)]
+        nonces = [await asyncio.wait_for(r.readexactly(16), TIMEOUT_S) for r, _ in held]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        extra = await asyncio.wait_for(reader.read(16), TIMEOUT_S)  # closed at once: b""
+        for _, w in [*held, (reader, writer)]:
+            w.close()
+        store.close()
+        return nonces, extra
+
+    nonces, extra = asyncio.run(scenario())
+    assert len(set(nonces)) == MAX_UNAUTH and extra == b""
