@@ -1,5 +1,6 @@
 """Multi-host jobs over real ssh on the namespace testbed (scripts/testbed.sh, docs/testbed.md):
-a killed host replaced by a spare, a job that shrinks and grows back, a partitioned host that
+a killed host replaced by a spare (which restores its ranks from a peer's memory,
+docs/peercopy.md), a job that shrinks and grows back, a partitioned host that
 trains on while the next generation runs and is fenced off (docs/fencing.md), unreachable hosts
 at start, and teardown that leaves nothing on any host."""
 
