@@ -32,6 +32,15 @@ FORBIDDEN["cli"] = set()
 # The controller plans with the planner (STYLE.md: cli → controller → transport/planner/...).
 FORBIDDEN["controller"].discard("planner")
 FORBIDDEN.update({part: set(LAYERS) - {"ground"} for part in STANDALONE})
+# The peer tier runs in the agent (which imports it) and moves ftrun.checkpoint's memory-tier
+# files, so it reads their format from checkpoint (no torch); nothing below the agent imports it.
+FORBIDDEN["peercopy"] = (set(LAYERS) - {"ground"}) | (STANDALONE - {"checkpoint"})
+for part in ("controller", "transport", "ground", *STANDALONE):
+    FORBIDDEN[part].add("peercopy")
+# The simulator drives the controller's own decisions on a simulated clock: no hosts, no ranks.
+FORBIDDEN["sim"] = {"cli", "transport", "agent", "peercopy", "checkpoint"}
+for part in LAYERS[1:] + sorted(STANDALONE):
+    FORBIDDEN[part].add("sim")
 
 
 def module_name(path: Path) -> str:
@@ -136,7 +145,8 @@ def test_the_rules_cover_the_tree() -> None:
     """The rules are not vacuous: the real tree has modules in every layer, and an import from
     the ground floor up into the controller, or from checkpoint into the agent, is forbidden."""
     parts = {part_of(m) for m in modules()}
-    assert {"cli", "controller", "transport", "agent", "ground", "checkpoint"} <= parts
+    assert {"cli", "controller", "transport", "agent", "ground", "checkpoint", "peercopy"} <= parts
+    assert parts <= set(FORBIDDEN), "a part without rules: say where it may import from"
     assert part_of("ftrun.config") == "ground" and part_of("ftrun.controller.fleet") == "controller"
     assert "controller" in FORBIDDEN["ground"] and "agent" in FORBIDDEN["checkpoint"]
     assert "agent" not in FORBIDDEN["controller"] and "ground" not in FORBIDDEN["agent"]
