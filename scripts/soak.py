@@ -67,7 +67,10 @@ WORLD = len(HOSTS)
 LOSS = re.compile(r"LOSS rank=(\d+) step=(\d+) loss=(-?0x[0-9a-f]\.[0-9a-f]+p[+-]\d+|-?inf|nan)")
 RECOVER_TIMEOUT_S = 120.0
 # What counts as growth between the first sample after the warm-up and the last.
-GROWTH = {"fds": 8, "threads": 4, "children": 2, "rss_mib": 32}
+# A process's children and the hosts' process count follow its role (a spare's agent has its
+# warm interpreter; an active one also a generation's torchrun, shims, ranks and persist
+# workers): up to one generation's worth of difference is a role, more is a leak.
+GROWTH = {"fds": 8, "threads": 4, "children": 8, "rss_mib": 32, "processes": 16}
 
 
 class Soak:
@@ -182,7 +185,10 @@ class Soak:
             self.check_controller()
             events = self.events()
             if fault["kind"] == "controller-kill":
-                back = [e for e in events if e["kind"] in ("adopted", "resumed")]
+                back = [
+                    e for e in events
+                    if e["kind"] in ("adopted", "resumed") and e["t"] > fault["t"]
+                ]  # fmt: skip
                 if back:
                     fault["adopted"] = back[-1]["kind"] == "adopted"
                     later = [
@@ -371,27 +377,29 @@ def reference(steps: int, tmp: Path) -> dict[tuple[int, int], str]:
 
 
 def growth(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
-    """Per process (who, pid) seen in at least two samples after the warm-up: first, last, max."""
-    if not samples:
-        return []
-    t0 = samples[0]["t"]
+    """Per process (who, pid) that lived long enough: each metric's max over the first half of
+    its samples after its own warm-up (start-up: agents connecting, a generation starting)
+    against its max over the last quarter. A leak keeps climbing past the first half's peak;
+    a process that lives a minute (an agent whose host was killed) cannot say, and is left out."""
     rows = []
     keys = sorted({(s["who"], s.get("pid")) for s in samples}, key=lambda k: (k[0], k[1] or 0))
     for who, pid in keys:
         mine = [s for s in samples if (s["who"], s.get("pid")) == (who, pid)]
-        late = [s for s in mine if s["t"] - t0 >= warmup_s] or mine
-        if len(late) < 2:
+        settled = [s for s in mine if s["t"] - mine[0]["t"] >= warmup_s]
+        if len(settled) < 8:
             continue
-        first, last = late[0], late[-1]
-        row: dict[str, Any] = {"who": who, "pid": pid, "samples": len(late),
-                               "span_s": round(last["t"] - first["t"])}  # fmt: skip
+        half, quarter = settled[: len(settled) // 2], settled[-max(1, len(settled) // 4) :]
+        row: dict[str, Any] = {
+            "who": who, "pid": pid, "samples": len(settled),
+            "span_s": round(settled[-1]["t"] - settled[0]["t"]),
+        }  # fmt: skip
         grew = []
         for metric in ("fds", "threads", "children", "rss_mib", "processes"):
-            if metric not in first:
+            if metric not in settled[0]:
                 continue
-            peak = max(s[metric] for s in late)
-            row[metric] = f"{first[metric]:.0f}→{last[metric]:.0f} (max {peak:.0f})"
-            if last[metric] - first[metric] > GROWTH.get(metric, 4):
+            early, late = max(s[metric] for s in half), max(s[metric] for s in quarter)
+            row[metric] = f"{early:.0f}→{late:.0f}"
+            if late - early > GROWTH[metric]:
                 grew.append(metric)
         row["verdict"] = "grew: " + ", ".join(grew) if grew else "flat"
         rows.append(row)
@@ -403,7 +411,7 @@ GROWTH_TABLE = Table(
         Column(key="who", header="process", align="<"),
         Column(key="pid", header="pid"),
         Column(key="span_s", header="span s"),
-        Column(key="fds", header="fds first→last", align="<"),
+        Column(key="fds", header="fds (peak early→late)", align="<"),
         Column(key="threads", header="threads", align="<"),
         Column(key="children", header="children", align="<"),
         Column(key="rss_mib", header="RSS MiB", align="<"),
@@ -422,7 +430,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cycle", action="store_true", help="the faults in turn, not at random")
     p.add_argument("--sample-every", type=float, default=5.0)
-    p.add_argument("--warmup-s", type=float, default=20.0, help="samples before are not compared")
+    p.add_argument(
+        "--warmup-s", type=float, default=30.0, help="a process's first seconds are not compared"
+    )
+    p.add_argument("--keep", default=None, help="copy the job's directory (journal, logs) here")
     p.add_argument("--prefix", default="ftsk", help="testbed name prefix")
     p.add_argument("--subnet", default="10.213.52.0/24", help="testbed /24")
     p.add_argument("--json", default=None, help="also write everything to this file")
@@ -458,6 +469,8 @@ def main() -> int:
             )
             report["finished"] = [e.get("state") for e in events if e["kind"] == "job_finished"]
             got, clashes = losses_of(tmp / "runs" / soak.job / "logs") if soak.job else ({}, [])
+            if args.keep and soak.job:
+                shutil.copytree(tmp / "runs" / soak.job, Path(args.keep) / soak.job)
             soak.close()
     finally:
         if soak is not None:

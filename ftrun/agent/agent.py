@@ -286,6 +286,8 @@ class Agent:
                 source, tier=self.tier, gen=number, host=self.boot.host, secret=self.boot.secret
             )
             self.link.send("peer_fetched", gen=number, **report)
+            if report["snapshots"]:
+                break  # the next source (the replica) is for when this one had none
         directory = self.work / f"g{number}"
         directory.mkdir()
         run = GenerationRun(msg, directory, host=self.boot.host, link=self.link, tasks=self.tasks)

@@ -5,8 +5,9 @@ Pure bookkeeping over agent ids, by node rank. The ring: node i copies its ranks
 node i+1 (mod n). The takeover: when generation g+1 has the same number of nodes as g (a spare
 took a lost host's node rank, roster.py keeps the others where they were), node i of g+1 needs
 the snapshots of node i of g. They are where that node ran if its agent is still up (its own
-memory tier: "primary"), else in the replica kept by its ring neighbour in g ("replica"), if that
-one is up. With another number of nodes the ranks reshard from storage: nothing to fetch.
+memory tier: "primary"), and in the replica kept by its ring neighbour in g ("replica"): both are
+listed, in that order, when up (a primary that never snapshotted, a spare lost before its first
+step, leaves the replica to try). With another number of nodes the ranks reshard from storage: nothing to fetch.
 """
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ def peer_fields(
         if len(previous) != n or previous[i] == agent or rate_bytes_s <= 0:
             continue
         ranks = list(range(i * nproc_per_node, (i + 1) * nproc_per_node))
-        if previous[i] in where:
-            source, which = where[previous[i]], "primary"
-        elif (holder := previous[(i + 1) % n]) in where and holder != previous[i]:
-            source, which = where[holder], "replica"
-        else:
-            continue
+        holder = previous[(i + 1) % n]
+        sources = [(previous[i], "primary")] + ([(holder, "replica")] if n > 1 else [])
         fields[i]["fetch"] = [
-            {"addr": source[0], "port": source[1], "which": which, "ranks": ranks}
+            {"addr": where[agent][0], "port": where[agent][1], "which": which, "ranks": ranks}
+            for agent, which in sources
+            if agent in where
         ]
     return fields

@@ -2,7 +2,9 @@
 
 The controller's launch says, for a host that takes over node rank i from another host (a spare
 for a lost one), where rank i's snapshots are: the old host's own memory tier if it is still up
-("primary"), else the replica its ring neighbour kept ("replica"). The agent fetches them into
+("primary"), and the replica its ring neighbour kept ("replica"), tried in that order until one
+yields snapshots. Each lands in the slot files.slot_for picks: a snapshot this host already holds
+that is newer is kept. The agent fetches them into
 its own memory tier under the ranks' names, before the ranks start: then they restore from
 memory like survivors, and ftrun.checkpoint needs to know nothing of peers. A fetch that fails
 or takes longer than FETCH_TIMEOUT_S leaves the tier without them: the ranks restore from
@@ -41,8 +43,6 @@ async def fetch(
         "bytes": 0,
     }
     t0 = time.monotonic()
-    for rank in ranks:  # whatever was here of these ranks is another timeline's
-        files.invalidate_all(files.rank_dir(tier, rank))
     try:
         await asyncio.wait_for(
             _fetch(source, ranks, tier, gen, host, secret, report), FETCH_TIMEOUT_S
@@ -84,6 +84,6 @@ async def _fetch(
             snap = await wire.receive_snapshot(chan, msg, files.rank_dir(tier, rank))
             if snap is not None:
                 report["snapshots"].append([rank, snap.step, snap.generation])
-                report["bytes"] += snap.data_size + len(snap.manifest)
+                report["bytes"] += snap.data_size + len(snap.manifest) + int(msg["objects_size"])
     finally:
         chan.close()

@@ -26,6 +26,7 @@ from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.storage import Invalid, read_regular
 
 SLOTS = 3  # ftrun.checkpoint keeps 2 or 3 (memory_slots)
+KEPT = 2  # slots a replica (or a fetch) fills: every rank scans at least these
 CHUNK = (1 << 20) - 4096  # one frame of the wire (1 MiB with its tag and length)
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_OBJECTS_BYTES = 1 << 30
@@ -148,7 +149,7 @@ class SlotWriter:
     """Writes one slot of `directory`: invalidate, data, objects, then the manifest last."""
 
     def __init__(self, directory: Path, slot: int) -> None:
-        self.directory = directory
+        self.directory, self.slot = directory, slot
         self.data, self.objects, self.manifest = paths(directory, slot)
         ensure_dir(directory)
         try:
@@ -176,13 +177,19 @@ class SlotWriter:
             self.fd = -1
 
 
-def invalidate_all(directory: Path) -> None:
-    """Delete every slot's manifest: what was there is no snapshot any more."""
-    for slot in range(SLOTS):
-        try:
-            os.unlink(paths(directory, slot)[2])
-        except FileNotFoundError:
-            pass
+def slot_for(directory: Path, rank: int, key: tuple[int, int]) -> int | None:
+    """Where a snapshot `key` (step, generation) arriving for `directory` goes: a slot without a
+    snapshot, else the one with the oldest, if `key` is newer than it; None: it is not worth
+    keeping. The newest snapshot held is never the one overwritten, so a push that fails half
+    way costs only the oldest. Newer means a newer generation first, then a later step: after a
+    restore to an earlier step, the new generation's snapshots are the timeline that goes on."""
+    held = {s.slot: (s.generation, s.step) for s in snapshots(directory, rank)}
+    empty = [slot for slot in range(KEPT) if slot not in held]
+    if empty:
+        return empty[0]
+    oldest = min(range(KEPT), key=lambda slot: held[slot])
+    incoming = (key[1], key[0])
+    return oldest if incoming > held[oldest] and incoming not in held.values() else None
 
 
 def _replace(path: Path, data: bytes) -> None:

@@ -57,29 +57,33 @@ class Replicator:
         self.seen: dict[int, tuple[object, ...]] = {}  # rank → its manifests' stamps, last look
         self.pushed = 0
         self.bytes = 0
+        self.delay = POLL_S  # before the next connection; doubles while it fails
 
     async def run(self) -> None:
-        delay = POLL_S
         while self.running():
             try:
                 chan = await self._connect()
             except (OSError, asyncio.TimeoutError) as e:
                 log.info("peer %s:%s not reachable (%s); retrying", *self.peer, e)
-                await asyncio.sleep(delay)
-                delay = min(RETRY_CAP_S, delay * 2)
+                await asyncio.sleep(self.delay)
+                self.delay = min(RETRY_CAP_S, self.delay * 2)
                 continue
-            delay = POLL_S
             try:
                 await self._push_loop(chan)
             except Refused as e:
                 log.warning("the peer refuses this generation's snapshots (%s): stopped", e)
                 return
+            except wire.SourceChanged:
+                self.delay = POLL_S  # the rank moved on: its next snapshot, at once
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
                 log.info("peer connection lost (%s); reconnecting", e)
             except (ProtocolError, OSError, Invalid, UnsafePathError) as e:
                 log.warning("peer copy failed (%s); reconnecting", e)
             finally:
                 chan.close()
+            # A peer that drops us (or refuses us before we read why) is not hammered.
+            await asyncio.sleep(self.delay)
+            self.delay = min(RETRY_CAP_S, self.delay * 2)
 
     async def _connect(self) -> Channel:
         chan = await open_channel(
@@ -96,7 +100,8 @@ class Replicator:
                     if refusal.done():
                         msg = refusal.result()  # raises what ended the connection
                         raise Refused(msg.get("message", msg["kind"]))
-                    await self.push_newest(chan, rank)
+                    if await self.push_newest(chan, rank):
+                        self.delay = POLL_S
                 done, _ = await asyncio.wait({refusal}, timeout=POLL_S)
                 if done:
                     msg = refusal.result()
@@ -105,20 +110,16 @@ class Replicator:
             refusal.cancel()
 
     async def push_newest(self, chan: Channel, rank: int) -> bool:
-        """Push rank's newest snapshot unless the peer has it; True if one was pushed whole."""
+        """Push rank's newest snapshot unless the peer has it; True if one was pushed. What
+        was looked at is remembered only once pushed: a push cut short is tried again."""
         directory = files.rank_dir(self.tier, rank)
         stamps = files.stamps(directory)
         if self.seen.get(rank) == stamps:
             return False  # no manifest changed: nothing new (the common case, every POLL_S)
-        self.seen[rank] = stamps
         found = files.snapshots(directory, rank)
-        if not found or self.sent.get(rank) == found[0].key:
-            return False
-        ok, sent = await wire.send_snapshot(chan, directory, found[0], self.pacer)
-        self.bytes += sent
-        if ok:
+        if found and self.sent.get(rank) != found[0].key:
+            self.bytes += await wire.send_snapshot(chan, directory, found[0], self.pacer)
             self.sent[rank] = found[0].key
             self.pushed += 1
-        else:
-            self.seen.pop(rank, None)  # look again at once
-        return ok
+        self.seen[rank] = stamps
+        return bool(found)

@@ -44,6 +44,8 @@ class PeerStore:
         self.locks: dict[int, asyncio.Lock] = {}  # rank → its replica directory's
         self.refused = 0
         self.unauthenticated = 0
+        self.writers: set[asyncio.StreamWriter] = set()  # open connections, closed by close()
+        self.closed = False
 
     async def start(self) -> int:
         """Listen on every interface (the controller tells the others our address); returns
@@ -53,15 +55,21 @@ class PeerStore:
         return int(self.server.sockets[0].getsockname()[1])
 
     def close(self) -> None:
+        """Stop listening and end every connection: nothing writes into the memory tier after
+        this (the agent removes it next)."""
+        self.closed = True
         if self.server is not None:
             self.server.close()
+        for writer in list(self.writers):
+            writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         chan: Channel | None = None
-        if self.unauthenticated >= MAX_UNAUTHENTICATED:
+        if self.unauthenticated >= MAX_UNAUTHENTICATED or self.closed:
             writer.close()
             return
         self.unauthenticated += 1
+        self.writers.add(writer)
         try:
             try:
                 chan = await accept_channel(reader, writer, self.secret)
@@ -82,7 +90,7 @@ class PeerStore:
                         chan.send("refused", message=why)
                         await chan.drain(wire.SEND_TIMEOUT_S)
                         return
-                    await self._keep(chan, msg)
+                    await self._keep(chan, msg, gen)
                 elif msg["kind"] == "fetch":
                     count = await self._answer(chan, msg["ranks"], msg["which"])
                     chan.send("fetched", count=count)
@@ -94,12 +102,12 @@ class PeerStore:
         except (ProtocolError, OSError, Invalid, UnsafePathError) as e:
             log.warning("peer connection dropped: %s", e)
         finally:
-            if chan is not None:
-                chan.close()
-            else:
-                writer.close()
+            self.writers.discard(writer)
+            writer.close()
 
     def _stale(self, gen: int) -> str | None:
+        if self.closed:
+            return "the agent is leaving"
         newest = self.newest_gen()
         claim = read_claim(self.tier)
         if claim is not None and claim.job == self.job_id:
@@ -108,28 +116,33 @@ class PeerStore:
             return f"generation {gen} is older than generation {newest} of this host"
         return None
 
-    async def _keep(self, chan: Channel, header: dict) -> None:
+    async def _keep(self, chan: Channel, header: dict, gen: int) -> None:
         rank = int(header["rank"])
         async with self.locks.setdefault(rank, asyncio.Lock()):
-            await wire.receive_snapshot(chan, header, files.replica_dir(self.tier, rank))
+            await wire.receive_snapshot(
+                chan, header, files.replica_dir(self.tier, rank), refusal=lambda: self._stale(gen)
+            )
 
     async def _answer(self, chan: Channel, ranks: list[int], which: str) -> int:
         """Send every snapshot held of `ranks`, from their own directories ("primary": ranks
-        of this host, which may write meanwhile) or from the replicas kept here."""
+        of this host, which may write meanwhile) or from the replicas kept here: every rank's
+        newest first, then the older ones, so a fetch cut short still has a step in common."""
         count = 0
         pacer = wire.Pacer(0)  # the job waits for a fetch: as fast as it goes
-        for rank in ranks:
-            if which == "replica":
-                directory = files.replica_dir(self.tier, rank)
-                lock = self.locks.setdefault(rank, asyncio.Lock())
-            else:
-                directory, lock = files.rank_dir(self.tier, rank), None
-            async with lock if lock is not None else contextlib.nullcontext():
-                for snap in files.snapshots(directory, rank):
-                    ok, _ = await wire.send_snapshot(
-                        chan, directory, snap, pacer, locked=bool(lock)
-                    )
-                    count += ok
+        for depth in range(files.KEPT):
+            for rank in ranks:
+                if which == "replica":
+                    directory = files.replica_dir(self.tier, rank)
+                    lock = self.locks.setdefault(rank, asyncio.Lock())
+                else:
+                    directory, lock = files.rank_dir(self.tier, rank), None
+                async with lock if lock is not None else contextlib.nullcontext():
+                    held = files.snapshots(directory, rank)
+                    if depth < len(held):
+                        await wire.send_snapshot(
+                            chan, directory, held[depth], pacer, locked=lock is not None
+                        )
+                        count += 1
         return count
 
 

@@ -4,8 +4,9 @@ The connection is protocol.py's (the handshake under the job secret, a key per d
 frame HMAC'd and numbered), between two agents of one job: the client says a `hello` with its
 generation, the server answers what it is asked. A snapshot is a `snapshot` message (rank, slot,
 step, generation, sizes), then its manifest, its objects and its data as blobs (frames of at
-most 1 MiB), then `end` saying whether the source stayed the same while it was read: a slot the
-rank rewrote in the meantime is dropped by the receiver, never kept torn.
+most 1 MiB), then `end`. A slot the rank rewrites while it is sent is not finished: the sender
+closes the connection, and the receiver, which wrote into its oldest slot (never its newest
+snapshot), drops it; it never keeps a torn one.
 
 Not encrypted: the bytes are the model's parameters and optimizer state, which the ranks of
 these same hosts already exchange in the clear over gloo or NCCL every step (docs/security.md).
@@ -14,12 +15,12 @@ these same hosts already exchange in the clear over gloo or NCCL every step (doc
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ftrun.checkpoint.storage import Invalid
 from ftrun.errors import ProtocolError
 from ftrun.peercopy import files
 from ftrun.protocol import Channel
@@ -47,11 +48,17 @@ class Pacer:
             await asyncio.sleep(-self.tokens / self.rate)
 
 
+class SourceChanged(Exception):
+    """The rank rewrote the slot while it was being sent: the rest would be torn."""
+
+
 async def send_snapshot(
     chan: Channel, directory: Path, snap: files.Snapshot, pacer: Pacer, *, locked: bool = False
-) -> tuple[bool, int]:
-    """Send slot `snap` of `directory`; returns (whether it stayed the same, bytes sent).
-    `locked`: nobody writes the directory meanwhile (a replica under its store's lock)."""
+) -> int:
+    """Send slot `snap` of `directory`; returns the bytes sent. SourceChanged when the rank
+    rewrote it meanwhile: the caller must close the connection (the receiver, still waiting
+    for data, drops what it got). `locked`: nobody writes the directory meanwhile (a replica
+    under its store's lock)."""
     objects = files.read_objects(directory, snap)
     chan.send(
         "snapshot",
@@ -63,58 +70,68 @@ async def send_snapshot(
         objects_size=len(objects),
         data_size=snap.data_size,
     )
-    sent = 0
     for blob in (snap.manifest, objects):
         for i in range(0, len(blob), files.CHUNK):
             chan.send_blob(blob[i : i + files.CHUNK])
-    ok = True
-    try:
-        for chunk in files.data_chunks(directory, snap):
-            await pacer.take(len(chunk))
-            chan.send_blob(chunk)
-            sent += len(chunk)
-            await chan.drain(SEND_TIMEOUT_S)
-            if not locked and not files.unchanged(directory, snap):
-                ok = False  # rewritten under us: the rest would be torn; send zeros instead
-                break
-    except (OSError, Invalid):
-        ok = False
-    if not ok:  # the receiver still counts on data_size bytes
-        for pad in _zeros(snap.data_size - sent):
-            chan.send_blob(pad)
-    ok = ok and (locked or files.unchanged(directory, snap))
-    chan.send("end", ok=ok)
+    for chunk in files.data_chunks(directory, snap):
+        await pacer.take(len(chunk))
+        chan.send_blob(chunk)
+        await chan.drain(SEND_TIMEOUT_S)
+        if not locked and not files.unchanged(directory, snap):
+            raise SourceChanged(f"slot {snap.slot} of rank {snap.rank} was rewritten")
+    if not locked and not files.unchanged(directory, snap):
+        raise SourceChanged(f"slot {snap.slot} of rank {snap.rank} was rewritten")
+    chan.send("end", ok=True)
     await chan.drain(SEND_TIMEOUT_S)
-    return ok, sent + len(objects) + len(snap.manifest)
-
-
-def _zeros(n: int) -> list[bytes]:
-    full, rest = divmod(n, files.CHUNK)
-    return [bytes(files.CHUNK)] * full + ([bytes(rest)] if rest else [])
+    return snap.data_size + len(objects) + len(snap.manifest)
 
 
 async def receive_snapshot(
-    chan: Channel, header: dict[str, Any], directory: Path
+    chan: Channel,
+    header: dict[str, Any],
+    directory: Path,
+    *,
+    refusal: Callable[[], str | None] = lambda: None,
 ) -> files.Snapshot | None:
-    """Receive the snapshot `header` announced into its slot of `directory`; returns it when it
-    arrived whole (committed), None when the sender said it changed (the slot is left invalid)."""
+    """Receive the snapshot `header` announced into `directory` (the slot files.slot_for picks);
+    returns it once committed, None when it was not worth keeping (older than what is held).
+    `refusal` is asked right before the commit (generation fencing: a newer generation may have
+    come meanwhile): a reason there raises ProtocolError and nothing is committed."""
+    rank, key = int(header["rank"]), (int(header["step"]), int(header["generation"]))
     manifest = b"".join([part async for part in _blobs(chan, int(header["manifest_size"]))])
     objects = b"".join([part async for part in _blobs(chan, int(header["objects_size"]))])
-    writer = files.SlotWriter(directory, int(header["slot"]))
+    slot = files.slot_for(directory, rank, key)
+    writer = None if slot is None else files.SlotWriter(directory, slot)
     try:
         async for chunk in _blobs(chan, int(header["data_size"])):
-            writer.write(chunk)
+            if writer is not None:
+                writer.write(chunk)
         end = await chan.receive()
-        if end["kind"] != "end":
+        if end["kind"] != "end" or not end["ok"]:
             raise ProtocolError(f"expected the end of the snapshot, got {end['kind']!r}")
-        if not end["ok"]:
-            writer.abort()
+        if writer is None:
             return None
+        _check_manifest(manifest, rank, key, int(header["data_size"]))
+        if (why := refusal()) is not None:
+            raise ProtocolError(f"not kept: {why}")
         writer.commit(objects, manifest)
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
-    return files.read_manifest(directory, int(header["rank"]), int(header["slot"]))
+    return files.read_manifest(directory, rank, writer.slot)
+
+
+def _check_manifest(manifest: bytes, rank: int, key: tuple[int, int], data_size: int) -> None:
+    """The manifest says what the header said: a slot that would not load is never committed."""
+    try:
+        body = json.loads(manifest)
+        said = (int(body["rank"]), (int(body["step"]), int(body["generation"])))
+        size = int(body["data_size"])
+    except (ValueError, KeyError, TypeError):
+        raise ProtocolError("the snapshot's manifest is not one") from None
+    if said != (rank, key) or size != data_size:
+        raise ProtocolError("the snapshot's manifest does not match its header")
 
 
 async def _blobs(chan: Channel, size: int) -> AsyncIterator[bytes]:

@@ -6,6 +6,7 @@ while it is sent is never kept torn; the controller's ring and takeover plan."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -123,11 +124,13 @@ def test_a_zombie_generations_pushes_are_refused(managers, tmp_path):
     assert files.snapshots(files.replica_dir(peer, 0), 0) == []
 
 
-def test_a_snapshot_rewritten_while_it_is_sent_is_not_kept(managers, tmp_path):
-    _, mgr = trained(managers, tmp_path / "a", steps=1, width=512)  # ~3 MiB: several frames
+def test_a_snapshot_rewritten_while_it_is_sent_is_dropped_and_the_older_one_kept(
+    managers, tmp_path
+):
+    _, mgr = trained(managers, tmp_path / "a", steps=2, width=512)  # ~3 MiB: several frames
     source = files.rank_dir(tier(tmp_path / "a", managers.job), 0)
-    [snap] = files.snapshots(source, 0)
-    assert snap.data_size > 2 * files.CHUNK
+    newest, older = files.snapshots(source, 0)
+    assert (newest.step, older.step) == (2, 1) and newest.data_size > 2 * files.CHUNK
     secret = new_secret()
 
     class RewrittenMidway(wire.Pacer):
@@ -140,32 +143,62 @@ def test_a_snapshot_rewritten_while_it_is_sent_is_not_kept(managers, tmp_path):
         async def take(self, n: int) -> None:
             self.calls += 1
             if self.calls == 2:
-                files.paths(source, snap.slot)[2].unlink()
+                files.paths(source, newest.slot)[2].unlink()
 
-    async def scenario(replica: Path) -> tuple[bool, object]:
-        got: asyncio.Future = asyncio.get_running_loop().create_future()
+    async def scenario(replica: Path) -> list[object]:
+        outcomes: list[object] = []
+        ended = asyncio.get_running_loop().create_future()
 
         async def serve(reader, writer) -> None:
             chan = await accept_channel(reader, writer, secret)
             chan.trust(Role.PEER)
-            header = await chan.receive()
-            got.set_result(await wire.receive_snapshot(chan, header, replica))
+            try:
+                while True:
+                    header = await chan.receive()
+                    outcomes.append(await wire.receive_snapshot(chan, header, replica))
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                outcomes.append(e)
             chan.close()
+            ended.set_result(None)
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         chan = await open_channel("127.0.0.1", port, secret, 5, server=Role.PEER)
-        ok, _ = await wire.send_snapshot(chan, source, snap, RewrittenMidway())
-        kept = await asyncio.wait_for(got, TIMEOUT_S)
-        chan.close()
+        await wire.send_snapshot(chan, source, older, wire.Pacer(0))
+        with pytest.raises(wire.SourceChanged):
+            await wire.send_snapshot(chan, source, newest, RewrittenMidway())
+        chan.close()  # what the replicator does: the receiver is left waiting for data
+        await asyncio.wait_for(ended, TIMEOUT_S)
         server.close()
-        return ok, kept
+        return outcomes
 
     replica = tmp_path / "replica"
-    ok, kept = asyncio.run(scenario(replica))
-    assert not ok and kept is None
-    assert not files.paths(replica, snap.slot)[2].exists()  # no manifest: the slot is invalid
+    kept, cut = asyncio.run(scenario(replica))
+    assert isinstance(kept, files.Snapshot) and kept.step == 1
+    assert isinstance(cut, asyncio.IncompleteReadError), cut
+    assert [s.step for s in files.snapshots(replica, 0)] == [1]  # the older one, whole
     mgr.close(persist_last=False)
+
+
+def test_an_arriving_snapshot_never_replaces_the_newest_one_held(tmp_path):
+    """files.slot_for: an empty slot first, else the oldest, and only for something newer."""
+
+    def hold(slot: int, step: int) -> None:
+        data, objects, manifest = files.paths(tmp_path, slot)
+        files.ensure_dir(tmp_path)
+        body = {"rank": 0, "step": step, "generation": 1, "data_size": 0}
+        for path, content in ((data, b""), (objects, b""), (manifest, json.dumps(body).encode())):
+            path.write_bytes(content)
+            path.chmod(0o600)
+
+    assert files.slot_for(tmp_path, 0, (5, 1)) == 0
+    hold(0, 5)
+    assert files.slot_for(tmp_path, 0, (4, 1)) == 1  # room for an older one too
+    hold(1, 4)
+    assert files.slot_for(tmp_path, 0, (6, 1)) == 1  # the oldest goes
+    assert files.slot_for(tmp_path, 0, (3, 1)) is None  # older than both: not kept
+    assert files.slot_for(tmp_path, 0, (5, 1)) is None  # held already
+    assert files.slot_for(tmp_path, 0, (2, 2)) == 1  # a newer generation's: the timeline now
 
 
 def test_a_blob_with_a_bad_tag_or_out_of_order_is_refused():
