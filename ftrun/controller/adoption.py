@@ -43,6 +43,9 @@ class Adoption:
     identity: tls.Identity | None = field(repr=False)
     first_step_seen: bool
     grace_left_s: float
+    # The job's other live agents (spares, hosts back after a loss): host → agent id. They
+    # dial back too, and are kept: without them the next lost host would shrink the job.
+    spares: dict[str, str] = field(default_factory=dict)
 
     @property
     def wait_s(self) -> float:
@@ -73,15 +76,22 @@ def adoption_of(
             return None
     hosts: list[str] = []
     agents: dict[str, str] = {}
+    gone: set[str] = set()  # hosts lost or removed since their agent last connected
     first_step = False
     for ev in events:
-        kind = ev.get("kind")
+        kind, host = ev.get("kind"), str(ev.get("host"))
         if kind == "generation_launched" and ev.get("gen") == point.running:
             hosts = [h for h in ev.get("hosts") or [] if isinstance(h, str)]
         elif kind == "agent_connected" and isinstance(ev.get("agent"), str):
-            agents[str(ev.get("host"))] = ev["agent"]
+            agents[host] = ev["agent"]
+            gone.discard(host)
         elif kind == "first_step" and ev.get("gen") == point.running:
             first_step = True
+        elif (kind == "fault_detected" and ev.get("fault") == "host-lost") or kind in (
+            "host_removed",
+            "host_unreachable",
+        ):
+            gone.add(host)
     if not hosts or any(h not in agents for h in hosts):
         return None
     return Adoption(
@@ -93,6 +103,7 @@ def adoption_of(
         identity=identity,
         first_step_seen=first_step,
         grace_left_s=grace_left,
+        spares={h: a for h, a in agents.items() if h not in hosts and h not in gone},
     )
 
 

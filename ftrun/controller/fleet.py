@@ -151,6 +151,13 @@ class Fleet:
             self.server.expected.add(agent_id)
         return set(agents.values())
 
+    def expect_spares(self, agents: dict[str, str]) -> None:
+        """The old controller's other agents (host → id) may say hello again, as spares; one
+        that does not within the start timeout makes its host lost, to be retried."""
+        self.expect_back(agents)
+        for host, agent_id in agents.items():
+            self._spawn(self._hello_deadline(agent_id, host), self._waits)
+
     def release(self, agent_ids: list[str], why: str) -> None:
         """Agents of a generation that is not adopted: they fence (kill their ranks, exit),
         and their hosts start over with fresh agents."""

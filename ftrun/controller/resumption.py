@@ -89,6 +89,7 @@ class Resumption:
         back with it running, else None (they are told to fence, and the job goes on from the
         freshest checkpoint). Interrupted when a stop or a notice came meanwhile."""
         self.fleet.port = port
+        self.fleet.expect_spares(adoption.spares)  # not waited for: only the generation is
         back = await self.inbox.agents_back(
             self.fleet.expect_back(adoption.agents), adoption.gen, adoption.wait_s
         )
@@ -122,7 +123,7 @@ class Resumption:
         why = f"{', '.join(missing)} did not come back with generation {adoption.gen}"
         self.journal.record("adoption_failed", incident=incident, gen=adoption.gen, why=why)
         self.reporter.notice(f"cannot adopt: {why}; going on from the freshest checkpoint")
-        self.fleet.release(list(adoption.agents.values()), why)
+        self.fleet.release([*adoption.agents.values(), *adoption.spares.values()], why)
         self.journal.record(
             "generation_ended", gen=adoption.gen, outcome="controller-lost", step=None
         )

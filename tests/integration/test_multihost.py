@@ -277,7 +277,7 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
     """The controller is SIGKILLed: its ssh sessions die with it, and the agents keep their
     ranks training, dialling it again. `ftrun resume` comes up within their grace, on the same
     port, secret and certificate (TLS between hosts), and adopts the generation: the same rank
-    processes, every step once."""
+    processes, every step once. The spare's agent dials back too and is kept as the spare."""
     record = tmp_path / "record"
     record.mkdir()
     proc = ftrun.start(
@@ -286,6 +286,8 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
         str(bed.ssh_config),
         "--hosts",
         "node1,node2",
+        "--spares",
+        "node3",
         CKPT_TRAIN,
         "--steps",
         "120",
@@ -298,6 +300,10 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
     out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)
     job_id = ftrun.only_job()["job_id"]
     kill_and_adopt(ftrun, proc, job_id, record, hosts="node1, node2", steps=120)
+    events = ftrun.events(job_id)
+    spare = [e["agent"] for e in kinds(events, "agent_connected") if e["host"] == "node3"]
+    assert spare == ["node3#1", "node3#1"], "connected at the launch, and again to the resume"
+    assert not [e for e in kinds(events, "host_unreachable") if e["host"] == "node3"]
 
 
 def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, tmp_path):
