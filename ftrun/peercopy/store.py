@@ -99,7 +99,7 @@ class PeerStore:
                     raise ProtocolError(f"a peer may not start with {msg['kind']!r}")
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
             pass  # the peer went away (its generation ended, its host died)
-        except (ProtocolError, OSError, Invalid, UnsafePathError) as e:
+        except (ProtocolError, OSError, Invalid, UnsafePathError, wire.SourceChanged) as e:
             log.warning("peer connection dropped: %s", e)
         finally:
             self.writers.discard(writer)
