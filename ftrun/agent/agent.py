@@ -85,6 +85,7 @@ class Agent:
         self.exit_code: int | None = None
         self.done = asyncio.Event()
         self.force_stop = asyncio.Event()
+        self.orders: asyncio.Queue[dict[str, Any]] = asyncio.Queue()  # read, not yet done
         self.stdin_watch: threading.Thread | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
@@ -103,6 +104,7 @@ class Agent:
                 loop.add_signal_handler(sig, self._finish, EXIT_FENCED, f"signal {sig.name}")
             for name, loop_fn in (
                 ("receive loop", self._receive_loop),
+                ("order loop", self._order_loop),
                 ("heartbeat loop", self._heartbeat_loop),
                 ("tail loop", lambda: watch.tail_loop(lambda: self.gen, self.tasks)),
                 ("idle loop", lambda: watch.idle_loop(lambda: self.gen, self.link)),
@@ -198,30 +200,42 @@ class Agent:
     # ---- what the controller says -----------------------------------------------------------
 
     async def _receive_loop(self) -> None:
+        """Reads the controller's messages as they come, and only that (the link counts the
+        controller alive by what it reads): what they ask is done in order by _order_loop,
+        which may wait (a launch fetches its ranks' snapshots from a peer first)."""
         while (msg := await self.link.receive()) is not None:
-            kind = msg["kind"]
-            run = self._current(msg.get("gen"))
-            if kind == "launch":
-                await self._launch_or_report(msg)
-            elif kind == "stop":
-                if msg.get("grace_s", 0) <= 0:
-                    self.force_stop.set()
-                self.tasks.spawn("stop", self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
-            elif kind == "signal":
-                self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
-            elif kind == "preempt":
-                self._preempt(msg.get("gen"), str(msg.get("signal")))
-            elif kind == "inject":
-                if run is not None:
-                    run.add_injection(msg)
-            elif kind == "finishing":
-                if run is not None:
-                    run.on_finishing()
-            elif kind == "capture_stacks":
-                self.tasks.spawn("stacks for the exit barrier", self._send_stacks(msg.get("gen")))
-            elif kind == "shutdown":
+            if msg["kind"] == "shutdown":
                 self._finish(0, "shutdown")
                 return
+            if msg["kind"] == "stop" and msg.get("grace_s", 0) <= 0:
+                self.force_stop.set()  # now, not after the orders before it
+            self.orders.put_nowait(msg)
+
+    async def _order_loop(self) -> None:
+        while True:
+            await self._obey(await self.orders.get())
+
+    async def _obey(self, msg: dict[str, Any]) -> None:
+        kind = msg["kind"]
+        run = self._current(msg.get("gen"))
+        if kind == "launch":
+            await self._launch_or_report(msg)
+        elif kind == "stop":
+            if msg.get("grace_s", 0) <= 0:
+                self.force_stop.set()
+            self.tasks.spawn("stop", self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+        elif kind == "signal":
+            self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
+        elif kind == "preempt":
+            self._preempt(msg.get("gen"), str(msg.get("signal")))
+        elif kind == "inject":
+            if run is not None:
+                run.add_injection(msg)
+        elif kind == "finishing":
+            if run is not None:
+                run.on_finishing()
+        elif kind == "capture_stacks":
+            self.tasks.spawn("stacks for the exit barrier", self._send_stacks(msg.get("gen")))
 
     async def _heartbeat_loop(self) -> None:
         await self.link.heartbeat_loop(lambda: self.gen.number if self.gen else None)
@@ -280,6 +294,7 @@ class Agent:
         await self._kill_generation()
         number = int(msg["gen"])
         self.newest_gen = max(self.newest_gen, number)  # from now on older pushes are refused
+        self.peers.fence_older(number)  # and pushes under way from older ones are cut off
         peer = msg.get("peer") or {}
         for source in peer.get("fetch") or []:  # snapshots of the ranks we take over: first
             report = await fetch(

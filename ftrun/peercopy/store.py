@@ -45,6 +45,7 @@ class PeerStore:
         self.refused = 0
         self.unauthenticated = 0
         self.writers: set[asyncio.StreamWriter] = set()  # open connections, closed by close()
+        self.pushers: dict[asyncio.StreamWriter, int] = {}  # a pushing connection → its gen
         self.closed = False
 
     async def start(self) -> int:
@@ -62,6 +63,14 @@ class PeerStore:
             self.server.close()
         for writer in list(self.writers):
             writer.close()
+
+    def fence_older(self, gen: int) -> None:
+        """This host launches generation `gen`: cut off pushes of older generations under way.
+        A push from a host that died mid-way would otherwise hold its rank's replica (and so a
+        spare's fetch of it) until the blob timeout."""
+        for writer, pusher_gen in list(self.pushers.items()):
+            if pusher_gen < gen:
+                writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         chan: Channel | None = None
@@ -90,6 +99,7 @@ class PeerStore:
                         chan.send("refused", message=why)
                         await chan.drain(wire.SEND_TIMEOUT_S)
                         return
+                    self.pushers[writer] = gen
                     await self._keep(chan, msg, gen)
                 elif msg["kind"] == "fetch":
                     count = await self._answer(chan, msg["ranks"], msg["which"])
@@ -103,6 +113,7 @@ class PeerStore:
             log.warning("peer connection dropped: %s", e)
         finally:
             self.writers.discard(writer)
+            self.pushers.pop(writer, None)
             writer.close()
 
     def _stale(self, gen: int) -> str | None:

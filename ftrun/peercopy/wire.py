@@ -26,6 +26,9 @@ from ftrun.peercopy import files
 from ftrun.protocol import Channel
 
 SEND_TIMEOUT_S = 30.0  # a receiver that stops reading for this long is given up on
+# Within a snapshot, the longest wait for its next frame: a sender whose host lost power says
+# nothing (no FIN, no RST), and the receiver must not hold the replica's lock until TCP gives up.
+BLOB_TIMEOUT_S = 10.0
 
 
 class Pacer:
@@ -106,7 +109,7 @@ async def receive_snapshot(
         async for chunk in _blobs(chan, int(header["data_size"])):
             if writer is not None:
                 writer.write(chunk)
-        end = await chan.receive()
+        end = await asyncio.wait_for(chan.receive(), BLOB_TIMEOUT_S)
         if end["kind"] != "end" or not end["ok"]:
             raise ProtocolError(f"expected the end of the snapshot, got {end['kind']!r}")
         if writer is None:
@@ -138,7 +141,7 @@ async def _blobs(chan: Channel, size: int) -> AsyncIterator[bytes]:
     """The blobs that make up `size` bytes, as they come."""
     left = size
     while left > 0:
-        part = await chan.receive_blob()
+        part = await asyncio.wait_for(chan.receive_blob(), BLOB_TIMEOUT_S)
         if len(part) > left:
             raise ProtocolError("more bytes than the snapshot said")
         left -= len(part)

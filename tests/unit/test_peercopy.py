@@ -284,3 +284,45 @@ def test_strangers_cannot_hold_more_than_a_few_connections(tmp_path):
 
     nonces, extra = asyncio.run(scenario())
     assert len(set(nonces)) == MAX_UNAUTH and extra == b""
+
+
+def test_a_push_cut_short_by_a_dead_host_does_not_hold_the_replica(managers, tmp_path):
+    """The pusher's host loses power mid-snapshot (no FIN, no RST): when this host launches
+    the next generation, the push is cut off, and a spare's fetch of that rank is answered."""
+    _, mgr = trained(managers, tmp_path / "a", steps=1, width=512)
+    source = files.rank_dir(tier(tmp_path / "a", managers.job), 0)
+    [snap] = files.snapshots(source, 0)
+    mgr.close(persist_last=False)
+    secret, job = new_secret(), managers.job
+    newest = 1
+
+    async def scenario() -> dict:
+        nonlocal newest
+        store = PeerStore(tier=tier(tmp_path / "b", job), secret=secret, job_id=job,
+                          newest_gen=lambda: newest)  # fmt: skip
+        port = await store.start()
+        pusher = await open_channel("127.0.0.1", port, secret, 5, server=Role.PEER)
+        pusher.send("hello", role="peer", host="a", gen=1)
+        pusher.send(
+            "snapshot", rank=0, slot=snap.slot, step=snap.step, generation=snap.generation,
+            manifest_size=len(snap.manifest), objects_size=0, data_size=snap.data_size,
+        )  # fmt: skip
+        pusher.send_blob(snap.manifest)
+        pusher.send_blob(next(files.data_chunks(source, snap)))  # then silence: power is gone
+        await pusher.drain(5)
+        await until(lambda: store.pushers, "the push to be under way")
+        newest = 2
+        store.fence_older(2)  # what the agent does when it launches generation 2
+        source_ = {"addr": "127.0.0.1", "port": port, "which": "replica", "ranks": [0]}
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        report = await fetch(source_, tier=tier(tmp_path / "s", job), gen=2, host="s",
+                             secret=secret)  # fmt: skip
+        report["waited_s"] = loop.time() - t0
+        pusher.close()
+        store.close()
+        return report
+
+    report = asyncio.run(scenario())
+    assert "error" not in report and report["snapshots"] == [], report  # nothing whole to give
+    assert report["waited_s"] < 5, report
