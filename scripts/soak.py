@@ -369,7 +369,8 @@ def reference(steps: int, tmp: Path) -> dict[tuple[int, int], str]:
             "--no-memory", "--ckpt-dir", str(tmp / "reference-ckpt"),
         ],
         capture_output=True, text=True, timeout=1800, cwd=tmp,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        # TMPDIR: plain torchrun leaves a torchelastic_* dir there; this one goes with `tmp`.
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)},
     )  # fmt: skip
     if out.returncode != 0:
         raise SoakError(f"the reference run failed: {out.stderr[-1500:]}")
