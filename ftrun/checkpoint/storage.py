@@ -5,7 +5,7 @@ Pure Python (no torch): the persist worker imports it, and it starts in millisec
 Layout of a checkpoint directory:
 
     <dir>/step-0000000040/          committed (renamed into place only when complete)
-        manifest.json               format, step, generation, world size, every file's size + CRC32
+        manifest.json               format, step, generation, world size, every file's size + checksum
         .metadata                   torch.distributed.checkpoint Metadata (sealed pickle), for resharding
         __<r>_0.distcp              raw tensor bytes written by rank r (offsets in .metadata)
         __<r>_objects.pkl           rank r's non-tensor state (sealed pickle)
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrun import private
-from ftrun.checkpoint import auth
+from ftrun.checkpoint import auth, digest
 from ftrun.checkpoint.errors import CheckpointDirError, UnsafePathError
 
 FORMAT = "ftrun-checkpoint/1"
@@ -220,18 +220,6 @@ def open_regular(path: Path) -> int:
     return fd
 
 
-def crc32_file(path: Path) -> tuple[int, int]:
-    """(size, CRC32) of a regular file, read in chunks (Invalid for anything else)."""
-    crc, size = 0, 0
-    with open(open_regular(path), "rb", buffering=0) as f:
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-            size += n
-    return size, crc
-
-
 @dataclass(frozen=True)
 class Candidate:
     """A committed checkpoint directory whose manifest parses."""
@@ -281,8 +269,8 @@ def verify_files(
 ) -> str | None:
     """Check the given files against the manifest; None when they match, else the reason.
 
-    Sizes always, CRC32s when `full`; the seal of a pickled file always (auth.py), whatever
-    `full` says: a pickle is never loaded on the strength of a CRC32."""
+    Sizes always, checksums (digest.py) when `full`; the seal of a pickled file always
+    (auth.py), whatever `full` says: a pickle is never loaded on the strength of a checksum."""
     files = manifest["files"]
     for name in names:
         want = files[name]
@@ -298,10 +286,8 @@ def verify_files(
         try:
             if sealed(name):
                 auth.unseal(key, read_regular(target))
-            elif full:
-                _, crc = crc32_file(target)
-                if crc != want["crc32"]:
-                    return f"{name} fails its CRC32 check"
+            elif full and (why := digest.mismatch(open_regular(target), want)):
+                return f"{name} {why}"
         except FileNotFoundError:
             return f"{name} is missing"
         except (Invalid, OSError) as exc:

@@ -32,13 +32,12 @@ import shutil
 import signal
 import struct
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ftrun.checkpoint import storage
+from ftrun.checkpoint import digest, storage
 from ftrun.checkpoint.fence import FENCE_TIMEOUT_S, GenerationFence, Superseded
 
 _HEADER = struct.Struct("!I")
@@ -97,10 +96,10 @@ def _write_items(
     """Copy (slot_offset, nbytes, file_offset) items from the snapshot into fd.
 
     Offsets are BLOCK-aligned on both sides and every item is zero-padded to a whole BLOCK, so
-    the same writes work with O_DIRECT. The CRC32 of a chunk is computed while the previous chunk
-    is being written (both release the GIL), so checksumming costs no extra wall time.
+    the same writes work with O_DIRECT. The checksum of a chunk (XXH3, digest.py) is computed
+    while the previous chunk is being written (both release the GIL): no extra wall time.
     """
-    crc, pos = 0, 0
+    checksum, pos = digest.DataDigest(), 0
     view = memoryview(mm)
     bounce = mmap.mmap(-1, BLOCK)  # page-aligned, for zero-padded tails
     pending: Future[None] | None = None
@@ -114,7 +113,7 @@ def _write_items(
                 for start in range(slot_off, slot_off + full, storage.CHUNK):
                     segments.append(view[start : min(start + storage.CHUNK, slot_off + full)])
                 for seg in segments:
-                    crc = zlib.crc32(seg, crc)
+                    checksum.update(seg)
                     if pending is not None:
                         pending.result()
                     pending = writer.submit(_pwrite_all, fd, seg, pos)
@@ -127,7 +126,7 @@ def _write_items(
                         pending = None
                     bounce[:] = bytes(BLOCK)
                     bounce[:tail] = view[slot_off + full : slot_off + nbytes]
-                    crc = zlib.crc32(bounce, crc)
+                    checksum.update(bounce)
                     _pwrite_all(fd, memoryview(bounce), pos)
                     pos += BLOCK
             if pending is not None:
@@ -135,7 +134,7 @@ def _write_items(
         finally:
             view.release()
             bounce.close()
-    return {"size": pos, "crc32": crc}
+    return checksum.entry(pos)
 
 
 class Aborted(Exception):
@@ -249,7 +248,7 @@ class Worker:
         path: Path, mm: mmap.mmap, items: list[tuple[int, int, int]], throttle: Throttle
     ) -> tuple[int, dict[str, int]]:
         """Write items to a new file with O_DIRECT (no page-cache copy, ~0.05 s CPU per GiB),
-        or buffered where the filesystem refuses O_DIRECT (tmpfs); returns (fd, size + CRC32).
+        or buffered where the filesystem refuses O_DIRECT (tmpfs); returns (fd, manifest entry).
         The file is made new either way (storage.create_file: 0600, never through a link)."""
         if hasattr(os, "O_DIRECT"):
             try:

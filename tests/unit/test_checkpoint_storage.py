@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrun.checkpoint import auth, storage
+from ftrun.checkpoint import auth, digest, storage
 from ftrun.checkpoint.config import CheckpointConfig, memory_tier_dir, resolve_config
 from ftrun.checkpoint.errors import CheckpointDirError
 from ftrun.errors import UsageError
@@ -18,8 +18,11 @@ from ftrun.errors import UsageError
 KEY = bytes(range(32))  # the checkpoint key (auth.py) every file here is written under
 
 
-def make_checkpoint(root: Path, step: int, payload: bytes = b"x" * 5000) -> Path:
-    """A committed checkpoint as the worker writes it (files + manifest + rename)."""
+def make_checkpoint(
+    root: Path, step: int, payload: bytes = b"x" * 5000, *, data_crc32: bool = False
+) -> Path:
+    """A committed checkpoint as the worker writes it (files + manifest + rename): tensor data
+    with its XXH3, or with the CRC32 that checkpoints written before digest.py carry."""
     tmp = root / storage.tmp_dir_name(step, 1, "abc")
     tmp.mkdir(parents=True)
     files = {}
@@ -28,6 +31,10 @@ def make_checkpoint(root: Path, step: int, payload: bytes = b"x" * 5000) -> Path
         (storage.METADATA, auth.seal(KEY, b"meta")),
     ):
         files[name] = {"size": len(data), "crc32": storage.write_file(tmp / name, data)}
+    if not data_crc32:
+        checksum = digest.DataDigest()
+        checksum.update(payload)
+        files[storage.data_file_name(0)] = checksum.entry(len(payload))
     storage.write_json_atomic(
         tmp / storage.MANIFEST,
         {"format": storage.FORMAT, "step": step, "generation": 1, "world_size": 1, "files": files},
@@ -69,20 +76,29 @@ def test_candidates_are_newest_first_and_only_committed(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "damage, reason",
+    "damage, reason, data_crc32",
     [
-        (lambda p: p.write_bytes(p.read_bytes()[:-1]), "has 4999 bytes"),
-        (lambda p: p.write_bytes(b"y" + p.read_bytes()[1:]), "CRC32"),
-        (lambda p: p.unlink(), "missing"),
+        (lambda p: p.write_bytes(p.read_bytes()[:-1]), "has 4999 bytes", False),
+        (lambda p: p.write_bytes(b"y" + p.read_bytes()[1:]), "fails its XXH3 check", False),
+        (lambda p: p.write_bytes(b"y" + p.read_bytes()[1:]), "fails its CRC32 check", True),
+        (lambda p: p.unlink(), "missing", False),
     ],
 )
-def test_verify_catches_torn_and_corrupt_files(tmp_path, damage, reason):
-    ckpt = make_checkpoint(tmp_path, 7)
+def test_verify_catches_torn_and_corrupt_files(tmp_path, damage, reason, data_crc32):
+    ckpt = make_checkpoint(tmp_path, 7, data_crc32=data_crc32)
     manifest = storage.read_manifest(ckpt, key=KEY)
     names = list(manifest["files"])
     assert storage.verify_files(ckpt, manifest, names, full=True, key=KEY) is None
     damage(ckpt / storage.data_file_name(0))
     assert reason in storage.verify_files(ckpt, manifest, names, full=True, key=KEY)
+
+
+def test_a_manifest_entry_without_a_checksum_fails_full_verification(tmp_path):
+    ckpt = make_checkpoint(tmp_path, 7)
+    manifest = storage.read_manifest(ckpt, key=KEY)
+    del manifest["files"][storage.data_file_name(0)][digest.DATA]
+    names = [storage.data_file_name(0)]
+    assert "has no checksum" in storage.verify_files(ckpt, manifest, names, full=True, key=KEY)
 
 
 def test_size_only_verification_skips_checksums(tmp_path):
