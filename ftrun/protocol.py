@@ -153,21 +153,26 @@ class Channel:
         message's, its tag over the frame's sequence number and the bytes, so a blob cannot be
         replayed, reordered or passed off as a message (nor a message as a blob)."""
         self._sent_seq += 1
-        tag = hmac.new(self._send_key, _blob_label(self._sent_seq) + data, hashlib.sha256).digest()
+        mac = hmac.new(self._send_key, _blob_label(self._sent_seq), hashlib.sha256)
+        mac.update(data)  # not label + data: a chunk is megabytes, and a copy of it costs
+        tag = mac.digest()
         if len(tag) + len(data) > MAX_FRAME_BYTES:
             raise ProtocolError(f"blob of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
         if not self.writer.is_closing():
-            self.writer.write(_LENGTH.pack(len(tag) + len(data)) + tag + data)
+            self.writer.write(_LENGTH.pack(len(tag) + len(data)) + tag)
+            self.writer.write(data)
 
-    async def receive_blob(self) -> bytes:
+    async def receive_blob(self) -> memoryview:
         """The next frame, which must be a blob; ProtocolError if it is not authentic."""
         try:
             frame = await read_frame(self.reader, self.max_frame_bytes)
         except ProtocolError as e:
             raise ConnectionResetError(str(e)) from None
         self._recv_seq += 1
-        tag, data = frame[:_TAG_BYTES], frame[_TAG_BYTES:]
-        want = hmac.new(self._recv_key, _blob_label(self._recv_seq) + data, hashlib.sha256)
+        view = memoryview(frame)  # slices of it are not copies
+        tag, data = view[:_TAG_BYTES], view[_TAG_BYTES:]
+        want = hmac.new(self._recv_key, _blob_label(self._recv_seq), hashlib.sha256)
+        want.update(data)
         if len(frame) < _TAG_BYTES or not hmac.compare_digest(tag, want.digest()):
             raise ProtocolError("bad authentication tag on a blob")
         return data

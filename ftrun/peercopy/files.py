@@ -159,7 +159,7 @@ class SlotWriter:
         self.fd = os.open(self.data, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self.offset = 0
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes | memoryview) -> None:
         view = memoryview(chunk)
         while view:
             n = os.pwrite(self.fd, view, self.offset)

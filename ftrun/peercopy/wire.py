@@ -137,7 +137,7 @@ def _check_manifest(manifest: bytes, rank: int, key: tuple[int, int], data_size:
         raise ProtocolError("the snapshot's manifest does not match its header")
 
 
-async def _blobs(chan: Channel, size: int) -> AsyncIterator[bytes]:
+async def _blobs(chan: Channel, size: int) -> AsyncIterator[memoryview]:
     """The blobs that make up `size` bytes, as they come."""
     left = size
     while left > 0:
