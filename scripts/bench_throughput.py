@@ -55,6 +55,8 @@ def measure(args: argparse.Namespace, state_gib: float, root: Path) -> list[dict
     gib = sum(p.numel() for p in model.parameters()) * 12 / 2**30
     rows = []
     for name, options in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
         method = Variant(root / name.replace(" ", "_"), model, opt, options=options)
         base, every, held = [], [], 0.0
         try:
@@ -112,6 +114,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256, help="rows per step (sets the step time)")
     p.add_argument("--steps", type=int, default=4, help="steps per window")
     p.add_argument("--rounds", type=int, default=4, help="windows of each kind per variant")
+    p.add_argument(
+        "--only", nargs="+", choices=list(VARIANTS), default=None, help="run these variants"
+    )
     p.add_argument("--json", default=None, help="also write the rows to this file")
     args = p.parse_args()
     print(f"{torch.get_num_threads()} threads; {args.rounds} rounds of {args.steps} steps")
