@@ -12,7 +12,7 @@ and `loads()`, the only place that unpickles stored bytes, checks the tag in con
 beside its CRC32, over the same canonical form (another prefix, so a manifest's tag never passes
 for a pickle's). What fails is corrupt: the memory slot or the storage checkpoint is skipped with
 a warning and restore falls back to the next tier or an older checkpoint. Tensor bytes are not
-sealed: they are raw numbers, never code, checked by size and CRC32 as before (and written into
+sealed: they are raw numbers, never code, checked by size and XXH3 (digest.py) (and written into
 directories of this user only). The persist worker's pipe (worker.py) carries pickles too, but
 between a rank and its own child over a private pipe that no other user can open.
 

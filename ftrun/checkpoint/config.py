@@ -55,7 +55,7 @@ class CheckpointConfig:
     persist_every: int = 1  # persist saves whose step is a multiple of this
     persist_bandwidth: float = 200.0  # MB/s the worker may write (0: unlimited); see docs
     persist_priority: str = "low"  # worker: nice 10 ("low"), SCHED_IDLE ("idle"), "normal"
-    verify: str = "full"  # restore checks sizes and CRC32s ("full") or sizes only
+    verify: str = "full"  # restore checks sizes and checksums ("full") or sizes only
     small_tensor_bytes: int = 1 << 16  # tensors up to this size are copied inside save()
     snapshot_timeout: float = 600.0  # seconds wait_snapshot() may block
     persist_timeout: float = 900.0  # seconds a persist (all ranks' parts + commit) may take
