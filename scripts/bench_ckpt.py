@@ -378,6 +378,7 @@ def table(rows: list[dict], state_gib: float, crash: dict | None, args: argparse
 
 
 def main() -> None:
+    benchlib.exit_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--state-gib", type=float, default=4.5)
     p.add_argument("--batch", type=int, default=256, help="rows per step (sets the step time)")

@@ -109,6 +109,7 @@ TABLE = Table(
 
 
 def main() -> None:
+    benchlib.exit_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--state-gib", type=float, nargs="+", default=[1.0, 4.5])
     p.add_argument("--batch", type=int, default=256, help="rows per step (sets the step time)")

@@ -27,6 +27,7 @@ import re
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +43,12 @@ import psutil
 TAG = "BENCH_TRIAL"  # the environment variable that marks every process of one Run
 
 # -- statistics -------------------------------------------------------------------------------
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (`kill`, a CI timeout) unwind like Ctrl-C, so `finally` blocks run: a
+    benchmark's checkpoint Managers then remove their memory tier (gigabytes of /dev/shm)."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def median(values: Iterable[float | None]) -> float | None:
