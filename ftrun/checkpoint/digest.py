@@ -24,6 +24,7 @@ Buffer = memoryview | bytes | bytearray | mmap.mmap
 
 DATA = "xxh3"  # the entry key for tensor data
 LEGACY = "crc32"
+CHUNK = 8 << 20  # read size when verifying a file
 
 
 class DataDigest:
@@ -37,9 +38,6 @@ class DataDigest:
 
     def entry(self, size: int) -> dict[str, int]:
         return {"size": size, DATA: self._state.intdigest()}
-
-
-CHUNK = 8 << 20
 
 
 def file_digest(fd: int, algorithm: str) -> int:

@@ -4,8 +4,8 @@ All ranks agree on one step:
 - memory: each rank lists the steps its memory slots hold for the current layout; the newest step
   every rank holds is the memory candidate;
 - storage: rank 0 lists committed checkpoints (manifests); each one newer than the memory
-  candidate is verified (sizes + checksums, the files split across ranks) until one passes; a torn or
-  corrupt one is skipped with a warning.
+  candidate is verified (sizes + checksums, the files split across ranks) until one passes; a
+  torn or corrupt one is skipped with a warning.
 The newer of the two wins (memory on a tie: it is faster). Every rank prints the choice as one
 line, `ftrun-checkpoint: restored step N from <tier>` (or `... no checkpoint found, starting from
 step 0`): under ftrun the agent relays rank output into the job's logs, where `ftrun inspect`
