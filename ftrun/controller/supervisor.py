@@ -319,6 +319,11 @@ class Supervisor:
         still run (a partition): the next generation starts anyway, because nothing they do can
         reach it (docs/fencing.md)."""
         self.fleet.release_removed()
+        if self.signals.count:
+            # A stop came while this generation went down: under scancel, Slurm signals the
+            # ranks and the controller at once, and a rank's SIGTERM can win by milliseconds.
+            # The job was stopped, not failed for want of the hosts the stop took away.
+            return self._interrupted()
         delay = self.incidents.backoff_s() if end.failure is not None else 0.0
         if delay:
             self.reporter.notice(f"{end.why}; next attempt in {delay:g} s", level="warning")
