@@ -29,7 +29,9 @@ def test_a_short_soak_with_every_fault_once(tmp_path):
     report = tmp_path / "soak.json"
     proc = subprocess.Popen(
         [
-            sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "1.1",
+            # 1.5 min: 675 steps, so the job (~80 s with its recoveries) is still running when
+            # the fifth fault comes at ~60 s; with 1.1 min (495 steps) it could finish first.
+            sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "1.5",
             "--fault-every", "12", "--cycle", "--sample-every", "2", "--warmup-s", "10",
             "--json", str(report),
         ],
