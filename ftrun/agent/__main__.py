@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from ftrun.agent import copy_tunables
 from ftrun.agent.agent import Agent
 from ftrun.bootstrap import Bootstrap
 
@@ -26,6 +27,8 @@ def main() -> int:
     # environment the launcher forwards.
     os.umask(boot.umask)
     os.environ.update(boot.env)
+    if tunables := copy_tunables.apply(os.environ):
+        logging.info("ranks start with GLIBC_TUNABLES=%s (copy_tunables.py)", tunables)
     return asyncio.run(Agent(boot).run())
 
 

@@ -1,6 +1,8 @@
 """Prints the torchrun contract as this rank sees it, as one `CONTRACT {json}` line. With
 --fail-once MARKER, rank 1 SIGKILLs itself the first time (so that a generation 2 exists);
---names adds variables to print (what --env and --env-file forward); --wait-for FILE keeps the
+--names adds variables to print (what --env and --env-file forward), --exec-names variables as
+this process image started with them (/proc/self/environ: what the interpreter and the dynamic
+loader read, a warm rank's being its zygote's); --wait-for FILE keeps the
 rank alive until FILE exists (at most 180 s), for a test to look at the running processes."""
 
 import argparse
@@ -29,10 +31,18 @@ KEYS = [
 p = argparse.ArgumentParser()
 p.add_argument("--fail-once", default=None, help="marker file: rank 1 dies if it does not exist")
 p.add_argument("--names", nargs="*", default=[])
+p.add_argument("--exec-names", nargs="*", default=[])
 p.add_argument("--wait-for", default=None)
 args = p.parse_args()
 first_generation = bool(args.fail_once) and not os.path.exists(args.fail_once)
-print("CONTRACT " + json.dumps({k: os.environ.get(k) for k in KEYS + args.names}), flush=True)
+seen = {k: os.environ.get(k) for k in KEYS + args.names}
+if args.exec_names:
+    with open("/proc/self/environ", "rb") as f:
+        started = dict(
+            item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item
+        )
+    seen["exec"] = {k: started.get(k) for k in args.exec_names}
+print("CONTRACT " + json.dumps(seen), flush=True)
 if first_generation and os.environ["RANK"] == "0":
     open(args.fail_once + ".rank0", "w").close()  # printed: rank 1 may die now
 if first_generation and os.environ["RANK"] == "1":
