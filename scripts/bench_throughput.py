@@ -12,8 +12,8 @@ meaningful next to its own baseline). Each variant is one cost added to the one 
   + persist, idle    the same worker at SCHED_IDLE: it runs only on cycles training leaves
 
 The process runs under the glibc tunables ftrun's agent gives the ranks it starts
-(ftrun/agent/copy_tunables.py: large copies with non-temporal stores where glibc's own threshold
-is above the snapshot's 64 MiB chunks), re-executing itself if need be; --glibc-default measures
+(ftrun/agent/copy_tunables.py: copies of 4 MiB or more with non-temporal stores where glibc's own
+threshold is higher), re-executing itself if need be; --glibc-default measures
 glibc's own choice instead.
 
 Reported per size and variant: steps/s relative to none (all windows' time, the median of the

@@ -1,21 +1,23 @@
 """Large copies in the ranks use non-temporal stores: glibc's threshold, lowered where it is high.
 
-A snapshot every step copies the whole training state in chunks of 64 MiB
-(`ftrun.checkpoint.snapshot.COPY_CHUNK`), and the optimizer step waits for what the background
-thread has not copied yet. glibc's `memcpy` switches from ordinary stores (each destination line
-read for ownership, then written back) to non-temporal ones above
-`glibc.cpu.x86_non_temporal_threshold`, which it derives from the L3 size the CPU reports. On a
-usual host that is a few MiB, and every chunk streams. Some VMs report a huge L3 (this project's
-test VM: 480 MiB, threshold 181 MiB), and there each chunk went through the cache: 7 GB/s per
-thread against 12 with non-temporal stores. The optimizer step was held 310 ms instead of 143 ms
-for a 4.5 GiB state (docs/checkpoint.md, Measurements).
+A snapshot every step copies the whole training state, tensor by tensor (in chunks of at most
+64 MiB, `ftrun.checkpoint.snapshot.COPY_CHUNK`), and the optimizer step waits for what the
+background thread has not copied yet. glibc's `memcpy` switches from ordinary stores (each
+destination line read for ownership, then written back) to non-temporal ones at
+`glibc.cpu.x86_non_temporal_threshold`, which it derives from the L3 size the CPU reports: about
+1 MiB on an ordinary server with glibc 2.36, a quarter of the L3 from 2.38 on. Some VMs report a
+huge L3 (this project's test VM: 480 MiB, threshold 181 MiB), and there every tensor's copy went
+through the cache: 10 GB/s for two threads into /dev/shm against 17-18 GB/s with non-temporal
+stores, for any copy of 1 MiB or more. The optimizer step was held 78 ms instead of 39 ms for a
+0.94 GiB state (docs/checkpoint.md, Measurements).
 
-So the agent lowers the threshold to the chunk size in the environment every rank inherits, and
-only then: never raised, never on a host whose glibc already streams such copies, never over a
-value the user set (set the tunable yourself to keep glibc's). It changes only copies of
-64 MiB or more in the rank's process, and at that size a copy cannot stay in any real cache
-share, so streaming is what glibc itself does on ordinary hardware. The value is read at process
-start (by ld.so), so it has to be in the environment the interpreter starts with.
+So the agent lowers the threshold to 4 MiB in the environment every rank inherits, where glibc
+picked a higher one: never raised, never over a value the user set (set the tunable yourself to
+keep glibc's). A snapshot's destination is not read again by the rank, so streaming it is right
+at any size; what else changes is the rank's own copies of 4 MiB or more, which then leave the
+caches to the training's working set instead of filling them. 4 MiB and not lower: a smaller
+copy may still be read back from a core's cache by the code that made it. The value is read at
+process start (by ld.so), so it has to be in the environment the interpreter starts with.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import subprocess
 from collections.abc import MutableMapping
 
 TUNABLE = "glibc.cpu.x86_non_temporal_threshold"
-CHUNK = 64 << 20  # ftrun.checkpoint.snapshot.COPY_CHUNK (tests/unit check the two agree)
+THRESHOLD = 4 << 20  # copies of this size or more stream
 _LOADERS = ("ld.so", "/lib64/ld-linux-x86-64.so.2")
 _LINE = re.compile(re.escape(TUNABLE) + r":\s*(0x[0-9a-fA-F]+|\d+)")
 
@@ -60,9 +62,9 @@ def tunables_for_ranks(current_env: str | None, threshold: int | None) -> str | 
     items = [item for item in (current_env or "").split(":") if item]
     if any(item.split("=", 1)[0] == TUNABLE for item in items):
         return None  # the user's choice
-    if threshold is None or threshold <= CHUNK:
-        return None  # chunks already stream here, or we cannot tell
-    return ":".join([*items, f"{TUNABLE}={CHUNK:#x}"])
+    if threshold is None or threshold <= THRESHOLD:
+        return None  # such copies already stream here, or we cannot tell
+    return ":".join([*items, f"{TUNABLE}={THRESHOLD:#x}"])
 
 
 def apply(env: MutableMapping[str, str]) -> str | None:

@@ -1,5 +1,5 @@
-"""What glibc reads in a rank: the agent lowers the non-temporal copy threshold to the snapshot's
-chunk size for the ranks it starts (ftrun/agent/copy_tunables.py), in the environment the rank's
+"""What glibc reads in a rank: the agent lowers the non-temporal copy threshold for the ranks it
+starts where glibc's own is high (ftrun/agent/copy_tunables.py), in the environment the rank's
 process image started with, warm or cold, and a value the user sets wins."""
 
 from __future__ import annotations
