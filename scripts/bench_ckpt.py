@@ -3,7 +3,8 @@
     python scripts/bench_ckpt.py [--state-gib 4.5] [--crash-trials 50]
 
 One process, one rank, one model (a stack of bias-free Linear layers sized so that parameters +
-AdamW state = --state-gib), measured side by side in one run:
+AdamW state = --state-gib), measured side by side in one run, under the glibc tunables an ftrun
+agent gives its ranks (benchlib.start_as_ranks_do; --glibc-default for glibc's own):
 
 - stall per checkpoint: wall time the training loop is held by checkpointing. Synchronous
   methods: the save call. dcp.async_save: the call (staging) + waiting for the previous save's
@@ -389,7 +390,14 @@ def main() -> None:
     p.add_argument("--crash-trials", type=int, default=50)
     p.add_argument("--crash-state-mib", type=float, default=64.0)
     p.add_argument("--dir", default=None, help="storage for the checkpoints (default: a temp dir)")
+    p.add_argument(
+        "--glibc-default",
+        action="store_true",
+        help="keep glibc's own non-temporal threshold (ranks under ftrun get copy_tunables')",
+    )
     args = p.parse_args()
+    if not args.glibc_default:
+        benchlib.start_as_ranks_do()
     own = args.dir is None
     args.dir = args.dir or f"/tmp/ftrun-bench-{uuid.uuid4().hex[:8]}"
     try:

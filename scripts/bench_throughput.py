@@ -27,7 +27,6 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,6 @@ from bench_ckpt import Ftrun, Loop, build, timed_window
 from benchlib import Column, Table
 
 import ftrun.checkpoint as ckpt
-from ftrun.agent import copy_tunables
 
 VARIANTS = {
     "snapshot only": {"persist_every": 10**9},
@@ -127,16 +125,6 @@ TABLE = Table(
 )
 
 
-def start_as_ranks_do() -> None:
-    """Re-execute under the GLIBC_TUNABLES an ftrun agent gives its ranks, unless already."""
-    env = os.environ.get("GLIBC_TUNABLES")
-    value = copy_tunables.tunables_for_ranks(env, copy_tunables.glibc_threshold())
-    if value is not None:
-        os.execve(
-            sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": value}
-        )
-
-
 def main() -> None:
     benchlib.exit_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -155,7 +143,7 @@ def main() -> None:
     )
     args = p.parse_args()
     if not args.glibc_default:
-        start_as_ranks_do()
+        benchlib.start_as_ranks_do()
     print(
         f"{torch.get_num_threads()} threads; {args.rounds} rounds of {args.steps} steps; "
         f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"

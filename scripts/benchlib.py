@@ -51,6 +51,20 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
+def start_as_ranks_do() -> None:
+    """Re-execute this benchmark under the GLIBC_TUNABLES an ftrun agent gives the ranks it
+    starts (ftrun/agent/copy_tunables.py), unless it already runs under them: a figure for
+    ftrun is one for a rank under `ftrun launch`, and the anchors share the process."""
+    from ftrun.agent import copy_tunables
+
+    env = os.environ.get("GLIBC_TUNABLES")
+    value = copy_tunables.tunables_for_ranks(env, copy_tunables.glibc_threshold())
+    if value is not None:
+        os.execve(
+            sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": value}
+        )
+
+
 def median(values: Iterable[float | None]) -> float | None:
     """The median of the values that are not None; None if there are none."""
     got = [v for v in values if v is not None]
