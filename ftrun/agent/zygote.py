@@ -44,7 +44,8 @@ MAX_MESSAGE = 1 << 20
 # torch._dynamo is what DistributedDataParallel imports on first use (~1 s here, 800 modules).
 DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch.distributed.run,torch._dynamo"
 # Variables a fresh interpreter reads before its first line (sys.path, flags, hashing, the
-# dynamic loader, glibc's tunables and malloc settings): a fork of a zygote started with other values could not honour them.
+# dynamic loader, glibc's tunables and malloc settings): a fork of a zygote started with other
+# values could not honour them.
 INTERPRETER_ENV_PREFIXES = ("PYTHON", "LD_", "GLIBC_TUNABLES", "MALLOC_")
 
 
