@@ -390,14 +390,9 @@ def main() -> None:
     p.add_argument("--crash-trials", type=int, default=50)
     p.add_argument("--crash-state-mib", type=float, default=64.0)
     p.add_argument("--dir", default=None, help="storage for the checkpoints (default: a temp dir)")
-    p.add_argument(
-        "--glibc-default",
-        action="store_true",
-        help="keep glibc's own non-temporal threshold (ranks under ftrun get copy_tunables')",
-    )
+    benchlib.add_glibc_default_flag(p)
     args = p.parse_args()
-    if not args.glibc_default:
-        benchlib.start_as_ranks_do()
+    benchlib.start_as_ranks_do(args)
     own = args.dir is None
     args.dir = args.dir or f"/tmp/ftrun-bench-{uuid.uuid4().hex[:8]}"
     try:

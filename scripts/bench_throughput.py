@@ -13,12 +13,12 @@ meaningful next to its own baseline). Each variant is one cost added to the one 
 
 The process runs under the glibc tunables ftrun's agent gives the ranks it starts
 (ftrun/agent/copy_tunables.py: copies of 4 MiB or more with non-temporal stores where glibc's own
-threshold is higher), re-executing itself if need be; --glibc-default measures
-glibc's own choice instead.
+threshold is higher), re-executing itself if need be; --glibc-default measures glibc's own
+choice instead.
 
 Reported per size and variant: steps/s relative to none (all windows' time, the median of the
-rounds' ratios, and their min-max: on a shared VM single windows swing by 10 % and more), the time the optimizer step was held for the copy, and how many snapshots reached
-storage. Target (DESIGN.md §9): ≥ 0.95 with a snapshot every step.
+rounds' ratios, and their min-max: on a shared VM single windows swing by 10 % and more), the
+time the optimizer step was held for the copy, and how many snapshots reached storage. Target (DESIGN.md §9): ≥ 0.95 with a snapshot every step.
 """
 
 from __future__ import annotations
@@ -136,14 +136,9 @@ def main() -> None:
         "--only", nargs="+", choices=list(VARIANTS), default=None, help="run these variants"
     )
     p.add_argument("--json", default=None, help="also write the rows to this file")
-    p.add_argument(
-        "--glibc-default",
-        action="store_true",
-        help="keep glibc's own non-temporal threshold (ranks under ftrun get copy_tunables')",
-    )
+    benchlib.add_glibc_default_flag(p)
     args = p.parse_args()
-    if not args.glibc_default:
-        benchlib.start_as_ranks_do()
+    benchlib.start_as_ranks_do(args)
     print(
         f"{torch.get_num_threads()} threads; {args.rounds} rounds of {args.steps} steps; "
         f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}"

@@ -20,6 +20,7 @@ is sys.path[0]). The statistics and the table are pure (tests/unit/test_benchlib
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -51,18 +52,23 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
-def start_as_ranks_do() -> None:
-    """Re-execute this benchmark under the GLIBC_TUNABLES an ftrun agent gives the ranks it
-    starts (ftrun/agent/copy_tunables.py), unless it already runs under them: a figure for
-    ftrun is one for a rank under `ftrun launch`, and the anchors share the process."""
+def add_glibc_default_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--glibc-default",
+        action="store_true",
+        help="keep glibc's own non-temporal threshold (ranks under ftrun get copy_tunables')",
+    )
+
+
+def start_as_ranks_do(args: argparse.Namespace) -> None:
+    """Unless --glibc-default: re-execute this benchmark under the GLIBC_TUNABLES an ftrun agent
+    gives the ranks it starts (ftrun/agent/copy_tunables.py), if it does not run under them yet:
+    a figure for ftrun is one for a rank under `ftrun launch`, and the anchors share the process."""
     from ftrun.agent import copy_tunables
 
-    env = os.environ.get("GLIBC_TUNABLES")
-    value = copy_tunables.tunables_for_ranks(env, copy_tunables.glibc_threshold())
-    if value is not None:
-        os.execve(
-            sys.executable, [sys.executable, *sys.argv], {**os.environ, "GLIBC_TUNABLES": value}
-        )
+    env = dict(os.environ)
+    if not args.glibc_default and copy_tunables.apply(env) is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def median(values: Iterable[float | None]) -> float | None:
