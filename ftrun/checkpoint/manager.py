@@ -10,7 +10,8 @@ storage at idle priority) and its reply-reader thread; they meet in the slot tab
 
     save(step)  ── references + small copies ──▶ snapshot thread ── memcpy ──▶ slot (memory tier)
                                                                    └─ persist? ─▶ worker ─▶ storage
-    next optimizer.step() ─ pre-step hook ─▶ wait_snapshot() (blocks only if the copy is not done)
+    next optimizer.step() ─ pre-step hook ─▶ wait_snapshot() (blocks only if the copy is not done;
+                                             GPU tensors: the training stream waits, not the thread)
 
 Every save reaches the memory tier; at most one persist is in flight, at no more than
 `persist_bandwidth` MB/s (on the reference VM, unthrottled writes at 1-2 GB/s slow training by
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from ftrun import runtime
-from ftrun.checkpoint import dcp_layout, slots, storage
+from ftrun.checkpoint import dcp_layout, device_copy, slots, storage
 from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
@@ -169,8 +170,18 @@ class Manager:
         with self._cond:
             self._slots.restored(self._tier.keep_until(restored.step), latest=slot_index)
             self._touched_slots = True
-        _, size = slots.layout(keyed_tensors(flat, self.rank))
-        self._job = SnapshotJob(restored.step, None, size, [], None, prepare=self._tier.slots)
+        keyed = keyed_tensors(flat, self.rank)
+        _, size = slots.layout(keyed)
+        gpus = device_copy.devices(t for _, t in keyed)
+        self._job = SnapshotJob(
+            restored.step,
+            None,
+            size,
+            [],
+            None,
+            prepare=self._tier.slots,
+            device=gpus[0] if gpus else None,
+        )
         self._snapshotter.submit(self._job)  # ready the buffers while training starts
         self.restored = restored
         if self.rank == 0:
@@ -224,6 +235,8 @@ class Manager:
             (t.clone() if e.nbytes <= small else t, e)
             for (_, t), e in zip(keyed, entries, strict=True)
         ]
+        gpus = device_copy.devices(t for t, _ in copies)
+        ready = device_copy.mark_ready(gpus) if gpus else None  # after the clones, on each GPU
         finish = partial(
             self._snapshot_done,
             step,
@@ -245,6 +258,8 @@ class Manager:
             finish,
             prepare=others,
             on_failure=partial(self._snapshot_failed, index),
+            ready=ready,
+            device=gpus[0] if gpus else None,
         )
         self._snapshotter.submit(self._job)
         self._last_saved = step

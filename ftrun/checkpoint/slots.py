@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ftrun import private
-from ftrun.checkpoint import auth, storage
+from ftrun.checkpoint import auth, device_copy, storage
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
 ALIGN = 4096  # O_DIRECT-friendly: the worker writes straight from the slot
@@ -106,6 +106,7 @@ class Slot:
 
     def _map(self) -> None:
         self.populated = False
+        self.pinned: bool | None = None  # page-locked for a GPU's copies; None: not asked yet
         if self.size:
             self.mm = mmap.mmap(
                 self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
@@ -122,7 +123,16 @@ class Slot:
                 pass
             self.populated = True
 
+    def pin(self, device: torch.device) -> None:
+        """Page-lock the mapping so that `device`'s copy engine writes into it directly
+        (device_copy.py). Tried once per mapping."""
+        if self.base is not None and self.pinned is None:
+            self.pinned = device_copy.pin(self.base, device)
+
     def _unmap(self) -> None:
+        if self.pinned and self.base is not None:
+            device_copy.unpin(self.base)
+        self.pinned = None
         self.base = None
         if self.mm is not None:
             try:

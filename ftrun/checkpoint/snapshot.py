@@ -6,6 +6,9 @@ cursor: a background thread runs them, and when the training thread reaches the 
 step before the copy is done it takes the remaining chunks itself instead of idling (`help()`).
 `memmove` releases the GIL, so the two overlap.
 
+GPU tensors are not chunked: the snapshot thread queues their copies on a side stream into the
+page-locked slot, and the next optimizer step waits for them on the GPU (device_copy.py).
+
 One thread per rank runs the jobs in order. After a job's copy it also readies other slots
 (allocation and first-touch page faults cost ~0.3 s/GiB, against ~0.1 s/GiB for the copy itself),
 so that cost is paid once, in the background, not inside a later snapshot.
@@ -25,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ftrun.checkpoint import device_copy
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.slots import Slot, TensorEntry
 
@@ -35,7 +39,9 @@ COPY_CHUNK = 64 << 20  # small enough for the training thread to join a copy in 
 class SnapshotJob:
     """Copy `copies` (source tensor, destination entry) into `slot`, call `finish`, then make
     the `prepare` slots ready for `size` bytes. A job without a slot only prepares. When the copy
-    or `finish` fails, `on_failure` runs instead (still before `done`)."""
+    or `finish` fails, `on_failure` runs instead (still before `done`). With GPU tensors among
+    the copies, `ready` holds the events save() recorded on the training streams and `device`
+    is the GPU whose copy engine the slots are page-locked for."""
 
     step: int
     slot: Slot | None
@@ -44,10 +50,14 @@ class SnapshotJob:
     finish: Callable[[], None] | None
     prepare: list[Slot] = field(default_factory=list)
     on_failure: Callable[[], None] | None = None
-    copied: threading.Event = field(default_factory=threading.Event)  # state may change now
+    ready: device_copy.Ready | None = None
+    device: torch.device | None = None
+    copied: threading.Event = field(default_factory=threading.Event)  # all of it is in the slot
     done: threading.Event = field(default_factory=threading.Event)  # finish() ran too
     error: BaseException | None = None
     _ready: threading.Event = field(default_factory=threading.Event)  # chunks are planned
+    _host_copied: threading.Event = field(default_factory=threading.Event)  # every chunk ran
+    _device_done: device_copy.Done | None = None  # the side streams' events, once queued
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _chunks: list[Callable[[], Any]] = field(default_factory=list)
     _next: int = 0
@@ -58,21 +68,46 @@ class SnapshotJob:
         assert self.slot is not None
         self.slot.ensure(self.size)
         self.slot.populate()
+        if self.device is not None:
+            self.slot.pin(self.device)
         base = self.slot.base
         for src, entry in self.copies:
-            if entry.nbytes == 0:
+            if entry.nbytes == 0 or (self.ready and src.device in self.ready):
                 continue
             if src.device.type == "cpu" and src.is_contiguous() and base is not None:
                 dst, srcp = base.data_ptr() + entry.offset, src.data_ptr()
                 for off in range(0, entry.nbytes, COPY_CHUNK):
                     n = min(COPY_CHUNK, entry.nbytes - off)
                     self._chunks.append(partial(ctypes.memmove, dst + off, srcp + off, n))
-            else:  # a GPU or non-contiguous tensor: torch does the copy (and the transfer)
+            else:  # a non-contiguous or other device's tensor: torch does the copy
                 self._chunks.append(partial(_copy_view, self.slot, src, entry))
+        if self.ready:
+            on_gpu = [
+                (src, self.slot.view(e)) for src, e in self.copies if src.device in self.ready
+            ]
+            self._device_done = device_copy.enqueue(on_gpu, self.ready)
         self._left = len(self._chunks)
         if not self._left:
-            self.copied.set()
+            self._chunks_done()
         self._ready.set()
+
+    def _chunks_done(self) -> None:
+        self._host_copied.set()
+        if self._device_done is None:
+            self.release()
+
+    def release(self) -> None:
+        """Everything is in the slot: drop the references to the live tensors, let state change."""
+        self.copies.clear()
+        self._chunks.clear()
+        self.copied.set()
+
+    def wait_device(self) -> None:
+        """Snapshot thread: block until the GPU copies are in the slot (also after a failed
+        chunk: the slot must not be reused while the copy engine still writes into it)."""
+        if self._device_done is not None:
+            device_copy.synchronize(self._device_done)
+            self.release()
 
     def work(self) -> None:
         """Run chunks until none is left."""
@@ -90,20 +125,27 @@ class SnapshotJob:
             with self._lock:
                 self._left -= 1
                 if self._left == 0:
-                    self.copies.clear()  # drop references to the live tensors
-                    self._chunks.clear()
-                    self.copied.set()
+                    self._chunks_done()
 
     def help(self, timeout: float) -> bool:
-        """Training thread: join the copy once it is planned, then wait for it (one deadline)."""
+        """Training thread: join the copy once it is planned, then wait for it (one deadline).
+        For GPU tensors the wait is the training stream's, on the GPU: this thread goes on."""
         deadline = time.monotonic() + timeout
         if self._ready.wait(timeout) and not self.copied.is_set():
             self.work()
-        return self.copied.wait(max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        if self._device_done is None:
+            return self.copied.wait(left)
+        if not self._host_copied.wait(left):
+            return False
+        if self.error is None and not self.copied.is_set():
+            device_copy.wait_on_training_stream(self._device_done)
+        return True
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
             self.error = self.error or exc
+        self._host_copied.set()
         self.copied.set()
 
 
@@ -160,7 +202,9 @@ class Snapshotter:
                     job.plan()
                     job.work()
                     # The training thread may still be running the last chunks it took.
-                    if not job.copied.wait(self._timeout_s):
+                    host = job._host_copied.wait(self._timeout_s)
+                    job.wait_device()
+                    if not host:
                         raise CheckpointError(
                             f"the snapshot of step {job.step} did not finish "
                             f"within {self._timeout_s} s"
@@ -182,6 +226,8 @@ class Snapshotter:
                 for slot in job.prepare:
                     slot.ensure(job.size)
                     slot.populate()
+                    if job.device is not None:
+                        slot.pin(job.device)
             except Exception:  # noqa: BLE001 - the next snapshot into that slot reports it
                 pass
             finally:
