@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
 from ftrun.checkpoint.state import apply, flatten, keyed_tensors, pickle_objects
 from ftrun.checkpoint.stats import Stats
+
+SECTION_SLACK_S = 60.0
 
 
 class Manager:
@@ -373,10 +376,13 @@ class Manager:
 
     def wait_persist(self, timeout: float | None = None) -> bool:
         """Wait until no persist is in flight on this rank; False on timeout."""
+        limit = self.config.persist_timeout if timeout is None else timeout
+        with _no_steps("checkpoint persist", limit):
+            return self._wait_persist(limit)
+
+    def _wait_persist(self, limit: float) -> bool:
         self._wait_done()
-        return self._persister.wait_idle(
-            self.config.persist_timeout if timeout is None else timeout
-        )
+        return self._persister.wait_idle(limit)
 
     def attach(self, *optimizers: torch.optim.Optimizer) -> None:
         """Make each optimizer's step() wait for the snapshot copy first (a pre-step hook)."""
@@ -394,11 +400,12 @@ class Manager:
             return
         limit = self.config.persist_timeout if timeout is None else timeout
         try:
-            self._wait_done()
-            if persist_last:
-                self._persister.persist_last(self._last_saved, limit)  # collective
-            if not self.wait_persist(limit):
-                restore_mod.warn(f"the last persist did not finish within {limit} s")
+            with _no_steps("checkpoint close", limit):
+                self._wait_done()
+                if persist_last:
+                    self._persister.persist_last(self._last_saved, limit)  # collective
+                if not self._wait_persist(limit):
+                    restore_mod.warn(f"the last persist did not finish within {limit} s")
         finally:
             self._closed = True
             for handle in self._hooks.values():
@@ -420,3 +427,11 @@ class Manager:
 
     def __exit__(self, *exc: object) -> None:
         self.close(persist_last=exc[0] is None)
+
+
+def _no_steps(name: str, limit: float) -> AbstractContextManager[None]:
+    """A wait with no steps in it, declared to the agent (ftrun.section): the last persist at
+    close() takes seconds, and with 0.3 s GPU steps the hang allowance after the last step is the
+    2 s floor, so undeclared it read as a hang and the finished job was restarted. The section's
+    allowance is the wait's own limit, plus time for the collective in persist_last."""
+    return runtime.section(name, timeout_s=limit + SECTION_SLACK_S)

@@ -63,6 +63,7 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--fail-once", default=None)
     p.add_argument("--persist-every", type=int, default=1)
+    p.add_argument("--persist-bandwidth", type=float, default=None, help="MB/s (default: ftrun's)")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds a step takes at least")
     p.add_argument("--keep", type=int, default=3, help="committed checkpoints kept")
     p.add_argument("--record", default=None, help="a directory for what each rank did")
@@ -85,6 +86,7 @@ def main() -> None:
         memory_slots=args.memory_slots,
         persist_every=args.persist_every,
         keep=args.keep,
+        **({} if args.persist_bandwidth is None else {"persist_bandwidth": args.persist_bandwidth}),
     )
     generation = os.environ.get("FTRUN_GENERATION", "0")
 

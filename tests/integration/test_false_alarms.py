@@ -10,6 +10,7 @@ import time
 from tests.conftest import BIN, Output, wait_for
 
 TOY = str(BIN / "train_toy.py")
+CKPT_TRAIN = str(BIN / "ckpt_train.py")
 # Short timeouts so that the stop below outlasts both the lost and the fence timeout quickly.
 TIMEOUTS = ["--heartbeat-interval", "0.1", "--host-lost-timeout", "0.5", "--fence-timeout", "1"]
 
@@ -73,3 +74,21 @@ def test_a_stopped_agent_that_is_then_killed_is_lost_fast(ftrun):
     assert proc.wait(timeout=30) == 1, out.text()
     [detected] = [e for e in events() if e["kind"] == "fault_detected"]
     assert detected["fault"] == "host-lost" and detected["t"] - killed <= 1.5
+
+
+def test_the_last_persist_after_fast_steps_is_not_a_hang(ftrun):
+    """Steps of milliseconds leave the 2 s floor as the hang allowance; the persist of the last
+    snapshot in close() takes longer (12 MB at 3 MB/s) and declares itself a section, so the
+    job ends with it instead of being restarted as hung (as it was on a GPU, with 0.3 s steps)."""
+    proc = ftrun.start(
+        "launch", "--nproc-per-node", "1", CKPT_TRAIN, "--steps", "20", "--width", "1024",
+        "--persist-every", "1000", "--persist-bandwidth", "3",
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("LOSS rank=0 step=20 ", timeout_s=90)
+    last_step = time.monotonic()
+    assert proc.wait(timeout=120) == 0, out.text()
+    assert time.monotonic() - last_step > 3.0, "the close was shorter than the hang allowance"
+    job = ftrun.only_job()
+    assert job["state"] == "succeeded" and job["incidents"] == [], out.text()
+    assert "DONE rank=0 persisted=20" in out.text()
