@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "slurm_testbed.sh"
@@ -166,6 +167,14 @@ class SlurmBed:
             except (OSError, ValueError):
                 continue
         return pids
+
+    def slurmd_running(self, name: str) -> bool:
+        """Whether the node's slurmd is alive (its pid file may be stale after kill_node)."""
+        pid = self.daemon_pids().get(f"slurmd-{name}")
+        try:
+            return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
 
     # -- Slurm clients -----------------------------------------------------------------------
 

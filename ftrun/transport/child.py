@@ -26,9 +26,12 @@ async def spawn(
     *,
     log_path: Path,
     fail: Callable[[str], HostUnreachable],
+    tagged: bool = True,
 ) -> asyncio.subprocess.Process:
     """`argv` in a session of its own, output into `log_path`, stdin a pipe, tagged with the
-    agent's process tag; `fail(why)` is the error when it cannot be started."""
+    agent's process tag unless `tagged` is False (a launcher that runs the agent elsewhere, and
+    must not be taken for one of its processes); `fail(why)` is the error when it cannot be
+    started."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         try:
@@ -38,10 +41,17 @@ async def spawn(
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                env={**os.environ, envcontract.AGENT_ID: boot.process_tag},
+                env=_environment(boot.process_tag if tagged else None),
             )
         except OSError as e:  # the program is missing or not executable
             raise fail(str(e.strerror or e)) from None
+
+
+def _environment(tag: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != envcontract.AGENT_ID}
+    if tag is not None:
+        env[envcontract.AGENT_ID] = tag
+    return env
 
 
 async def send_bootstrap(

@@ -23,6 +23,7 @@ import shutil
 import signal
 from pathlib import Path
 
+from ftrun import envcontract
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED, HostUnreachable
@@ -153,12 +154,19 @@ class SrunTransport:
         await self._check_node(boot.host)
         dial = self.controller_addr or await self._dial_address(boot.host)
         boot = dataclasses.replace(boot, controller_host=dial)
+        # The tag goes to the agent through --export, not in srun's own environment: srun runs
+        # on the batch node, and on a node that is also one of the job's (the batch node
+        # always is) the agent's sweep of its generation kills every process carrying its tag.
+        # A tagged srun was killed with it, and the agent, its stdin closed, fenced.
+        export = f"--export=ALL,{envcontract.AGENT_ID}={boot.process_tag}"
         proc = await child.spawn(
-            [*srun_argv(boot.host, f"ftrun-agent-{boot.job_id}"), boot.python, "-m", "ftrun.agent"],
+            [*srun_argv(boot.host, f"ftrun-agent-{boot.job_id}"), export, boot.python, "-m",
+             "ftrun.agent"],
             boot,
             log_path=log_path,
             fail=lambda why: unreachable(boot.host, f"could not run srun: {why}"),
-        )
+            tagged=False,
+        )  # fmt: skip
         agent = SrunAgent(boot.host, boot.process_tag, boot.python, proc)
         await child.send_bootstrap(
             proc,

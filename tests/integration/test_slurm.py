@@ -40,6 +40,8 @@ def bed(slurm: SlurmBed) -> Iterator[SlurmBed]:
         # host would (the product's way), but the suite leaves nothing behind.
         workdir.sweep_stale(Path(tempfile.gettempdir()))
         for node in slurm.nodes:
+            if not slurm.slurmd_running(node):  # powered off by a test that failed before
+                slurm.start_slurmd(node)  # it could power it on again
             state = slurm.node_state(node)
             if "DOWN" in state or "DRAIN" in state:
                 slurm.resume_node(node)
@@ -69,6 +71,25 @@ def reached(job: dict[str, Any], step: int) -> bool:
 
 def output(job: dict[str, Any]) -> str:
     return "".join(p.read_text() for p in sorted(Path(job["job_dir"]).glob("slurm-*.out")))
+
+
+def evidence(job: dict[str, Any], bed: SlurmBed) -> str:
+    """What a failure report needs to tell ftrun from Slurm: the agents' logs and the job's
+    host events, and the daemons' logs, each cut to its end."""
+
+    def tail(path: Path, lines: int = 25) -> str:
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as e:
+            return f"({e})"
+
+    hosts = ("agent", "host", "fault", "generation")
+    parts = [json.dumps(e) for e in events(job) if e["kind"].startswith(hosts)]
+    for log in sorted(Path(job["job_dir"]).glob("agents/*.log")):
+        parts.append(f"--- {log.name}\n{tail(log)}")
+    for name in ["slurmctld", *(f"slurmd-{n}" for n in bed.nodes)]:
+        parts.append(f"--- {name}.log\n{tail(bed.state_dir / f'{name}.log', 15)}")
+    return "\n".join(parts)
 
 
 def losses(text: str) -> dict[tuple[int, int], str]:
@@ -102,6 +123,13 @@ def test_lost_nodes_are_replaced_by_the_spares(ftrun: Ftrun, bed: SlurmBed) -> N
         ftrun, bed, "--nodes", "2", "--spares", "2", "--", TRAIN, "--steps", "40",
         "--step-time", "0.1",
     )  # fmt: skip
+    try:
+        lose_two_nodes(job, bed)
+    except Exception as e:  # what tells an ftrun fault from a Slurm one, kept with the failure
+        raise AssertionError(f"{e}\n{evidence(job, bed)}") from e
+
+
+def lose_two_nodes(job: dict[str, Any], bed: SlurmBed) -> None:
     wait_for(lambda: reached(job, 5), 120, "step 5")
     bed.set_node_down("node2", "ftrun test")
     wait_for(lambda: len(kinds(job, "first_step")) >= 2, 90, "generation 2's first step")
@@ -120,6 +148,40 @@ def test_lost_nodes_are_replaced_by_the_spares(ftrun: Ftrun, bed: SlurmBed) -> N
     assert len(last) == 2 and not {"node2", victim} & set(last)
     assert kinds(job, "job_finished")[-1]["state"] == "succeeded"
     assert "DONE rank=0 persisted=40" in output(job)
+
+
+def agent_sruns(job: dict[str, Any]) -> set[int]:
+    """The srun processes (on this machine: the batch node) that run the job's agents."""
+    name = f"--job-name=ftrun-agent-{job['job_id']}"
+    found = set()
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] == "srun" and name in (proc.info["cmdline"] or []):
+            found.add(proc.pid)
+    return found
+
+
+def test_a_restart_in_place_keeps_every_agents_srun(
+    ftrun: Ftrun, bed: SlurmBed, tmp_path: Path
+) -> None:
+    """A rank crash: every agent stops its generation with a sweep of all it tagged, and starts
+    the next. The srun that runs an agent is on the batch node, where that node's agent runs too
+    (on this bed, every agent): it must not be taken for one of the agent's processes. It was:
+    the sweep killed it, the agent's output was lost from then on, and when Slurm closed its
+    stdin the agent fenced, so that a restart in place became a lost host (seen in CI)."""
+    marker = tmp_path / "failed-once"
+    job = submit(
+        ftrun, bed, "--nodes", "2", "--", TRAIN, "--steps", "30", "--step-time", "0.1",
+        "--fail-at", "6", "--fail-rank", "1", "--fail-once", str(marker),
+    )  # fmt: skip
+    wait_for(lambda: len(kinds(job, "agent_connected")) == 2, 60, "both agents")
+    sruns = agent_sruns(job)
+    assert sruns, "no srun found for the agents"
+    wait_for(lambda: len(kinds(job, "first_step")) >= 2, 90, "generation 2's first step")
+    assert agent_sruns(job) == sruns, evidence(job, bed)
+    bed.wait_state(job["slurm_job_id"], "COMPLETED", timeout_s=120)
+    assert [(f["fault"], f["host"]) for f in kinds(job, "fault_detected")] == [("crash", "node2")]
+    assert kinds(job, "agent_lost") == [], evidence(job, bed)
+    assert kinds(job, "job_finished")[-1]["state"] == "succeeded"
 
 
 def test_a_preemption_notice_checkpoints_requeues_and_resumes_with_the_same_losses(
