@@ -149,6 +149,8 @@ class Zygote:
             pass
 
     def _on_conn(self, pid: int) -> None:
+        if pid not in self.children:  # reaped just before, in the same select() batch (a child
+            return  # that exits closes its end too: both events come at once)
         conn, _ = self.children[pid]
         try:
             data = conn.recv(MAX_MESSAGE)
