@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import benchlib
@@ -190,7 +190,7 @@ def measure(args: argparse.Namespace, dim: int, root: Path) -> list[dict]:
     for name, make, every, context in variants:
         if args.only and name.split("/")[0] not in args.only:
             continue
-        with context() if context else _nothing():
+        with context() if context else nullcontext():
             saver = make(root / name.replace(" ", "_").replace("/", "_"), model, opt)
             try:
                 window(loop, saver, 3, 1, 10**6)  # warm: buffers allocated, pinned, faulted in
@@ -222,11 +222,6 @@ def measure(args: argparse.Namespace, dim: int, root: Path) -> list[dict]:
     del loop, model, opt
     torch.cuda.empty_cache()
     return rows
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 TABLE = Table(
