@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,17 @@ def tagged(test_id: str) -> list[psutil.Process]:
     return found
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
+def wait_for(predicate, timeout_s: float, what: str | Callable[[], str], interval_s: float = 0.05):
+    """Poll `predicate` until it is truthy; else fail saying `what` (a callable: what it says
+    at the deadline, e.g. the output so far)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    said = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {said}")
 
 
 class Ftrun:
@@ -185,7 +189,7 @@ class Output:
         wait_for(
             lambda: any(text in line for line in self.lines),
             timeout_s,
-            f"{text!r} in the output (so far: {''.join(self.lines)[-2000:]})",
+            lambda: f"{text!r} in the output (so far: {''.join(self.lines)[-2000:]})",
         )
 
     def text(self) -> str:
