@@ -102,9 +102,22 @@ def code_done() -> None:
 
 @contextlib.contextmanager
 def section(name: str, timeout_s: float | None = None) -> Iterator[None]:
-    """A stretch without steps (checkpoint, eval) with its own hang allowance; None = no limit."""
-    _send({"e": "section", "name": str(name)[:64], "timeout": timeout_s, "begin": True})
+    """A stretch without steps (checkpoint, eval) with its own hang allowance; None = no limit.
+
+    Sections nest: leaving an inner one declares the outer one again (its allowance starts
+    over), so `mgr.close()`, which declares its own, inside `with ftrun.section("final save")`
+    does not end the outer section early."""
+    begin = {"e": "section", "name": str(name)[:64], "timeout": timeout_s, "begin": True}
+    _send(begin)
+    _open_sections.append(begin)
     try:
         yield
     finally:
-        _send({"e": "section", "name": str(name)[:64], "begin": False})
+        _open_sections.remove(begin)
+        if _open_sections:
+            _send(_open_sections[-1])
+        else:
+            _send({"e": "section", "name": str(name)[:64], "begin": False})
+
+
+_open_sections: list[dict] = []  # the sections this process is inside, innermost last
