@@ -27,6 +27,7 @@ from ftrun.envcontract import AGENT_SOCK, GENERATION
 STACKS_SIGNAL = int(signal.SIGRTMIN) + 2
 _UNSET = object()
 _target: object = _UNSET  # (socket, path, generation, rank) once resolved, or None outside ftrun
+_open_sections: list[dict] = []  # the sections this process is inside, innermost last
 
 
 def _resolve() -> object:
@@ -118,6 +119,3 @@ def section(name: str, timeout_s: float | None = None) -> Iterator[None]:
             _send(_open_sections[-1])
         else:
             _send({"e": "section", "name": str(name)[:64], "begin": False})
-
-
-_open_sections: list[dict] = []  # the sections this process is inside, innermost last

@@ -262,7 +262,6 @@ class Manager:
             prepare=others,
             on_failure=partial(self._snapshot_failed, index),
             ready=ready,
-            device=gpus[0] if gpus else None,
         )
         self._snapshotter.submit(self._job)
         self._last_saved = step

@@ -40,8 +40,8 @@ class SnapshotJob:
     """Copy `copies` (source tensor, destination entry) into `slot`, call `finish`, then make
     the `prepare` slots ready for `size` bytes. A job without a slot only prepares. When the copy
     or `finish` fails, `on_failure` runs instead (still before `done`). With GPU tensors among
-    the copies, `ready` holds the events save() recorded on the training streams and `device`
-    is the GPU whose copy engine the slots are page-locked for."""
+    the copies, `ready` holds the events save() recorded on the training streams; `device` is
+    the GPU whose copy engine the slots are page-locked for (by default, ready's first one)."""
 
     step: int
     slot: Slot | None
@@ -62,6 +62,10 @@ class SnapshotJob:
     _chunks: list[Callable[[], Any]] = field(default_factory=list)
     _next: int = 0
     _left: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device is None and self.ready:
+            self.device = next(iter(self.ready))
 
     def plan(self) -> None:
         """Snapshot thread: size the slot, then cut the copy into chunks anyone can run."""
