@@ -166,7 +166,9 @@ class Ftrun(Method):
         self._blocked = 0.0
 
     def make_manager(self) -> ckpt.Manager:  # bench_throughput.py varies its options
-        return ckpt.Manager(self.root, job_id=self.job, keep=2)
+        # Persisting whenever the worker is free (not every 60 s, the default): the anchor,
+        # torch.save, writes every save.
+        return ckpt.Manager(self.root, job_id=self.job, keep=2, persist_interval=0)
 
     def save(self, step: int) -> None:
         self.mgr.save(step, self.state)

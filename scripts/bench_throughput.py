@@ -7,9 +7,14 @@ at each --state-gib. For each ftrun variant, windows of --steps steps with a sna
 every step alternate with windows without checkpoints (the machine is shared: a ratio is only
 meaningful next to its own baseline). Each variant is one cost added to the one before:
 
-  snapshot only      the copy into the memory tier, nothing persisted (persist_every huge)
-  + persist, nice 10 the persist worker writes whenever it is free (the default: "low")
-  + persist, idle    the same worker at SCHED_IDLE: it runs only on cycles training leaves
+  snapshot only              the copy into the memory tier, nothing persisted
+  + persist, a quarter of the time
+                             the defaults: a persist starts no sooner than 4 times the last one's
+                             duration after it (persist_interval=None), written at
+                             persist_bandwidth (200 MB/s) by a worker at nice 10
+  + persist when free        persist_interval=0: a persist starts whenever the worker is free,
+                             so storage is written all the time (the default before 2026-11-26)
+  + persist when free, idle  the same with the worker at SCHED_IDLE
 
 The process runs under the glibc tunables ftrun's agent gives the ranks it starts
 (ftrun/agent/copy_tunables.py: copies of 4 MiB or more with non-temporal stores where glibc's own
@@ -40,8 +45,9 @@ import ftrun.checkpoint as ckpt
 
 VARIANTS = {
     "snapshot only": {"persist_every": 10**9},
-    "+ persist, nice 10": {"persist_priority": "low"},
-    "+ persist, idle": {"persist_priority": "idle"},
+    "+ persist, a quarter of the time": {},  # the defaults
+    "+ persist when free": {"persist_interval": 0},
+    "+ persist when free, idle": {"persist_interval": 0, "persist_priority": "idle"},
 }
 
 

@@ -28,6 +28,9 @@ from ftrun.checkpoint.errors import CheckpointDirError
 DEFAULT_MEMORY_ROOT = Path("/dev/shm")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PRIORITIES = ("low", "idle", "normal")
+# With persist_interval=None, a persist starts no sooner than its predecessor's duration / this
+# after the predecessor started: the worker writes at most this fraction of the time.
+AUTO_DUTY = 0.25
 VERIFY_MODES = ("full", "size")
 
 
@@ -53,6 +56,10 @@ class CheckpointConfig:
     memory_slots: int = 2  # snapshot buffers: the memory bound is slots x state size
     generation: int = 0
     persist_every: int = 1  # persist saves whose step is a multiple of this
+    # Seconds from the start of one persist to the start of the next; 0: whenever the worker is
+    # free; None: AUTO_DUTY, the worker writes at most a quarter of the time. Writing to storage
+    # is not free for training (docs/checkpoint.md, "What storage costs").
+    persist_interval: float | None = None
     persist_bandwidth: float = 200.0  # MB/s the worker may write (0: unlimited); see docs
     persist_priority: str = "low"  # worker: nice 10 ("low"), SCHED_IDLE ("idle"), "normal"
     verify: str = "full"  # restore checks sizes and checksums ("full") or sizes only
@@ -76,6 +83,8 @@ class CheckpointConfig:
             problems.append(f"memory_slots must be 2 or 3 (got {self.memory_slots})")
         if self.persist_every < 1:
             problems.append(f"persist_every must be >= 1 (got {self.persist_every})")
+        if self.persist_interval is not None and self.persist_interval < 0:
+            problems.append(f"persist_interval must be >= 0 (got {self.persist_interval})")
         if self.persist_bandwidth < 0:
             problems.append(f"persist_bandwidth must be >= 0 (got {self.persist_bandwidth})")
         if self.persist_priority not in PRIORITIES:

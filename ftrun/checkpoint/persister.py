@@ -2,7 +2,8 @@
 
 This module owns the persist side of a Manager: the collective choice of whether a save is
 persisted (one all-reduce: is any rank's worker still busy, has the tensor layout changed so the
-DCP storage plan must be made again), the cached storage plan, sending the "persist" command
+DCP storage plan must be made again, did a preemption notice come, is it too soon after the last
+persist), the cached storage plan, sending the "persist" command
 through the `PersistClient`, the worker's replies turned into slot-table events and stats, and
 close()'s agreement to persist the last snapshot. The Manager keeps the order of things in the
 training thread and the snapshot copy. Both drive one `SlotTable` under one lock (`cond`), so
@@ -12,6 +13,7 @@ which slot the worker reads stays a single state machine (`slot_table.py`).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ import torch
 from ftrun import runtime
 from ftrun.checkpoint import dcp_layout, slots
 from ftrun.checkpoint.comm import Comm
-from ftrun.checkpoint.config import CheckpointConfig
+from ftrun.checkpoint.config import AUTO_DUTY, CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.persist_client import PersistClient, persist_message
 from ftrun.checkpoint.restore import warn
@@ -46,6 +48,7 @@ class Persister:
         self._stats, self._nonce = stats, nonce
         self.plan: dcp_layout.StoragePlan | None = None  # the last one made, for its signature
         self.last_started: int | None = None  # step of the last persist started
+        self._last_started_at: float | None = None  # and when (time.monotonic())
         self._closing = False
         self.superseded: str | None = None  # why the worker's commit was refused (fence.py)
         self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
@@ -54,23 +57,27 @@ class Persister:
         self, step: int, keyed: list[tuple[str, torch.Tensor]], sig: str, *, preempted: bool
     ) -> tuple[bool, bool]:
         """Collective: (whether the save of `step` is persisted, whether it is the save a
-        preemption notice asked for). A save is persisted when its step is due and no rank's
-        worker is busy, or when any rank saw the notice (`preempted`): then after the persist in
-        flight, whatever the step. When it is persisted and the layout changed, make the
+        preemption notice asked for). A save is persisted when its step is due, the last
+        persist started `persist_interval` seconds ago or more, and no rank's worker is busy;
+        or when any rank saw the notice (`preempted`): then after the persist in flight,
+        whatever the step and the time. When it is persisted and the layout changed, make the
         storage plan for it."""
         due = step % self.config.persist_every == 0
         if not due and self.config.preempt_file is None:
             return False, False
-        busy, replan, urgent = self._comm.max_ints(
+        # Each rank reads its own clock; all ranks started the last persist at the same save, so
+        # they differ by the skew of one collective, and "any rank says too soon" is agreed.
+        busy, replan, urgent, early = self._comm.max_ints(
             [
                 int(self._slots.persisting),
                 int(self.plan is None or self.plan.signature != sig),
                 int(preempted),
+                int(self._too_soon()),
             ]
         )
         if urgent and busy:  # the notice's save must reach storage: after the one in flight
             (busy,) = self._comm.max_ints([int(not self.wait_idle(self.config.persist_timeout))])
-        if busy or not (due or urgent):
+        if busy or not (urgent or (due and not early)):
             return False, bool(urgent)
         if replan:
             self.plan = dcp_layout.plan_storage(
@@ -81,7 +88,17 @@ class Persister:
     def started(self, step: int) -> None:
         """A persist of the snapshot of `step` is reserved in the slot table."""
         self.last_started = step
+        self._last_started_at = time.monotonic()
         self._stats.persists += 1
+
+    def _too_soon(self) -> bool:
+        at, gap = self._last_started_at, self.config.persist_interval
+        if at is None:
+            return False
+        if gap is None:  # auto: a quarter of the time at most, by the last persist's duration
+            took = self._stats.last_persist_s
+            gap = 0.0 if took is None else took / AUTO_DUTY
+        return time.monotonic() - at < gap
 
     def send(
         self,
@@ -159,6 +176,8 @@ class Persister:
                 self._slots.released()
             elif msg["op"] == "done":
                 self._slots.persist_done()
+                if self._last_started_at is not None:
+                    self._stats.last_persist_s = time.monotonic() - self._last_started_at
                 if msg["ok"]:
                     self._stats.persisted += 1
                     self._stats.last_persisted_step = msg["step"]

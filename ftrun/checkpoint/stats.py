@@ -20,3 +20,4 @@ class Stats:
     persisted: int = 0  # persists this rank finished (rank 0: committed)
     persist_failures: int = 0
     last_persisted_step: int | None = None
+    last_persist_s: float | None = None  # wall time of the last persist, save() to done

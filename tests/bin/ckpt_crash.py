@@ -59,7 +59,8 @@ def child(args: argparse.Namespace, job: str, ready_w: int, result_w: int, memor
     os.setsid()
     torch.set_num_threads(1)
     state = make_state(args.state_mib)
-    mgr = ckpt.Manager(args.dir, job_id=job, memory=memory, keep=2)
+    # persist_interval=0: persist whenever the worker is free, so that kills land in commits
+    mgr = ckpt.Manager(args.dir, job_id=job, memory=memory, keep=2, persist_interval=0)
     step = mgr.restore(state)
     got = complete(state)
     report = {

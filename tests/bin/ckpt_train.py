@@ -63,6 +63,13 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--fail-once", default=None)
     p.add_argument("--persist-every", type=int, default=1)
+    p.add_argument(
+        "--persist-interval",
+        type=float,
+        default=0.0,
+        help="seconds between persists (default 0: tests want the storage tier current; ftrun's "
+        "own default is to write at most a quarter of the time)",
+    )
     p.add_argument("--persist-bandwidth", type=float, default=None, help="MB/s (default: ftrun's)")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds a step takes at least")
     p.add_argument("--keep", type=int, default=3, help="committed checkpoints kept")
@@ -85,6 +92,7 @@ def main() -> None:
         memory=False if args.no_memory else None,
         memory_slots=args.memory_slots,
         persist_every=args.persist_every,
+        persist_interval=args.persist_interval,
         keep=args.keep,
         **({} if args.persist_bandwidth is None else {"persist_bandwidth": args.persist_bandwidth}),
     )

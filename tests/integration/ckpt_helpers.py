@@ -87,6 +87,7 @@ class Managers:
         if options.get("memory") is not False:
             options.setdefault("job_id", self.job)
         options.setdefault("persist_bandwidth", 0)
+        options.setdefault("persist_interval", 0)  # these tests want the storage tier current
         mgr = ckpt.Manager(directory or self.directory, **options)
         self.made.append(mgr)
         return mgr

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 
 import pytest
 import torch
 
 import ftrun.checkpoint as ckpt
 from ftrun.checkpoint import storage
+from ftrun.checkpoint.config import AUTO_DUTY
 from tests.conftest import wait_for
 from tests.integration.ckpt_helpers import Managers, Toy, assert_same
 
@@ -68,6 +70,75 @@ def test_snapshot_holds_the_values_of_its_step(managers):
     # Nothing was persisted but step 1 (the first save always is): it must be step 1's values.
     assert mgr2.restore(fresh.state) == 1
     assert_same(fresh.tensors(), at_save)
+
+
+def test_a_persist_starts_at_most_once_per_interval(managers):
+    """persist_interval spaces the persists by the clock; every save still reaches memory, and
+    close() persists the last one whatever the clock says."""
+    toy = Toy()
+    mgr = managers(persist_interval=3600)
+    mgr.restore(toy.state)
+    train(toy, mgr, range(1, 6), persist_each=True)  # the worker is idle at every save
+    assert (mgr.stats.saves, mgr.stats.persists, mgr.stats.last_persisted_step) == (5, 1, 1)
+    mgr.close()
+    assert mgr.stats.last_persisted_step == 5
+    assert [p.name for p in sorted(managers.directory.glob("step-*"))] == [
+        "step-0000000001",
+        "step-0000000005",
+    ]
+
+
+def test_the_next_persist_starts_once_the_interval_has_passed(managers):
+    toy = Toy()
+    mgr = managers(persist_interval=0.5)
+    mgr.restore(toy.state)
+    started = time.monotonic()
+    train(toy, mgr, range(1, 2), persist_each=True)
+    step = 1
+    persisted_at: list[float] = []
+
+    def second_persist() -> bool:
+        nonlocal step
+        step += 1
+        train(toy, mgr, range(step, step + 1))
+        if mgr.stats.persists == 2:
+            persisted_at.append(time.monotonic())
+            return True
+        return False
+
+    wait_for(second_persist, 30, "a second persist")
+    assert persisted_at[0] - started >= 0.5
+    assert mgr.wait_persist(30) and mgr.stats.last_persisted_step == step
+    assert step > 2  # the saves in between were not persisted
+
+
+def test_by_default_the_worker_writes_at_most_a_quarter_of_the_time(managers):
+    """persist_interval=None: the next persist starts no sooner than 4x the last one's duration
+    after it started. The persist is slowed to make its duration measurable: 256 KiB of
+    weights at 1 MB/s."""
+    toy = Toy(width=256)
+    mgr = managers(persist_interval=None, persist_bandwidth=1)
+    mgr.restore(toy.state)
+    starts: list[tuple[int, float]] = []
+    step = 0
+
+    def save() -> None:
+        nonlocal step
+        step += 1
+        before = mgr.stats.persists
+        toy.step()
+        at = time.monotonic()
+        mgr.save(step, toy.state)
+        if mgr.stats.persists > before:
+            starts.append((step, at))
+
+    save()
+    assert mgr.wait_persist(30)
+    took = mgr.stats.last_persist_s
+    assert took is not None and took > 0.2  # the throttle: 256 KiB and more at 1 MB/s
+    wait_for(lambda: save() or len(starts) == 2, 30, "a second persist")
+    assert starts[1][1] - starts[0][1] >= took / AUTO_DUTY
+    assert starts[1][0] > 2, "the saves in between reached memory only"
 
 
 def test_storage_wins_when_it_is_fresher_than_memory(managers):
