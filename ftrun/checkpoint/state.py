@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from ftrun.checkpoint import auth
+from ftrun.checkpoint import auth, state_cache
 from ftrun.checkpoint.errors import StateError
 
 RNG_KEY = "__rng__"
@@ -51,12 +51,30 @@ class TrainState:
             [optimizers] if isinstance(optimizers, torch.optim.Optimizer) else list(optimizers)
         )
         self._options = StateDictOptions(flatten_optimizer_state_dict=True)
+        self._cached: state_cache.CachedStateDict | None = None
+        self._uncacheable: Hashable | None = None  # the fingerprint that could not be cached
 
     def state_dict(self) -> dict[str, Any]:
+        """DCP's state dict, made by torch when the model or optimizer changed since the last
+        call, else from the cache of the last one (state_cache.py: 11 ms -> under 1 ms)."""
+        key = state_cache.fingerprint(self.model, self.optimizers)
+        if self._cached is not None and self._cached.key == key:
+            return self._cached.current()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizers, options=self._options)
-        return {"model": model_sd, "optim": optim_sd}
+        sd = {"model": model_sd, "optim": optim_sd}
+        # get_state_dict may create the optimizer's state (its first call, before any step).
+        key = state_cache.fingerprint(self.model, self.optimizers)
+        self._cached = (
+            None
+            if key == self._uncacheable
+            else state_cache.build(self.model, self.optimizers, sd, key)
+        )
+        if self._cached is None:
+            self._uncacheable = key
+        return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._cached = None
         set_state_dict(
             self.model,
             self.optimizers,
@@ -142,9 +160,20 @@ def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
     return flat
 
 
+# Values that are leaves whatever they hold: most of a flattened optimizer state dict (each param
+# group's hyper-parameters, repeated for every parameter), checked first because save() walks
+# thousands of them on the training thread.
+_PLAIN = frozenset({int, float, bool, str, tuple, type(None)})
+
+
 def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: bool) -> None:
     value = container[name]
-    if _is_stateful(value):
+    kind = type(value)
+    if kind in _PLAIN:
+        flat.objects.append(Leaf(key, container, name, local))
+    elif kind is torch.Tensor or kind is torch.nn.Parameter:
+        flat.tensors.append(TensorLeaf(key, container, name, local, value.detach()))
+    elif _is_stateful(value):
         sd = value.state_dict()
         if not isinstance(sd, dict):
             raise StateError(f"{key}.state_dict() returned {type(sd).__name__}, not a dict")
@@ -154,13 +183,11 @@ def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: boo
     elif isinstance(value, dict):
         for sub in list(value):
             _walk(flat, value, sub, f"{key}.{sub}", local)
-    elif isinstance(value, torch.Tensor):
-        if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter:
-            raise StateError(
-                f"{key} is a {type(value).__name__}; only plain tensors are supported",
-                hint="DTensor/FSDP state is not supported by ftrun.checkpoint yet",
-            )
-        flat.tensors.append(TensorLeaf(key, container, name, local, value.detach()))
+    elif isinstance(value, torch.Tensor):  # a subclass: DTensor, FSDP's flat parameters
+        raise StateError(
+            f"{key} is a {type(value).__name__}; only plain tensors are supported",
+            hint="DTensor/FSDP state is not supported by ftrun.checkpoint yet",
+        )
     else:
         flat.objects.append(Leaf(key, container, name, local))
 
