@@ -6,6 +6,7 @@
 #   scripts/test.sh --fast           static checks + the pure tier: no process spawned, seconds
 #   scripts/test.sh --no-static ...  skip the static checks (while iterating on a test)
 #   scripts/test.sh tests/unit -x    anything else goes to pytest
+#   FTRUN_TEST_WORKERS=0 scripts/test.sh   the suite in one process, one test at a time
 #
 # Tiers (markers set in tests/conftest.py): unmarked = pure and in-process; `ranks` = real agents,
 # torchrun and torch ranks; `testbed` = also the ssh hosts in network namespaces (root).
@@ -29,4 +30,7 @@ fi
 if [ "$fast" = 1 ]; then
     exec .venv/bin/python -m pytest -q -m "not ranks and not testbed" "${args[@]}"
 fi
-exec .venv/bin/python -m pytest -q "${args[@]}"
+# On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). The tests that start ranks wait
+# on timeouts and child processes more than they compute (60 % of a 2-core machine idle), and
+# every testbed test runs on one worker, in turn (tests/conftest.py).
+exec .venv/bin/python -m pytest -q -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"

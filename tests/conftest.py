@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,68 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.ranks)
         if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.testbed)
+    if TESTBED_IDS in os.environ:  # an xdist worker: tell the controller's scheduler
+        ids = [item.nodeid for item in items if item.get_closest_marker("testbed")]
+        partial = Path(f"{os.environ[TESTBED_IDS]}.{os.getpid()}")
+        partial.write_text(json.dumps(ids))
+        partial.replace(os.environ[TESTBED_IDS])  # every worker writes the same list
+
+
+# -- pytest-xdist: scripts/test.sh runs the suite on 2 workers ------------------------------------
+# The tests that start ranks wait on timeouts and child processes more than they compute (60 % of
+# the CPU idle on 2 cores), so two workers nearly halve the suite. The testbed tests run on one
+# worker, one after the other: the testbeds share namespaces' names, subnets, Slurm's ports and the
+# host's network, and the soak measures its own resources. xdist's own `xdist_group` does not work
+# under pytest 9 (it renames the test's `_nodeid`, which pytest 9 no longer reads), so the
+# scheduler here groups them: the workers write the testbed tests' ids to a file while they
+# collect, which the controller's scheduler reads once every worker has reported its collection.
+TESTBED_IDS = "FTRUN_TESTS_TESTBED_IDS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller of an xdist run: the file the workers write the testbed tests' ids to."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and getattr(config.option, "numprocesses", None):
+        fd, name = tempfile.mkstemp(prefix="ftrun-tests-testbed-ids-")
+        os.close(fd)
+        os.environ[TESTBED_IDS] = name  # the workers inherit it
+        config.add_cleanup(lambda: Path(name).unlink(missing_ok=True))
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown without it (FTRUN_TEST_WORKERS=0)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TestbedsInTurn(LoadScopeScheduling):
+        """Every test is its own unit of work, but the testbed tests, which are one."""
+
+        _testbed: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._testbed is None:
+                self._testbed = set(json.loads(Path(os.environ[TESTBED_IDS]).read_text() or "[]"))
+            return "testbed" if nodeid in self._testbed else nodeid
+
+    return TestbedsInTurn(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_tmpdir(tmp_path_factory: pytest.TempPathFactory):
+    """Under pytest-xdist, each worker's processes keep their temp files (torchrun's
+    torchelastic_* dirs, agents' workdirs) in a temp dir of the worker's own, so that what one
+    test checks was left behind is only its own worker's. Removed at the end."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield None
+        return
+    path = Path(tempfile.mkdtemp(prefix=f"ftrun-tests-{os.environ['PYTEST_XDIST_WORKER']}-"))
+    before = tempfile.tempdir
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(path))
+        tempfile.tempdir = str(path)
+        try:
+            yield path
+        finally:
+            tempfile.tempdir = before
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def tagged(test_id: str) -> list[psutil.Process]:

@@ -43,11 +43,14 @@ if args.exec_names:
         )
     seen["exec"] = {k: started.get(k) for k in args.exec_names}
 print("CONTRACT " + json.dumps(seen), flush=True)
-if first_generation and os.environ["RANK"] == "0":
-    open(args.fail_once + ".rank0", "w").close()  # printed: rank 1 may die now
+if first_generation:
+    open(f"{args.fail_once}.rank{os.environ['RANK']}", "w").close()  # printed
 if first_generation and os.environ["RANK"] == "1":
+    # Every rank of this generation has printed before rank 1 dies: on a loaded machine rank 3
+    # had not yet when only rank 0 was waited for, so it printed in generation 2 alone.
+    printed = [f"{args.fail_once}.rank{r}" for r in range(int(os.environ["WORLD_SIZE"]))]
     deadline = time.monotonic() + 60
-    while not os.path.exists(args.fail_once + ".rank0") and time.monotonic() < deadline:
+    while not all(map(os.path.exists, printed)) and time.monotonic() < deadline:
         time.sleep(0.05)
     open(args.fail_once, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
