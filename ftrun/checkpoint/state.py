@@ -56,7 +56,7 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """DCP's state dict, made by torch when the model or optimizer changed since the last
-        call, else from the cache of the last one (state_cache.py: 11 ms -> under 1 ms)."""
+        call, else from the cache of the last one (state_cache.py: 6.9 -> 0.85 ms here)."""
         key = state_cache.fingerprint(self.model, self.optimizers)
         if self._cached is not None and self._cached.key == key:
             return self._cached.current()

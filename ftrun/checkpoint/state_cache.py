@@ -1,6 +1,6 @@
 """DCP's state dict of a model and its optimizers, made once and reused while nothing was replaced.
 
-`get_state_dict` recomputes every fully-qualified name on every call: 11 ms for a 16-layer
+`get_state_dict` recomputes every fully-qualified name on every call: 6.9 ms for a 16-layer
 transformer with AdamW (2,880 entries: flattening the optimizer state repeats each param group's
 hyper-parameters for every parameter), at every save, on the training thread. Between two saves
 the answer is the same dict, but for values: the tensors are the same tensors (the optimizer
