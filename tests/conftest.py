@@ -23,6 +23,8 @@ from typing import Any
 import psutil
 import pytest
 
+from ftrun.agent import workdir
+
 BIN = Path(__file__).parent / "bin"
 TESTS = Path(__file__).resolve().parent
 # The tiers (scripts/test.sh --fast runs the first alone). A test's tier follows from where it
@@ -85,6 +87,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return TestbedsInTurn(config, log)
 
 
+SYSTEM_TMP = Path(tempfile.gettempdir())  # read before any worker has its own
+
+
+def sweep_stale_agent_dirs() -> None:
+    """Remove the directories of agents that died without removing them (a SIGKILLed host's):
+    the next agent on the host would, the product's way, but the suite leaves nothing behind.
+    In this worker's temp dir and in the system's: agents on the ssh testbed's hosts do not
+    inherit TMPDIR."""
+    for parent in {SYSTEM_TMP, Path(tempfile.gettempdir())}:
+        workdir.sweep_stale(parent)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def worker_tmpdir(tmp_path_factory: pytest.TempPathFactory):
     """Under pytest-xdist, each worker's processes keep their temp files (torchrun's
@@ -92,6 +106,7 @@ def worker_tmpdir(tmp_path_factory: pytest.TempPathFactory):
     test checks was left behind is only its own worker's. Removed at the end."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield None
+        sweep_stale_agent_dirs()
         return
     path = Path(tempfile.mkdtemp(prefix=f"ftrun-tests-{os.environ['PYTEST_XDIST_WORKER']}-"))
     before = tempfile.tempdir
@@ -101,6 +116,7 @@ def worker_tmpdir(tmp_path_factory: pytest.TempPathFactory):
         try:
             yield path
         finally:
+            sweep_stale_agent_dirs()
             tempfile.tempdir = before
             shutil.rmtree(path, ignore_errors=True)
 

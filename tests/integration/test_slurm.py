@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ftrun.agent import workdir
-from tests.conftest import BIN, Ftrun, tagged, wait_for
+from tests.conftest import BIN, Ftrun, sweep_stale_agent_dirs, tagged, wait_for
 from tests.slurmbed import SlurmBed, slurm_bed_fixture
 
 slurm = slurm_bed_fixture(4, scope="module")
@@ -38,7 +36,7 @@ def bed(slurm: SlurmBed) -> Iterator[SlurmBed]:
         slurm.cancel_all()
         # A powered-off node's agent could not remove its directory; the next agent on the
         # host would (the product's way), but the suite leaves nothing behind.
-        workdir.sweep_stale(Path(tempfile.gettempdir()))
+        sweep_stale_agent_dirs()
         for node in slurm.nodes:
             if not slurm.slurmd_running(node):  # powered off by a test that failed before
                 slurm.start_slurmd(node)  # it could power it on again

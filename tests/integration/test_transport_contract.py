@@ -17,7 +17,6 @@ import dataclasses
 import os
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ftrun.agent import procs, workdir
+from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
@@ -35,6 +34,7 @@ from ftrun.protocol import new_secret
 from ftrun.transport.local import LocalTransport
 from ftrun.transport.slurm import SrunTransport
 from ftrun.transport.ssh import SshTransport
+from tests.conftest import sweep_stale_agent_dirs
 from tests.slurmbed import SlurmBed, slurm_bed_fixture
 from tests.testbed import Testbed, ssh_testbed_fixture
 
@@ -107,7 +107,7 @@ def case(
     finally:
         # A SIGKILLed agent cannot remove its directory; the next agent on the host would (the
         # product's way), but the suite leaves nothing behind. Hosts share this filesystem.
-        workdir.sweep_stale(Path(tempfile.gettempdir()))
+        sweep_stale_agent_dirs()
 
 
 def _case(
