@@ -263,7 +263,7 @@ class Agent:
         except OSError as e:
             log.warning("could not raise the preemption flag: %s", e)
         if name in signal.Signals.__members__:
-            run.signal_ranks(signal.Signals[name], only_handled=True)
+            run.give_notice(signal.Signals[name])
 
     async def _send_stacks(self, number: int | None) -> None:
         """The controller asks (an exit barrier passed, or every host is idle): the stacks,

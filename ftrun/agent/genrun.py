@@ -88,6 +88,10 @@ class GenerationRun:
         self.pending_injections: list[dict[str, Any]] = []
         self.torchrun_tail: list[str] = []
         self.held_back: dict[int | None, int] = {}  # lines not forwarded, by rank
+        # A preemption notice's signal, for the ranks that had no handler for it yet: a rank
+        # still importing when the notice came gets it once its handler is in (tail loop).
+        self.notice: signal.Signals | None = None
+        self.noticed_ranks: set[int] = set()
 
     def live_ranks(self) -> dict[int, int]:
         """rank → pid of the ranks started and not exited."""
@@ -298,14 +302,34 @@ class GenerationRun:
 
     # ---- signals and chaos ------------------------------------------------------------------
 
-    def signal_ranks(self, sig: signal.Signals, *, only_handled: bool = False) -> None:
+    def signal_ranks(self, sig: signal.Signals) -> None:
         """--forward-signal: to each live rank's own process, not its process group (a rank's
-        data-loader workers would die of a SIGUSR1 they do not handle). `only_handled` (a
-        preemption notice): only to ranks with a handler for it, since by default it kills."""
+        data-loader workers would die of a SIGUSR1 they do not handle)."""
+        self._send_signal(sig, sorted(self.live_ranks().items()))
+
+    def give_notice(self, sig: signal.Signals) -> None:
+        """A preemption notice: the signal to every rank with a handler for it (by default it
+        kills), now or, for a rank still starting up, as soon as its handler is in."""
+        self.notice = sig
+        self.deliver_notice()
+
+    def deliver_notice(self) -> None:
+        """The notice to the ranks that handle it by now and have not had it (the tail loop
+        calls this while any rank here lacks it)."""
+        if self.notice is None:
+            return
+        due = [
+            (rank, pid)
+            for rank, pid in sorted(self.live_ranks().items())
+            if rank not in self.noticed_ranks and stacks.catches(pid, self.notice)
+        ]
+        if due:
+            self.noticed_ranks.update(rank for rank, _ in due)
+            self._send_signal(self.notice, due)
+
+    def _send_signal(self, sig: signal.Signals, ranks: list[tuple[int, int]]) -> None:
         sent = []
-        for rank, pid in sorted(self.live_ranks().items()):
-            if only_handled and not stacks.catches(pid, sig):
-                continue
+        for rank, pid in ranks:
             try:
                 os.kill(pid, sig)
                 sent.append(rank)

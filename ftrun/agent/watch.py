@@ -28,8 +28,9 @@ IDLE_OFF_INTERVAL_S = 0.5  # how often the idle loop looks again while no guard 
 
 
 async def tail_loop(current: Callable[[], GenerationRun | None], tasks: TaskSupervisor) -> None:
-    """Forward the ranks' new output, report a hang once (stacks first: a task, so the tail
-    keeps flowing meanwhile), and send the job's step at most every PROGRESS_FLUSH_INTERVAL_S."""
+    """Forward the ranks' new output, give a rank whose handler came late the preemption
+    notice, report a hang once (stacks first: a task, so the tail keeps flowing meanwhile), and
+    send the job's step at most every PROGRESS_FLUSH_INTERVAL_S."""
     last_progress = 0.0
     check = StallGuard()  # a hang is judged by silence: not right after we were stalled
     while True:
@@ -37,6 +38,7 @@ async def tail_loop(current: Callable[[], GenerationRun | None], tasks: TaskSupe
         due = check.due()
         if run is not None:
             run.flush_logs()
+            run.deliver_notice()
             now = time.monotonic()
             if due and (overdue := run.newly_overdue(now)):
                 tasks.spawn("hang report", run.report_hang(overdue, detected_t=time.time()))

@@ -1,6 +1,8 @@
 """A plain training loop (no ftrun import) with the signal handlers real scripts have:
 SIGTERM → save (takes --save-s seconds), write `<dir>/saved-rank<R>`, exit 0;
-SIGUSR1 → note it in `<dir>/usr1-rank<R>` and keep going, exiting 0 --after-usr1 steps later."""
+SIGUSR1 → note it in `<dir>/usr1-rank<R>` and keep going, exiting 0 --after-usr1 steps later.
+--late-rank R: that rank installs its handlers only once `<dir>/handlers-now` exists (a rank
+still importing when a notice comes), and prints nothing before."""
 
 import argparse
 import os
@@ -13,8 +15,15 @@ p.add_argument("--dir", required=True)
 p.add_argument("--save-s", type=float, default=0.0)
 p.add_argument("--after-usr1", type=int, default=None)
 p.add_argument("--interval", type=float, default=0.05)
+p.add_argument("--late-rank", default=None)
 args = p.parse_args()
 rank = os.environ["RANK"]
+if rank == args.late_rank:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(args.dir, "handlers-now")):
+        if time.monotonic() > deadline:
+            sys.exit("handlers-now never came")
+        time.sleep(0.05)
 got: list[str] = []
 signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
 signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))

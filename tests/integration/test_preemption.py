@@ -74,3 +74,27 @@ def test_a_plain_script_gets_the_notice_in_its_handler_and_its_exit_0_is_no_succ
     (fault,) = kinds(job_dir, "fault_detected")
     assert (fault["fault"], fault["committed_step"]) == ("preempted", None)
     assert kinds(job_dir, "job_finished")[-1]["state"] == "preempted"
+
+
+def test_a_rank_that_installs_its_handler_after_the_notice_still_gets_it(
+    ftrun: Ftrun, tmp_path: Path
+) -> None:
+    """A rank still importing when the notice comes has no handler yet (the signal would kill
+    it, so it is not sent): it gets the notice once its handler is in."""
+    launch = ftrun.start(
+        "launch", "--job-id", "pre-3", "--nproc-per-node", "2", "--preempt-signal", "USR1",
+        "--progress-regex", r"step (\d+)", str(BIN / "signals.py"), "--dir", str(tmp_path),
+        "--after-usr1", "0", "--late-rank", "1",
+    )  # fmt: skip
+    job_dir = ftrun.run_dir / "pre-3"
+    wait_for(
+        lambda: (job_dir / "events.jsonl").exists() and kinds(job_dir, "first_step"), 120, "step 1"
+    )
+    os.kill(launch.pid, signal.SIGUSR1)
+    wait_for(lambda: kinds(job_dir, "signal_delivered"), 60, "the notice to rank 0")
+    assert [e["ranks"] for e in kinds(job_dir, "signal_delivered")] == [[0]]
+    (tmp_path / "handlers-now").touch()
+    out, _ = launch.communicate(timeout=60)
+    assert launch.returncode == 75, out
+    assert sorted(p.name for p in tmp_path.glob("usr1-rank*")) == ["usr1-rank0", "usr1-rank1"], out
+    assert [e["ranks"] for e in kinds(job_dir, "signal_delivered")] == [[0], [1]]
