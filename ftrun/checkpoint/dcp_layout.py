@@ -161,6 +161,7 @@ class RawReader(FileSystemReader):
 
 def load_storage(path: Path, tensors: dict[str, torch.Tensor], *, comm: Comm, key: bytes) -> None:
     """Load the named tensors in place from a committed checkpoint (reshards as needed)."""
+    comm.settle()  # DCP's collectives run on our group too: after any in flight
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore", UserWarning)

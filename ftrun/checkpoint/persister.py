@@ -1,9 +1,10 @@
 """Which snapshots of a rank go to storage, agreed by all ranks, and the worker's replies.
 
 This module owns the persist side of a Manager: the collective choice of whether a save is
-persisted (one all-reduce: is any rank's worker still busy, has the tensor layout changed so the
-DCP storage plan must be made again, did a preemption notice come, is it too soon after the last
-persist), the cached storage plan, sending the "persist" command
+persisted (an all-reduce: is any rank's worker still busy, did a preemption notice come, is it
+too soon after the last persist; started at the save before, in the background, when every save
+votes; and at a persist, has the tensor layout changed so the DCP storage plan must be made
+again), the cached storage plan, sending the "persist" command
 through the `PersistClient`, the worker's replies turned into slot-table events and stats, and
 close()'s agreement to persist the last snapshot. The Manager keeps the order of things in the
 training thread and the snapshot copy. Both drive one `SlotTable` under one lock (`cond`), so
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +29,11 @@ from ftrun.checkpoint.persist_client import PersistClient, persist_message
 from ftrun.checkpoint.restore import warn
 from ftrun.checkpoint.slot_table import SlotTable
 from ftrun.checkpoint.stats import Stats
+
+# Background votes on the persist (see wanted()) are about this far apart, in saves agreed from
+# the ranks' save rate; at most MAX_VOTE_EVERY saves apart.
+VOTE_INTERVAL_S = 0.25
+MAX_VOTE_EVERY = 1000
 
 
 class Persister:
@@ -51,6 +58,10 @@ class Persister:
         self._last_started_at: float | None = None  # and when (time.monotonic())
         self._closing = False
         self.superseded: str | None = None  # why the worker's commit was refused (fence.py)
+        self._next_vote: Callable[[], list[int]] | None = None  # started by the last vote
+        self._voted_at: float | None = None  # when this rank last voted (time.monotonic())
+        self._saves_since_vote = 0
+        self._vote_every = 1  # saves between background votes, agreed by the last one
         self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
 
     def wanted(
@@ -61,29 +72,72 @@ class Persister:
         persist started `persist_interval` seconds ago or more, and no rank's worker is busy;
         or when any rank saw the notice (`preempted`): then after the persist in flight,
         whatever the step and the time. When it is persisted and the layout changed, make the
-        storage plan for it."""
+        storage plan for it.
+
+        Where saves would vote at every one (under ftrun, which may send a notice, or when
+        every step is due), the vote runs in the background instead (Comm.max_ints_later): a
+        save starts one that the next voting save reads, and the ranks vote every few saves
+        (VOTE_INTERVAL_S apart, by their agreed save rate), and at every due step when not
+        every step is due. So a save
+        decides on the state of a vote up to ~0.25 s old, without stopping all ranks for a
+        collective (each costs ~0.7 ms here): a persist starts up to a vote after the worker
+        became free, a notice is honoured up to a vote after a rank saw it."""
         due = step % self.config.persist_every == 0
-        if not due and self.config.preempt_file is None:
-            return False, False
-        # Each rank reads its own clock; all ranks started the last persist at the same save, so
-        # they differ by the skew of one collective, and "any rank says too soon" is agreed.
-        busy, replan, urgent, early = self._comm.max_ints(
-            [
-                int(self._slots.persisting),
-                int(self.plan is None or self.plan.signature != sig),
-                int(preempted),
-                int(self._too_soon()),
-            ]
+        background = self._comm.distributed and (
+            self.config.preempt_file is not None or self.config.persist_every == 1
         )
+        if background:
+            self._saves_since_vote += 1
+            # A persist every step is a persist at each vote; a rarer one votes when it is due.
+            voting = self._saves_since_vote >= self._vote_every
+            if not (voting or (due and self.config.persist_every > 1)):
+                return False, False
+        elif not due and self.config.preempt_file is None:
+            return False, False
+        busy, urgent, early, save_interval_us = self._agree(preempted)
         if urgent and busy:  # the notice's save must reach storage: after the one in flight
             (busy,) = self._comm.max_ints([int(not self.wait_idle(self.config.persist_timeout))])
-        if busy or not (urgent or (due and not early)):
-            return False, bool(urgent)
-        if replan:
-            self.plan = dcp_layout.plan_storage(
-                dict(keyed), comm=self._comm, signature=sig, key=self.config.hmac_key
+        persist = not busy and bool(urgent or (due and not early))
+        if persist:
+            # Layouts are known only now (a rank's can change between two saves): agreed at
+            # the persists, which are seconds apart.
+            (replan,) = self._comm.max_ints([int(self.plan is None or self.plan.signature != sig)])
+            if replan:
+                self.plan = dcp_layout.plan_storage(
+                    dict(keyed), comm=self._comm, signature=sig, key=self.config.hmac_key
+                )
+        if background:
+            if save_interval_us > 0:  # the slowest rank's: every rank computes the same
+                self._vote_every = max(
+                    1, min(MAX_VOTE_EVERY, int(VOTE_INTERVAL_S * 1e6 / save_interval_us))
+                )
+            # The notice this save honours is handled: it is not voted again.
+            self._next_vote = self._comm.max_ints_later(
+                self._vote(preempted and not urgent, starting=persist)
             )
-        return True, bool(urgent)
+            self._saves_since_vote = 0
+        return persist, bool(urgent)
+
+    def _agree(self, preempted: bool) -> list[int]:
+        """Collective: [any rank's worker busy, any rank saw a notice, too soon for any rank,
+        the slowest rank's time per save (µs) since its last vote]: the vote started at the
+        last voting save, else one now."""
+        if self._next_vote is not None:
+            vote, self._next_vote = self._next_vote, None
+            return vote()
+        return self._comm.max_ints(self._vote(preempted, starting=False))
+
+    def _vote(self, preempted: bool, *, starting: bool) -> list[int]:
+        # Each rank reads its own clock; all ranks started the last persist at the same save, so
+        # they differ by the skew of one collective, and "any rank says too soon" is agreed.
+        busy = starting or self._slots.persisting
+        self._stats.votes += 1
+        now = time.monotonic()
+        interval_us = 0
+        if self._voted_at is not None and self._saves_since_vote:
+            interval_us = int((now - self._voted_at) / self._saves_since_vote * 1e6)
+        self._voted_at = now
+        return [int(busy), int(preempted), int(self._too_soon()), interval_us]
 
     def started(self, step: int) -> None:
         """A persist of the snapshot of `step` is reserved in the slot table."""

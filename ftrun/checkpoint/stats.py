@@ -19,5 +19,6 @@ class Stats:
     persists: int = 0  # persists started
     persisted: int = 0  # persists this rank finished (rank 0: committed)
     persist_failures: int = 0
+    votes: int = 0  # collectives that decided whether to persist (not one per save: persister.py)
     last_persisted_step: int | None = None
     last_persist_s: float | None = None  # wall time of the last persist, save() to done

@@ -135,7 +135,12 @@ def main() -> None:
                 os._exit(3)
         record(f"STEP {step} {time.time()}")
     mgr.close()
-    print(f"DONE rank={rank} persisted={mgr.stats.last_persisted_step}", flush=True)
+    stats = mgr.stats
+    print(
+        f"DONE rank={rank} persisted={stats.last_persisted_step} saves={stats.saves} "
+        f"persists={stats.persists} votes={stats.votes}",
+        flush=True,
+    )
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
