@@ -48,6 +48,9 @@ from ftrun.checkpoint.state import apply, flatten, keyed_tensors, pickle_objects
 from ftrun.checkpoint.stats import Stats
 
 SECTION_SLACK_S = 60.0
+# Rank 0 tells the agent its checkpoint stall so far at most this often: each datagram wakes
+# the agent, which on a busy host costs the sender ~0.5 ms (the agent forwards it every 0.5 s).
+STALL_REPORT_INTERVAL_S = 0.25
 
 
 class Manager:
@@ -100,6 +103,8 @@ class Manager:
         self._last_saved: int | None = None
         self._hooks: dict[int, Any] = {}
         self._touched_slots = False
+        self._layout: tuple[Any, list[slots.TensorEntry], int, str] | None = None  # the last one
+        self._stall_reported_at = 0.0
         self._preempt_pending = self.config.preempt_file is not None
         self.restored: restore_mod.Restored | None = None
         self.stats = Stats()
@@ -207,11 +212,10 @@ class Manager:
             raise worker_died()
         if self._persister.superseded:  # the worker's commit was refused: we are a zombie
             raise Superseded(self._persister.superseded)
-        flat = flatten(state)
+        flat = flatten(state, saving=True)
         self.attach(*flat.optimizers())
         keyed = keyed_tensors(flat, self.rank)
-        entries, size = slots.layout(keyed)
-        sig = slots.signature(entries, self.world_size)
+        entries, size, sig = self._layout_of(keyed)
         objects = pickle_objects(flat, key=self.config.hmac_key)
         flag = self.config.preempt_file
         preempted = self._preempt_pending and flag is not None and flag.exists()
@@ -267,10 +271,31 @@ class Manager:
         self._last_saved = step
         self.stats.saves += 1
         self.stats.save_s += time.perf_counter() - t0
-        if self.rank == 0:  # what checkpoints cost the training loop so far: goodput's bucket
-            runtime.checkpoint_stall(self.stats.save_s + self.stats.blocked_s)
+        if self.rank == 0:
+            self._report_stall()
         if urgent:
             self._persist_for_preemption(step, persisted=persist)
+
+    def _layout_of(
+        self, keyed: list[tuple[str, torch.Tensor]]
+    ) -> tuple[list[slots.TensorEntry], int, str]:
+        """The slot layout of these tensors and its signature: the last save's while the names,
+        dtypes and shapes are the same (they are, save after save)."""
+        key = [(name, t.dtype, t.shape) for name, t in keyed]
+        if self._layout is not None and self._layout[0] == key:
+            _, entries, size, sig = self._layout
+            return entries, size, sig
+        entries, size = slots.layout(keyed)
+        sig = slots.signature(entries, self.world_size)
+        self._layout = (key, entries, size, sig)
+        return entries, size, sig
+
+    def _report_stall(self, *, final: bool = False) -> None:
+        """What checkpoints cost the training loop so far (goodput's bucket), to the agent."""
+        now = time.monotonic()
+        if final or now - self._stall_reported_at >= STALL_REPORT_INTERVAL_S:
+            self._stall_reported_at = now
+            runtime.checkpoint_stall(self.stats.save_s + self.stats.blocked_s)
 
     def _persist_for_preemption(self, step: int, *, persisted: bool) -> None:
         """The job got a preemption notice: wait until this save is committed to storage (it
@@ -401,6 +426,8 @@ class Manager:
         try:
             with _no_steps("checkpoint close", limit):
                 self._wait_done()
+                if self.rank == 0 and self.stats.saves:
+                    self._report_stall(final=True)
                 if persist_last:
                     self._persister.persist_last(self._last_saved, limit)  # collective
                 if not self._wait_persist(limit):

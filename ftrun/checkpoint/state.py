@@ -53,13 +53,37 @@ class TrainState:
         self._options = StateDictOptions(flatten_optimizer_state_dict=True)
         self._cached: state_cache.CachedStateDict | None = None
         self._uncacheable: Hashable | None = None  # the fingerprint that could not be cached
+        # save_leaves()'s answer, for (the cached state dict, key, local) it was made from
+        self._leaves: (
+            tuple[tuple[Any, str, bool], tuple[list[TensorLeaf], list[Leaf]] | None] | None
+        ) = None
 
     def state_dict(self) -> dict[str, Any]:
         """DCP's state dict, made by torch when the model or optimizer changed since the last
         call, else from the cache of the last one (state_cache.py: 6.9 -> 0.85 ms here)."""
+        cached, made = self._refreshed()
+        if made is not None:
+            return made
+        assert cached is not None
+        return cached.current()
+
+    def save_leaves(self, key: str, local: bool) -> tuple[list[TensorLeaf], list[Leaf]] | None:
+        """save()'s flattening of this state, made once per cached state dict: the same leaves
+        flatten() would make of state_dict(), the plain values read live from the optimizer's
+        dicts. None when the state dict is not cached (flatten() walks it as any other)."""
+        cached, _ = self._refreshed()
+        if cached is None:
+            return None
+        if self._leaves is None or self._leaves[0] != (cached, key, local):
+            self._leaves = ((cached, key, local), _cached_leaves(cached, key, local))
+        return self._leaves[1]
+
+    def _refreshed(self) -> tuple[state_cache.CachedStateDict | None, dict[str, Any] | None]:
+        """(the cache, right for the model and optimizers as they are now, or None when they
+        cannot be cached; the state dict torch made, when it had to)."""
         key = state_cache.fingerprint(self.model, self.optimizers)
         if self._cached is not None and self._cached.key == key:
-            return self._cached.current()
+            return self._cached, None
         model_sd, optim_sd = get_state_dict(self.model, self.optimizers, options=self._options)
         sd = {"model": model_sd, "optim": optim_sd}
         # get_state_dict may create the optimizer's state (its first call, before any step).
@@ -71,7 +95,7 @@ class TrainState:
         )
         if self._cached is None:
             self._uncacheable = key
-        return sd
+        return self._cached, sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._cached = None
@@ -133,7 +157,9 @@ class Flat:
         ]
 
 
-def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
+def flatten(state: Mapping[str, Any], *, rng: bool = True, saving: bool = False) -> Flat:
+    """`saving`: for save(), which reads the leaves and puts nothing back: a TrainState's come
+    from its cache (TrainState.save_leaves), and its root has no state dict to load."""
     if not isinstance(state, Mapping):
         raise StateError(
             f"state must be a dict of name -> object, not {type(state).__name__}",
@@ -153,7 +179,7 @@ def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
                 hint=f"wrap it in a dict, e.g. {{{name!r}: {{'value': ...}}}}",
             )
         top[str(name)] = inner
-        _walk(flat, top, str(name), str(name), local)
+        _walk(flat, top, str(name), str(name), local, saving)
     if rng:
         holder = {RNG_KEY: capture_rng()}
         flat.objects.append(Leaf(RNG_KEY, holder, RNG_KEY, True))
@@ -166,23 +192,29 @@ def flatten(state: Mapping[str, Any], *, rng: bool = True) -> Flat:
 _PLAIN = frozenset({int, float, bool, str, tuple, type(None)})
 
 
-def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: bool) -> None:
+def _walk(
+    flat: Flat, container: dict[str, Any], name: str, key: str, local: bool, saving: bool
+) -> None:
     value = container[name]
     kind = type(value)
     if kind in _PLAIN:
         flat.objects.append(Leaf(key, container, name, local))
     elif kind is torch.Tensor or kind is torch.nn.Parameter:
         flat.tensors.append(TensorLeaf(key, container, name, local, value.detach()))
+    elif saving and kind is TrainState and (leaves := value.save_leaves(key, local)) is not None:
+        flat.roots.append((value, {}))
+        flat.tensors += leaves[0]
+        flat.objects += leaves[1]
     elif _is_stateful(value):
         sd = value.state_dict()
         if not isinstance(sd, dict):
             raise StateError(f"{key}.state_dict() returned {type(sd).__name__}, not a dict")
         flat.roots.append((value, sd))
         for sub in list(sd):
-            _walk(flat, sd, sub, f"{key}.{sub}", local)
+            _walk(flat, sd, sub, f"{key}.{sub}", local, saving)
     elif isinstance(value, dict):
         for sub in list(value):
-            _walk(flat, value, sub, f"{key}.{sub}", local)
+            _walk(flat, value, sub, f"{key}.{sub}", local, saving)
     elif isinstance(value, torch.Tensor):  # a subclass: DTensor, FSDP's flat parameters
         raise StateError(
             f"{key} is a {type(value).__name__}; only plain tensors are supported",
@@ -190,6 +222,29 @@ def _walk(flat: Flat, container: dict[str, Any], name: str, key: str, local: boo
         )
     else:
         flat.objects.append(Leaf(key, container, name, local))
+
+
+def _cached_leaves(
+    cached: state_cache.CachedStateDict, key: str, local: bool
+) -> tuple[list[TensorLeaf], list[Leaf]] | None:
+    """The leaves _walk makes of `cached.current()` under `key`, in its order, each pointing at
+    where its value lives: the tensors (the fingerprint guards them) and the optimizer's own
+    dicts for plain values, so a later save reads them as they are then. None when an entry is
+    one _walk would go into (a dict, a Stateful) or refuse."""
+    tensors = [
+        TensorLeaf(f"{key}.model.{name}", cached.model_entries, name, local, t.detach())
+        for name, t in cached.model_entries.items()
+    ]
+    objects: list[Leaf] = []
+    for name, (box, entry) in cached.optim_sources.items():
+        value, fqn = box[entry], f"{key}.optim.{name}"
+        if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
+            tensors.append(TensorLeaf(fqn, box, entry, local, value.detach()))
+        elif isinstance(value, (dict, torch.Tensor)) or _is_stateful(value):
+            return None
+        else:
+            objects.append(Leaf(fqn, box, entry, local))
+    return tensors, objects
 
 
 def storage_key(leaf: Leaf, rank: int) -> str:
@@ -223,20 +278,32 @@ def apply(flat: Flat, objects: Mapping[str, Any]) -> None:
 
 
 def capture_rng() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """The RNG states of this process. torch's as bytes: a tensor pickles through torch.save,
+    ~50 us of every save() (older checkpoints hold tensors; restore_rng takes both)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": _bytes(torch.get_rng_state())}
     np = sys.modules.get("numpy")
     if np is not None:
         state["numpy"] = np.random.get_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_bytes(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def restore_rng(state: Mapping[str, Any]) -> None:
     random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_tensor(state["torch"]))
     np = sys.modules.get("numpy")
     if np is not None and "numpy" in state:
         np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_tensor(s) for s in state["cuda"]])
+
+
+def _bytes(rng_state: torch.Tensor) -> bytes:
+    return rng_state.numpy().tobytes()
+
+
+def _tensor(rng_state: bytes | torch.Tensor) -> torch.Tensor:
+    if isinstance(rng_state, torch.Tensor):
+        return rng_state
+    return torch.frombuffer(bytearray(rng_state), dtype=torch.uint8)

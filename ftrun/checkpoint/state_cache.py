@@ -35,7 +35,7 @@ def fingerprint(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimiz
     for opt in optimizers:
         parts.append(None)
         for group in opt.param_groups:
-            parts.append((id(group), tuple(sorted(group))))
+            parts.append((id(group), tuple(sorted((k, _kind(v)) for k, v in group.items()))))
             for p in group["params"]:
                 state = opt.state.get(p)
                 parts.append((id(p), id(state)))
@@ -49,6 +49,12 @@ def fingerprint(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimiz
 
 def _tensor_id(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
     return id(t), t.data_ptr(), tuple(t.shape)
+
+
+def _kind(value: Any) -> Any:
+    """A group's value as the fingerprint sees it: a tensor (a learning rate may be one) by
+    identity; anything else by type (a value that turns into a tensor changes the leaves)."""
+    return _tensor_id(value) if isinstance(value, torch.Tensor) else type(value)
 
 
 class CachedStateDict:
@@ -66,6 +72,15 @@ class CachedStateDict:
     def current(self) -> dict[str, dict[str, Any]]:
         optim = {name: box[field] for name, (box, field) in self._optim_sources.items()}
         return {"model": dict(self._model_sd), "optim": optim}
+
+    @property
+    def model_entries(self) -> dict[str, torch.Tensor]:
+        return self._model_sd
+
+    @property
+    def optim_sources(self) -> dict[str, tuple[dict[str, Any], str]]:
+        """Flattened optimizer entry -> (the live dict it is read from, its key there)."""
+        return self._optim_sources
 
 
 def build(

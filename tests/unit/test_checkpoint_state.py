@@ -51,6 +51,14 @@ def test_rng_round_trip_covers_python_and_torch():
     assert draws[0] == again[0] and torch.equal(draws[1], again[1])
 
 
+def test_rng_states_of_older_checkpoints_as_tensors_still_restore():
+    state = {**capture_rng(), "torch": torch.get_rng_state()}  # as saved before 2026-11-26
+    assert isinstance(capture_rng()["torch"], bytes)
+    draw = torch.rand(3)
+    restore_rng(state)
+    assert torch.equal(torch.rand(3), draw)
+
+
 def test_slot_layout_is_aligned_and_the_signature_tracks_shapes():
     tensors = [
         ("a", torch.zeros(3)),

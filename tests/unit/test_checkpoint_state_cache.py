@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 import ftrun.checkpoint as ckpt
+from ftrun.checkpoint.state import RNG_KEY, flatten
 
 
 def torch_made(ts: ckpt.TrainState) -> dict[str, Any]:
@@ -112,3 +113,51 @@ def test_what_it_cannot_trace_is_made_by_torch_every_time():
     train_one()
     assert ts._cached is None
     assert ts.state_dict()["model"]["0._extra_state"] != first
+
+
+def leaves(flat: Any) -> tuple[list[tuple[str, int, torch.Tensor]], list[tuple[str, Any]]]:
+    tensors = [(leaf.key, leaf.tensor.data_ptr(), leaf.tensor.clone()) for leaf in flat.tensors]
+    return tensors, [(leaf.key, leaf.value) for leaf in flat.objects if leaf.key != RNG_KEY]
+
+
+def assert_same_leaves(state: dict[str, Any]) -> None:
+    """save()'s flattening (TrainState's cached leaves) is the one restore() walks, in order."""
+    (got_t, got_o), (want_t, want_o) = leaves(flatten(state, saving=True)), leaves(flatten(state))
+    assert [(k, p) for k, p, _ in got_t] == [(k, p) for k, p, _ in want_t]
+    assert all(torch.equal(a, b) for (_, _, a), (_, _, b) in zip(got_t, want_t, strict=True))
+    assert got_o == want_o
+
+
+def test_saves_read_the_cached_leaves_as_they_are_at_each_save():
+    model, opt, ts = make()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    state = {"train": ts, "extra": {"epoch": 1}}
+    train(model, opt, 1)
+    assert_same_leaves(state)
+    before = flatten(state, saving=True)
+    train(model, opt, 2, sched)  # new values in place, new learning rates
+    state["extra"]["epoch"] = 2
+    assert_same_leaves(state)
+    lr = [
+        leaf.value
+        for leaf in before.objects
+        if leaf.key == "train.optim.param_groups.body.0.weight.lr"
+    ]
+    assert lr == [pytest.approx(1e-2 * 0.5**2)]  # a leaf made earlier reads the live value
+    opt.param_groups[0]["lr"] = torch.tensor(0.5)  # a value turned tensor: a tensor leaf now
+    assert_same_leaves(state)
+    assert "train.optim.param_groups.body.0.weight.lr" in [
+        t.key for t in flatten(state, saving=True).tensors
+    ]
+    model.body[0].weight.data = model.body[0].weight.data.clone()  # another storage
+    assert_same_leaves(state)
+
+
+def test_a_state_it_cannot_cache_is_walked_when_saving_too():
+    model = nn.Sequential(WithExtraState(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    state = {"train": ckpt.TrainState(model, opt)}
+    keys = [leaf.key for leaf in flatten(state, saving=True).objects]
+    assert "train.model.0._extra_state.calls" in keys
