@@ -11,6 +11,15 @@ line, `ftrun-checkpoint: restored step N from <tier>` (or `... no checkpoint fou
 step 0`): under ftrun the agent relays rank output into the job's logs, where `ftrun inspect`
 reads it (ftrun/jobview.py), so no new message kind is needed.
 
+When the layout changed (a shrink, a grow, another DP x PP plan) no memory snapshot matches
+it; then each rank looks at every snapshot its host's memory holds, of any rank and layout
+(slots.scan_host), for one step that has every tensor it needs, by name, dtype and shape (in a
+data-parallel job any old rank's snapshot has them all; in a pipeline the stages it now holds
+must have been on this host). The newest step that every rank finds so is the memory candidate,
+loaded tensor by tensor from those snapshots; per-rank state (RNG, PerRank) starts fresh, as
+from storage under another world size. So a shrink loses what a restart in place loses, not
+the steps since the last persist.
+
 A memory snapshot is identified by (step, generation): the ranks of one generation write the
 snapshots of a step together, so a slot left over from another timeline (a rank killed between
 loading and invalidating its newer slots) can never be mixed with its peers' slots of that step.
@@ -22,10 +31,13 @@ written under another key) is skipped like a corrupt one, with the reason as a w
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ftrun import envcontract
 from ftrun.checkpoint import auth, dcp_layout, slots, storage
@@ -71,6 +83,10 @@ def restore(
     common = set.intersection(*every)
     best_key = max(common) if common else None  # the newest step, then the newest generation
     best_mem = best_key[0] if best_key else None
+    resharded: list[slots.HostSnapshot] = []  # the host's snapshots of another layout to load
+    if best_key is None and tier.persistent and tier.directory is not None:
+        resharded = _resharded_candidate(keyed, tier, comm, mac_key)
+        best_mem = resharded[0].step if resharded else None
 
     listing: tuple[list[tuple[int, str, dict[str, Any]]], list[str]] | None = None
     if comm.rank == 0:
@@ -97,6 +113,10 @@ def restore(
             return _done(Restored(step, STORAGE, path, tuple(skipped)), comm), objects, None
         skipped.append(f"{path} is corrupt ({reasons[0]}): skipped")
 
+    if resharded:
+        objects = _load_resharded(flat, keyed, resharded, comm, mac_key)
+        path = str(resharded[0].manifest_path)
+        return _done(Restored(resharded[0].step, MEMORY, path, tuple(skipped)), comm), objects, None
     if best_key is not None:
         index = held[best_key]
         objects = _load_memory(flat, keyed, tier, index, comm, mac_key)
@@ -138,6 +158,116 @@ def _load_memory(
             hint=f"delete {tier.directory} to restore from storage instead",
         )
     return {**saved["global"], **saved["local"]}
+
+
+def _resharded_candidate(
+    keyed: list[tuple[str, TensorLeaf]], tier: slots.MemoryTier, comm: Comm, mac_key: bytes
+) -> list[slots.HostSnapshot]:
+    """Collective: the snapshots of this host that hold, for the newest (step, generation) every
+    rank can serve so, each tensor this rank needs (per-rank ones aside: they start fresh);
+    empty when there is no such step."""
+    assert tier.directory is not None
+    found, rejected = slots.scan_host(tier.directory.parent, key=mac_key, host=tier.host)
+    for message in rejected:
+        warn(f"rank {comm.rank}: {message}")
+    by_step: dict[tuple[int, int], list[slots.HostSnapshot]] = {}
+    for snapshot in found:
+        by_step.setdefault((snapshot.step, snapshot.generation), []).append(snapshot)
+    needed = [(key, leaf.tensor) for key, leaf in keyed if not leaf.local]
+    servable = {
+        step: snapshots
+        for step, snapshots in by_step.items()
+        if needed and all(_source(key, t, snapshots) is not None for key, t in needed)
+    }
+    every = [{(step, gen) for step, gen in keys} for keys in comm.all_gather(sorted(servable))]
+    common = set.intersection(*every)
+    if not common:
+        return []
+    return sorted(servable[max(common)], key=lambda s: s.rank)
+
+
+def _source(
+    key: str, tensor: torch.Tensor, snapshots: list[slots.HostSnapshot]
+) -> tuple[slots.HostSnapshot, slots.TensorEntry] | None:
+    """The lowest old rank's snapshot with `key` of the tensor's dtype and shape, and its entry."""
+    dtype, shape = str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
+    for snapshot in sorted(snapshots, key=lambda s: s.rank):
+        entry = snapshot.entries.get(key)
+        if entry is not None and (entry.dtype, entry.shape) == (dtype, shape):
+            return snapshot, entry
+    return None
+
+
+def _load_resharded(
+    flat: Flat,
+    keyed: list[tuple[str, TensorLeaf]],
+    snapshots: list[slots.HostSnapshot],
+    comm: Comm,
+    mac_key: bytes,
+) -> dict[str, Any]:
+    """Load the tensors from this host's snapshots of another layout, and the shared objects
+    (the lowest rank's first, as from storage). Per-rank state comes from this rank's own old
+    snapshot when the world size is the same and it is here (a re-plan, a replaced host), else
+    it starts fresh, as from storage under another world size."""
+    error, fresh = None, False
+    merged: dict[str, Any] = {}
+    try:
+        own = next(
+            (s for s in snapshots if (s.rank, s.world_size) == (comm.rank, comm.world)), None
+        )
+        local_keys = [(key, leaf.tensor) for key, leaf in keyed if leaf.local]
+        fresh = own is None or any(_source(k, t, [own]) is None for k, t in local_keys)
+        with contextlib.ExitStack() as stack:
+            views = {id(s): stack.enter_context(s.mapped()) for s in snapshots}
+            for key, leaf in keyed:
+                if leaf.local and fresh:
+                    continue
+                found = _source(key, leaf.tensor, [own] if leaf.local and own else snapshots)
+                assert found is not None  # _resharded_candidate, or `fresh`, made sure
+                snapshot, entry = found
+                leaf.tensor.copy_(views[id(snapshot)](entry))
+        for snapshot in snapshots:  # sorted by rank
+            for key, value in auth.loads(mac_key, snapshot.objects)["global"].items():
+                merged.setdefault(key, value)
+        if not fresh:
+            assert own is not None
+            merged.update(auth.loads(mac_key, own.objects)["local"])
+        missing = [leaf.key for leaf in flat.objects if not leaf.local and leaf.key not in merged]
+        if missing:
+            error = f"rank {comm.rank}: the snapshot lacks {missing[0]!r}"
+    except Exception as exc:  # noqa: BLE001 - every rank must learn that one failed
+        error = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
+    reports = comm.all_gather((error, fresh))
+    errors = [e for e, _ in reports if e]
+    if errors:
+        raise CheckpointError(
+            f"loading the memory snapshot of another layout failed: {errors[0]}",
+            hint=f"delete {snapshots[0].manifest_path.parent.parent} to restore from storage",
+        )
+    started_fresh = [r for r, (_, f) in enumerate(reports) if f]
+    if comm.rank == 0:
+        note = (
+            f"; per-rank state (RNG, PerRank entries) of rank(s) {_ranges(started_fresh)} "
+            "starts fresh"
+            if started_fresh
+            else ""
+        )
+        warn(
+            f"step {snapshots[0].step} is restored from host memory saved in another layout "
+            f"({snapshots[0].world_size} ranks, now {comm.world}){note}"
+        )
+    return merged
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out: list[str] = []
+    for r in ranks:
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ",".join(out)
 
 
 def _load_storage(

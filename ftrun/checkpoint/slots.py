@@ -29,14 +29,18 @@ import hashlib
 import json
 import mmap
 import os
+import socket
 import stat
+import warnings
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ftrun import private
+from ftrun import envcontract, private
 from ftrun.checkpoint import auth, device_copy, storage
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
@@ -241,10 +245,18 @@ class MemoryTier:
     """This rank's slots, and their manifests when the tier outlives the process."""
 
     def __init__(
-        self, *, directory: Path | None, slots: int, rank: int, world_size: int, key: bytes
+        self,
+        *,
+        directory: Path | None,
+        slots: int,
+        rank: int,
+        world_size: int,
+        key: bytes,
+        host: str | None = None,
     ) -> None:
         self.directory = directory
         self.rank, self.world_size = rank, world_size
+        self.host = host or host_name()  # in each manifest: whose memory this is (scan_host)
         self._key = key
         if directory is not None:
             ensure_tier_dirs(directory)
@@ -275,15 +287,9 @@ class MemoryTier:
                     sig,
                 ):
                     continue  # another layout: not this restore's, nothing wrong with it
-                if os.fstat(slot.fd).st_size < body["data_size"]:
-                    raise storage.Invalid("data file is short")
-                objects = storage.read_regular(slot.objects_path, private_file=True)
-                if (
-                    len(objects) != body["objects_size"]
-                    or zlib.crc32(objects) != body["objects_crc32"]
-                ):
-                    raise storage.Invalid("objects file does not match")
-                auth.unseal(self._key, objects)
+                objects = _verified_objects(
+                    body, slot.objects_path, os.fstat(slot.fd).st_size, self._key
+                )
             except (storage.Invalid, auth.NotAuthentic, OSError, KeyError) as exc:
                 skipped.append(f"memory snapshot {slot.manifest_path} is not loaded: {exc}")
                 continue
@@ -340,6 +346,7 @@ class MemoryTier:
                     "generation": generation,
                     "rank": self.rank,
                     "world_size": self.world_size,
+                    "host": self.host,
                     "signature": sig,
                     "data_size": data_size,
                     "objects_size": len(objects),
@@ -356,3 +363,115 @@ class MemoryTier:
     def close(self) -> None:
         for slot in self.slots:
             slot.close()
+
+
+def host_name() -> str:
+    """This host as the controller names it (the agent says, FTRUN_HOST), else its hostname."""
+    return os.environ.get(envcontract.HOST) or socket.gethostname()
+
+
+def _verified_objects(body: dict, objects_path: Path, data_size: int, key: bytes) -> bytes:
+    """The sealed objects of the snapshot whose (authenticated) manifest is `body`, after the
+    data file (`data_size` bytes) and the objects file are checked against it."""
+    if data_size < body["data_size"]:
+        raise storage.Invalid("data file is short")
+    objects = storage.read_regular(objects_path, private_file=True)
+    if len(objects) != body["objects_size"] or zlib.crc32(objects) != body["objects_crc32"]:
+        raise storage.Invalid("objects file does not match")
+    auth.unseal(key, objects)
+    return objects
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """A valid snapshot in this host's memory tier, of whichever rank and layout wrote it."""
+
+    step: int
+    generation: int
+    rank: int
+    world_size: int
+    entries: dict[str, TensorEntry]  # by key
+    objects: bytes
+    data_path: Path
+    manifest_path: Path
+
+    @contextmanager
+    def mapped(self) -> Iterator[Callable[[TensorEntry], torch.Tensor]]:
+        """Map the data read-only; yields entry -> a view of its tensor (valid inside only)."""
+        fd = os.open(self.data_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            _refuse_unless_ours(self.data_path, os.fstat(fd))
+            size = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) if size else None
+        finally:
+            os.close(fd)
+        try:
+            with warnings.catch_warnings():  # "not writable": read-only is the point
+                warnings.simplefilter("ignore", UserWarning)
+                base = torch.frombuffer(mm, dtype=torch.uint8) if mm is not None else None
+
+            def view(entry: TensorEntry) -> torch.Tensor:
+                assert base is not None
+                raw = base[entry.offset : entry.offset + entry.nbytes]
+                return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
+
+            yield view
+        finally:
+            base = None
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:  # a view escaped: the GC unmaps it
+                    pass
+
+
+def scan_host(tier: Path, *, key: bytes, host: str) -> tuple[list[HostSnapshot], list[str]]:
+    """Every valid snapshot in the job's memory tier `tier` (all `rank<R>/` in it) written on
+    `host`, whatever its layout: what a shrink or grow can restore from without storage. The
+    host check matters where hosts share /dev/shm (the ssh testbed): a rank reads only what its
+    own host's memory would hold. Returns them and why the ones that do not verify were skipped;
+    a directory or file that is not ours alone is passed over."""
+    found: list[HostSnapshot] = []
+    skipped: list[str] = []
+    try:
+        ranks = sorted(d for d in tier.iterdir() if d.name.startswith("rank"))
+    except OSError:
+        return [], []
+    for directory in ranks:
+        try:
+            st = os.lstat(directory)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                continue
+            manifests = sorted(directory.glob("slot*.json"))
+        except OSError:
+            continue
+        for manifest in manifests:
+            base = manifest.with_suffix("")
+            data, objects_path = base.with_suffix(".data"), base.with_suffix(".objects")
+            try:
+                body = storage.read_json_checked(manifest, key=key)
+                if body.get("format") != MEMORY_FORMAT or body.get("host") != host:
+                    continue  # another host's, or from before manifests named their host
+                st = os.lstat(data)
+                if not stat.S_ISREG(st.st_mode):
+                    raise storage.Invalid("data file is not a regular file")
+                objects = _verified_objects(body, objects_path, st.st_size, key)
+                entries = {
+                    k: TensorEntry(k, d, tuple(s), o, n) for k, d, s, o, n in body["tensors"]
+                }
+            except (storage.Invalid, auth.NotAuthentic, OSError, KeyError, ValueError) as exc:
+                skipped.append(f"memory snapshot {manifest} is not loaded: {exc}")
+                continue
+            found.append(
+                HostSnapshot(
+                    body["step"],
+                    body["generation"],
+                    body["rank"],
+                    body["world_size"],
+                    entries,
+                    objects,
+                    data,
+                    manifest,
+                )
+            )
+    return found, skipped

@@ -36,8 +36,12 @@ def shm():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def tier(shm: Path, key: bytes = KEY) -> slots.MemoryTier:
-    return slots.MemoryTier(directory=shm / "rank0", slots=2, rank=0, world_size=1, key=key)
+def tier(
+    shm: Path, key: bytes = KEY, *, world_size: int = 1, host: str | None = None
+) -> slots.MemoryTier:
+    return slots.MemoryTier(
+        directory=shm / "rank0", slots=2, rank=0, world_size=world_size, key=key, host=host
+    )
 
 
 def mode_of(path: Path) -> int:
@@ -142,13 +146,15 @@ def test_links_planted_where_the_manifest_and_objects_go_are_replaced_not_follow
 # -- planted pickles: scan() and restore() never load them ------------------------------------
 
 
-def saved_snapshot(shm: Path) -> tuple[state.Flat, str]:
+def saved_snapshot(
+    shm: Path, *, world_size: int = 1, host: str | None = None
+) -> tuple[state.Flat, str]:
     """A real snapshot of a tiny state at step 3 in slot 0; returns the state and its layout."""
     flat = state.flatten({"m": {"w": torch.arange(4.0)}, "x": {"epoch": 3}})
     keyed = state.keyed_tensors(flat, 0)
     entries, size = slots.layout(keyed)
-    sig = slots.signature(entries, 1)
-    mem = tier(shm)
+    sig = slots.signature(entries, world_size)
+    mem = tier(shm, world_size=world_size, host=host)
     try:
         slot = mem.slots[0]
         slot.ensure(size)
@@ -182,6 +188,22 @@ def restore_from(shm: Path, flat: state.Flat, tmp_path: Path, key: bytes = KEY):
 def test_an_untouched_snapshot_restores_from_memory_with_the_right_key(shm, tmp_path):
     flat, _ = saved_snapshot(shm)
     assert restore_from(shm, flat, tmp_path).tier == "memory"
+
+
+def test_a_snapshot_of_another_layout_on_this_host_restores_its_tensors_from_memory(shm, tmp_path):
+    """Saved by rank 0 of 2 ranks, restored by 1: the layout differs, the tensors are there."""
+    saved_snapshot(shm, world_size=2)
+    flat = state.flatten({"m": {"w": torch.zeros(4)}, "x": {"epoch": 0}})
+    restored = restore_from(shm, flat, tmp_path)
+    assert (restored.step, restored.tier) == (3, "memory")
+    assert torch.equal(flat.tensors[0].tensor, torch.arange(4.0))
+
+
+def test_a_snapshot_another_host_wrote_is_not_read_where_hosts_share_memory(shm, tmp_path):
+    saved_snapshot(shm, world_size=2, host="another-host")
+    flat = state.flatten({"m": {"w": torch.zeros(4)}, "x": {"epoch": 0}})
+    assert restore_from(shm, flat, tmp_path).tier == "none"
+    assert torch.equal(flat.tensors[0].tensor, torch.zeros(4))
 
 
 def test_a_snapshot_under_another_key_is_skipped_with_the_reason(shm, tmp_path, capfd):

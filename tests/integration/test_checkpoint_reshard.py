@@ -37,3 +37,24 @@ def test_dp2_pp2_checkpoint_loads_under_pp4_and_dp4(ftrun, tmp_path):
     # Replicated (DP) tensors are written once, spread over the ranks: 4 data files, no copy twice.
     data = [name for name in manifest["files"] if name.endswith(".distcp")]
     assert sorted(data) == [storage.data_file_name(r) for r in range(4)]
+
+
+def test_a_new_layout_restores_from_the_old_layouts_snapshots_in_host_memory(ftrun, tmp_path):
+    """Nothing persisted: the 4 pipeline stages load, bit for bit, from the memory snapshots
+    the 2 x 2 layout left on this host (each stage's layers from the rank that held them)."""
+    directory = tmp_path / "ckpt"
+    result = ftrun.run(
+        "launch", "--nproc-per-node", "4", "--max-restarts", "0", str(BIN / "ckpt_reshard.py"),
+        "--dir", str(directory), "--memory",
+        timeout=100,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    for rank in range(4):
+        assert f"RESHARD OK pp4 rank {rank}" in result.stdout, out[-3000:]
+    assert out.count("ftrun-checkpoint: restored step 2 from memory") == 4, out[-3000:]
+    assert "saved in another layout (4 ranks, now 4)" in out
+    [job_dir] = ftrun.run_dir.iterdir()
+    key = bytes.fromhex((job_dir / jobkey.KEY_FILE).read_text())
+    good, _ = storage.list_candidates(directory, key=key)
+    assert 2 not in [c.step for c in good]  # it came from memory

@@ -196,6 +196,33 @@ def test_without_a_spare_the_job_shrinks_then_grows_back(ftrun, bed, tmp_path):
     assert grow["why"] == "grow" and "node3" in grow["detail"]
 
 
+def test_a_shrink_restores_from_the_survivors_memory_not_storage(ftrun, bed, tmp_path):
+    """No spare: node3 is powered off and the job goes on with 2 ranks. The new layout matches
+    no snapshot, but each survivor's host holds its old rank's (data parallel: the whole model):
+    every rank restores from memory a step or so behind, while storage holds only the first
+    step. The lost host's replica on node1 is not used: a rank reads only its host's own."""
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = ftrun.start(
+        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
+        "--min-nodes", "2", CKPT_TRAIN, "--steps", "40", "--step-time", "0.1",
+        "--memory-slots", "3", "--persist-every", "100000", "--record", str(record),
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
+    bed.kill("node3")
+    assert proc.wait(timeout=120) == 0, out.text()
+    job_id = ftrun.only_job()["job_id"]
+    events = ftrun.events(job_id)
+    assert [g["world_size"] for g in kinds(events, "generation_launched")] == [3, 2]
+    [restored] = [e for e in kinds(events, "checkpoint_restored") if e["gen"] == 2]
+    failed_at = max(step for r in range(3) for step, _ in recorded_steps(record, r))
+    assert restored["tier"] == "memory", restored
+    assert failed_at - 3 <= restored["step"] <= failed_at, (restored, failed_at)
+    assert "saved in another layout (3 ranks, now 2); per-rank state" in out.text()
+    assert sorted(re.findall(r"RESTORED rank=(\d) step=\d+ tier=memory", out.text())) == ["0", "1"]
+
+
 def test_hosts_remove_and_add_from_the_command_line(ftrun, bed, tmp_path):
     proc, out = launch(ftrun, bed, "--hosts", "node1,node2", ckpt=tmp_path, steps=100000)
     out.wait_for("[rank1]: STEP 3 ", 120)
