@@ -363,6 +363,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         "stop": Schema({"gen": opt(GEN), "grace_s": SECONDS}),
         "signal": Schema({"gen": opt(GEN), "signal": SIGNAL}, ("signal",)),
         "preempt": Schema({"gen": opt(GEN), "signal": SIGNAL}, ("signal",)),
+        "persist": Schema({"gen": opt(GEN)}),  # persist the next save at once (a grow)
         "inject": Schema(
             {
                 "gen": GEN,

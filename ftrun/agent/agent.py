@@ -228,6 +228,8 @@ class Agent:
             self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
         elif kind == "preempt":
             self._preempt(msg.get("gen"), str(msg.get("signal")))
+        elif kind == "persist":
+            self._raise_persist_flag(msg.get("gen"))
         elif kind == "inject":
             if run is not None:
                 run.add_injection(msg)
@@ -254,16 +256,22 @@ class Agent:
     def _preempt(self, number: Any, name: str) -> None:
         """A preemption notice: scripts using ftrun.checkpoint persist their next save (they
         see the flag file), and every rank with a handler for the signal gets it."""
+        run = self._raise_persist_flag(number)
+        if run is not None and name in signal.Signals.__members__:
+            run.give_notice(signal.Signals[name])
+
+    def _raise_persist_flag(self, number: Any) -> GenerationRun | None:
+        """The flag file ftrun.checkpoint looks for at each save: persist this one at once, and
+        report it committed (a preemption notice, or a grow: controller/persist_first.py)."""
         run = self._current(number)
         if run is None:
-            log.info("preempt for generation %s: no such generation running here", number)
-            return
+            log.info("persist flag for generation %s: no such generation running here", number)
+            return None
         try:
             (run.directory / PREEMPT_FLAG).touch()
         except OSError as e:
-            log.warning("could not raise the preemption flag: %s", e)
-        if name in signal.Signals.__members__:
-            run.give_notice(signal.Signals[name])
+            log.warning("could not raise the persist flag: %s", e)
+        return run
 
     async def _send_stacks(self, number: int | None) -> None:
         """The controller asks (an exit barrier passed, or every host is idle): the stacks,

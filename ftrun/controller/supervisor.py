@@ -46,6 +46,7 @@ from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
 from ftrun.controller.patience import Patience
+from ftrun.controller.persist_first import PersistFirst
 from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.preemption import PreemptWait, under
@@ -398,6 +399,7 @@ class Supervisor:
 
     async def _watch(self, watch: GenWatch) -> WatchResult:
         preempt = self._preempt_wait(watch) if self.signals.preempt_pending else None
+        grow: PersistFirst | None = None  # a grow waiting for its persist (persist_first.py)
         patience = Patience(self.reporter, first_s=10.0)  # a first step that is slow to come
         while True:
             if not watch.first_step_seen:
@@ -406,11 +408,14 @@ class Supervisor:
                 return under(preempt, stalled)
             if preempt is not None and preempt.expired():
                 return preempt.result("no checkpoint reported committed within the grace")
+            if grow is not None and (change := grow.expired()) is not None:
+                return under(preempt, change)
             wake = watch.stall.wakeup()
             if not watch.first_step_seen:
                 wake = patience.due() if wake is None else min(wake, patience.due())
-            if preempt is not None:
-                wake = preempt.deadline if wake is None else min(wake, preempt.deadline)
+            for deadline in (preempt and preempt.deadline, grow and grow.deadline):
+                if deadline:
+                    wake = deadline if wake is None else min(wake, deadline)
             if (got := await self.inbox.next(wake)) is None:
                 continue
             agent_id, msg = got
@@ -424,8 +429,10 @@ class Supervisor:
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
                 return under(preempt, evidence.host_lost(msg, host, watch.max_step))
             if self.inbox.side_channel(agent_id, msg, watch):
-                if (change := self._reconfiguration(watch)) is not None:
-                    return under(preempt, change)  # a host was added or removed
+                if grow is None and (change := self._reconfiguration(watch)) is not None:
+                    grow = self._persist_first(watch, change, preempt)
+                    if grow is None:
+                        return under(preempt, change)  # a host was added or removed
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
@@ -434,6 +441,8 @@ class Supervisor:
                 continue
             if preempt is not None and (done := preempt.on_message(msg)) is not None:
                 return done
+            if grow is not None and (change := grow.on_message(msg)) is not None:
+                return under(preempt, change)
             stepped = watch.first_step_seen
             news = watch.on_message(agent_id, msg)
             if news is None:
@@ -441,8 +450,10 @@ class Supervisor:
             elif news is Seen.PROGRESS:
                 if not stepped:
                     self.plans.first_step()
-                if (change := self._reconfiguration(watch)) is not None:
-                    return under(preempt, change)
+                if grow is None and (change := self._reconfiguration(watch)) is not None:
+                    grow = self._persist_first(watch, change, preempt)
+                    if grow is None:
+                        return under(preempt, change)
             elif news is not Seen.OUTPUT:
                 return under(preempt, news)
 
@@ -454,6 +465,18 @@ class Supervisor:
             return change
         joining = self.roster.can_grow(excluded=self._excluded())
         return self.plans.gate(change, list(watch.hosts.values()), joining)
+
+    def _persist_first(
+        self, watch: GenWatch, change: Reconfigure, preempt: PreemptWait | None
+    ) -> PersistFirst | None:
+        """A grow of a generation that checkpoints with ftrun.checkpoint (rank 0 reported a
+        stall) waits for a persist of its newest step first; None: the change goes ahead now
+        (a removal restores from the survivors' memory; a notice has its own persist)."""
+        if change.why != "grow" or preempt is not None or watch.stall_s is None:
+            return None
+        return PersistFirst(
+            change, server=self.server, journal=self.journal, gen=watch.number, step=watch.max_step
+        )
 
     def _preempt_wait(self, watch: GenWatch) -> PreemptWait:
         signal, self.signals.preempt_pending = self.signals.preempt_pending, None

@@ -223,6 +223,40 @@ def test_a_shrink_restores_from_the_survivors_memory_not_storage(ftrun, bed, tmp
     assert sorted(re.findall(r"RESTORED rank=(\d) step=\d+ tier=memory", out.text())) == ["0", "1"]
 
 
+def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun, bed, tmp_path):
+    """node3 is removed: the 2 left restore from their own memory. It is added back: its ranks
+    hold nothing in memory, so the 3-host layout restores from storage, where nothing has been
+    persisted since the first save; the grow asks for a persist first, and every rank restores
+    the step it committed."""
+    proc = ftrun.start(
+        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
+        "--min-nodes", "2", CKPT_TRAIN, "--steps", "300", "--step-time", "0.1",
+        "--persist-every", "100000",
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
+    job_id = ftrun.only_job()["job_id"]
+    assert ftrun.run("hosts", job_id, "remove", "node3").returncode == 0
+    wait_for(
+        lambda: any(e["kind"] == "first_step" and e["gen"] == 2 for e in ftrun.events(job_id)),
+        60,
+        "generation 2 to step",
+    )
+    assert ftrun.run("hosts", job_id, "add", "node3").returncode == 0
+    assert proc.wait(timeout=120) == 0, out.text()
+    events = ftrun.events(job_id)
+    assert [g["world_size"] for g in kinds(events, "generation_launched")] == [3, 2, 3]
+    assert [r["why"] for r in kinds(events, "reconfigure")] == ["remove", "grow"]
+    restored = {e["gen"]: e for e in kinds(events, "checkpoint_restored")}
+    assert restored[2]["tier"] == "memory" and restored[2]["step"] >= 15, restored[2]
+    [asked] = kinds(events, "persist_requested")
+    [committed] = kinds(events, "persist_committed")
+    assert (asked["gen"], asked["why"], committed["gen"]) == (2, "grow", 2)
+    assert committed["step"] is not None and committed["step"] >= asked["step"], committed
+    assert (restored[3]["tier"], restored[3]["step"]) == ("storage", committed["step"])
+    assert not kinds(events, "fault_detected")
+
+
 def test_hosts_remove_and_add_from_the_command_line(ftrun, bed, tmp_path):
     proc, out = launch(ftrun, bed, "--hosts", "node1,node2", ckpt=tmp_path, steps=100000)
     out.wait_for("[rank1]: STEP 3 ", 120)

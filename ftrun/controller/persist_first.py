@@ -1,0 +1,68 @@
+"""A grow persists the newest step first: the hosts that join hold no snapshot in memory.
+
+A shrink restores from the survivors' host memory (ftrun/checkpoint/restore.py), and a host's
+loss from its peer's copy, but a grow cannot: the ranks of the new host find nothing in their
+host's memory, so every rank restores from storage, which lags the newest snapshot (by up to five
+persists' time with the default `persist_interval`). A grow is planned, so it need not lose
+that: before the generation is torn down, the controller asks every agent for a persist now,
+the same flag file a preemption notice raises but without the signal (ftrun.checkpoint persists
+its next save at once; the script's own handlers are not involved), and waits for rank 0's
+report that it is committed:
+
+    grow decided ─▶ "persist" to every agent (the flag file) ─┬─ rank 0: committed ─▶ grow
+                                                              ├─ PERSIST_FIRST_TIMEOUT_S ─▶ grow
+                                                              └─ the generation fails: a fault
+
+Only where the generation uses ftrun.checkpoint (rank 0 reported a checkpoint stall): a plain
+script would never answer, and the grow would only wait.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ftrun.controller.generation import Reconfigure
+from ftrun.controller.server import ControlServer
+from ftrun.journal import Journal
+
+# Long enough for the persist in flight and the new one at the default 200 MB/s of a few GiB
+# per rank; a grow that waits longer goes ahead and restores what storage has.
+PERSIST_FIRST_TIMEOUT_S = 60.0
+
+
+class PersistFirst:
+    """One grow waiting for its persist."""
+
+    def __init__(
+        self,
+        change: Reconfigure,
+        *,
+        server: ControlServer,
+        journal: Journal,
+        gen: int,
+        step: int | None,
+        timeout_s: float = PERSIST_FIRST_TIMEOUT_S,
+    ) -> None:
+        self.change, self.gen, self.journal = change, gen, journal
+        self.deadline = time.monotonic() + timeout_s
+        journal.record("persist_requested", gen=gen, why=change.why, step=step)
+        server.broadcast("persist", gen=gen)
+
+    def on_message(self, msg: dict[str, Any]) -> Reconfigure | None:
+        """Rank 0's report that the persist asked for is committed ends the wait."""
+        if (
+            msg["kind"] == "checkpoint_committed"
+            and msg.get("gen") == self.gen
+            and msg.get("rank") == 0
+            and msg.get("preempt")
+        ):
+            self.journal.record("persist_committed", gen=self.gen, step=msg.get("step"))
+            return self.change
+        return None
+
+    def expired(self) -> Reconfigure | None:
+        if time.monotonic() < self.deadline:
+            return None
+        self.journal.record("persist_committed", gen=self.gen, step=None)
+        return self.change
