@@ -212,7 +212,7 @@ def _marks(
                 g.last_step = ev["step"] if g.last_step is None else max(g.last_step, ev["step"])
         elif kind == "stop_requested" and current in gens:  # Ctrl-C, SIGTERM: the end begins
             marks.append((t, "teardown", current))
-        elif kind == "reconfigure":
+        elif kind in ("persist_requested", "reconfigure"):  # a grow's persist: its cost too
             marks.append((t, "teardown", gen if isinstance(gen, int) else current))
         elif kind == "torn_down":
             marks.append((t, "waiting_for_hosts", current))

@@ -198,6 +198,26 @@ def test_a_planned_grow_is_a_teardown_and_a_relaunch_without_detection() -> None
     assert_adds_up(report.job)
 
 
+def test_a_grows_wait_for_its_persist_is_part_of_its_teardown() -> None:
+    events = [
+        started(0.0),
+        launched(1, 0.0),
+        *steps(1, 1.0, 1, 21),
+        ev("persist_requested", 21.0, gen=1, why="grow", step=21),
+        ev("persist_committed", 23.5, gen=1, step=21),
+        ev("reconfigure", 23.5, gen=1, why="grow", step=21),
+        ev("generation_ended", 24.0, gen=1, outcome="reconfigured", step=21),
+        launched(2, 25.0),
+        *steps(2, 27.0, 22, 32),
+        ev("generation_ended", 37.0, gen=2, outcome="succeeded", step=32),
+        ev("job_finished", 37.0),
+    ]
+    report = account(events, running=False)
+    assert report.generations[1].buckets["teardown"] == pytest.approx(3.0)
+    assert report.generations[1].productive_s == pytest.approx(20.0)  # steps 1-21
+    assert_adds_up(report.job)
+
+
 def test_a_running_job_is_counted_up_to_now_and_a_dead_one_to_its_last_event() -> None:
     events = [started(0.0), launched(1, 1.0), *steps(1, 2.0, 1, 11)]
     running = account(events, running=True, now=20.0)
