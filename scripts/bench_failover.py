@@ -16,6 +16,10 @@ host shares the machine's clock). Modes, alternated trial by trial:
                 the c10d store, so node3 is the one killed. Time read from node1's output.
   ftrun-spare   `ftrun launch --hosts node1,node2,node3 --spares node4`: node4 replaces node3.
   ftrun-shrink  `ftrun launch --hosts node1,node2,node3 --min-nodes 2`: the job goes on on 2.
+  ftrun-peer, ftrun-storage, ftrun-ckpt-shrink
+                tests/bin/ckpt_train.py (ftrun.checkpoint, a snapshot every step, persisted
+                every --persist-every): the spare with the peer copy, the spare without it
+                (storage), and the shrink (the survivors' own memory, in the new layout).
                 For ftrun, ranks' output reaches the controller's stdout as `[rankN]: ...`; the
                 journal (`first_step` of the new generation, `ftrun inspect --json`: detected_s,
                 recovered_s) is the cross-check. Each trial ends with SIGINT to the controller's
@@ -40,7 +44,7 @@ After every trial, every process on every host except the host's sshd is gone (l
 recorded, then SIGKILLed), and node3 is powered on again. The testbed uses its own prefix,
 subnet and state dir (defaults ftbf, 10.213.49.0/24) and is always torn down at the end.
 
-    python scripts/bench_failover.py [--trials 3] [--only torchrun|ftrun-spare|ftrun-shrink]
+    python scripts/bench_failover.py [--trials 3] [--only torchrun,ftrun-spare,ftrun-shrink,...]
                                      [--wait-s 60] [--json FILE]
 
 Target (DESIGN.md §9): host lost → training again ≤ 10 s.
@@ -74,8 +78,9 @@ from tests.testbed import Host, Testbed, unavailable_reason  # noqa: E402
 SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
 CKPT_SCRIPT = str(ROOT / "tests" / "bin" / "ckpt_train.py")
 PY = sys.executable
-# ftrun.checkpoint with a snapshot every step, spare node4, the peer tier on / off (storage only)
-CKPT_MODES = ("ftrun-peer", "ftrun-storage")
+# ftrun.checkpoint with a snapshot every step: spare node4 with the peer tier on / off (storage
+# only), and no spare (a shrink to 2: the survivors' own memory, resharded)
+CKPT_MODES = ("ftrun-peer", "ftrun-storage", "ftrun-ckpt-shrink")
 MODES = ("torchrun", "ftrun-spare", "ftrun-shrink", *CKPT_MODES)
 HOSTS = ("node1", "node2", "node3")  # the job's hosts; node4 is the spare
 VICTIM = "node3"
@@ -320,7 +325,8 @@ class Bench:
         ckpt, run_dir = work / "ckpt", work / "runs"
         ckpt.mkdir(parents=True)
         run_dir.mkdir()
-        policy = ["--min-nodes", "2"] if mode == "ftrun-shrink" else ["--spares", "node4"]
+        shrink = mode in ("ftrun-shrink", "ftrun-ckpt-shrink")
+        policy = ["--min-nodes", "2"] if shrink else ["--spares", "node4"]
         if mode == "ftrun-storage":
             policy += ["--peer-copy-rate", "0"]
         ckpt_mode = mode in CKPT_MODES
@@ -624,7 +630,7 @@ def main() -> int:
         "--persist-every",
         type=int,
         default=8,
-        help="ftrun-peer/-storage: a snapshot every step, persisted to storage every N",
+        help="ftrun-peer/-storage/-ckpt-shrink: a snapshot every step, persisted every N",
     )
     p.add_argument(
         "--start-timeout-s",

@@ -31,9 +31,10 @@ from ftrun.checkpoint.slot_table import SlotTable
 from ftrun.checkpoint.stats import Stats
 
 # Background votes on the persist (see wanted()) are about this far apart, in saves agreed from
-# the ranks' save rate; at most MAX_VOTE_EVERY saves apart.
+# the ranks' save rate; at most MAX_VOTE_EVERY saves apart, so that steps that slow down (20 ms,
+# then 1 s) delay a notice by 16 s at most, well inside the preemption grace (60 s).
 VOTE_INTERVAL_S = 0.25
-MAX_VOTE_EVERY = 1000
+MAX_VOTE_EVERY = 16
 
 
 class Persister:
@@ -78,10 +79,10 @@ class Persister:
         every step is due), the vote runs in the background instead (Comm.max_ints_later): a
         save starts one that the next voting save reads, and the ranks vote every few saves
         (VOTE_INTERVAL_S apart, by their agreed save rate), and at every due step when not
-        every step is due. So a save
-        decides on the state of a vote up to ~0.25 s old, without stopping all ranks for a
-        collective (each costs ~0.7 ms here): a persist starts up to a vote after the worker
-        became free, a notice is honoured up to a vote after a rank saw it."""
+        every step is due. So a save decides on the state of a vote up to ~0.25 s old, without
+        stopping all ranks for a collective (each costs ~0.7 ms here): a persist starts up to a
+        vote after the worker became free, a notice is honoured up to a vote after a rank saw
+        it."""
         due = step % self.config.persist_every == 0
         background = self._comm.distributed and (
             self.config.preempt_file is not None or self.config.persist_every == 1
@@ -113,7 +114,7 @@ class Persister:
                 )
             # The notice this save honours is handled: it is not voted again.
             self._next_vote = self._comm.max_ints_later(
-                self._vote(preempted and not urgent, starting=persist)
+                self._vote(preempted and not urgent, starting=persist, background=True)
             )
             self._saves_since_vote = 0
         return persist, bool(urgent)
@@ -125,18 +126,19 @@ class Persister:
         if self._next_vote is not None:
             vote, self._next_vote = self._next_vote, None
             return vote()
-        return self._comm.max_ints(self._vote(preempted, starting=False))
+        return self._comm.max_ints(self._vote(preempted, starting=False, background=False))
 
-    def _vote(self, preempted: bool, *, starting: bool) -> list[int]:
+    def _vote(self, preempted: bool, *, starting: bool, background: bool) -> list[int]:
         # Each rank reads its own clock; all ranks started the last persist at the same save, so
         # they differ by the skew of one collective, and "any rank says too soon" is agreed.
         busy = starting or self._slots.persisting
         self._stats.votes += 1
-        now = time.monotonic()
-        interval_us = 0
-        if self._voted_at is not None and self._saves_since_vote:
-            interval_us = int((now - self._voted_at) / self._saves_since_vote * 1e6)
-        self._voted_at = now
+        interval_us = 0  # the time per save since the last background vote: 0 if unknown
+        if background:
+            now = time.monotonic()
+            if self._voted_at is not None and self._saves_since_vote:
+                interval_us = int((now - self._voted_at) / self._saves_since_vote * 1e6)
+            self._voted_at = now
         return [int(busy), int(preempted), int(self._too_soon()), interval_us]
 
     def started(self, step: int) -> None:
