@@ -12,10 +12,11 @@ step 0`): under ftrun the agent relays rank output into the job's logs, where `f
 reads it (ftrun/jobview.py), so no new message kind is needed.
 
 When the layout changed (a shrink, a grow, another DP x PP plan) no memory snapshot matches
-it; then each rank looks at every snapshot its host's memory holds, of any rank and layout
-(slots.scan_host), for one step that has every tensor it needs, by name, dtype and shape (in a
-data-parallel job any old rank's snapshot has them all; in a pipeline the stages it now holds
-must have been on this host). The newest step that every rank finds so is the memory candidate,
+it; then each rank looks at every snapshot its host's memory holds, of any rank and layout, its
+own ranks' and the replicas the peer copy keeps here (slots.scan_host), for one step that has
+every tensor it needs, by name, dtype and shape (in a data-parallel job any old rank's snapshot
+has them all; in a pipeline the stages it now holds must have been on this host, or replicated
+to it). The newest step that every rank finds so is the memory candidate,
 loaded tensor by tensor from those snapshots; per-rank state (RNG, PerRank) starts fresh, as
 from storage under another world size. So a shrink loses what a restart in place loses, not
 the steps since the last persist.
@@ -167,7 +168,7 @@ def _resharded_candidate(
     rank can serve so, each tensor this rank needs (per-rank ones aside: they start fresh);
     empty when there is no such step."""
     assert tier.directory is not None
-    found, rejected = slots.scan_host(tier.directory.parent, key=mac_key, host=tier.host)
+    found, rejected = slots.scan_host(tier.directory.parent, key=mac_key)
     for message in rejected:
         warn(f"rank {comm.rank}: {message}")
     by_step: dict[tuple[int, int], list[slots.HostSnapshot]] = {}

@@ -29,7 +29,6 @@ import hashlib
 import json
 import mmap
 import os
-import socket
 import stat
 import warnings
 import zlib
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ftrun import envcontract, private
+from ftrun import private
 from ftrun.checkpoint import auth, device_copy, storage
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
@@ -252,11 +251,9 @@ class MemoryTier:
         rank: int,
         world_size: int,
         key: bytes,
-        host: str | None = None,
     ) -> None:
         self.directory = directory
         self.rank, self.world_size = rank, world_size
-        self.host = host or host_name()  # in each manifest: whose memory this is (scan_host)
         self._key = key
         if directory is not None:
             ensure_tier_dirs(directory)
@@ -346,7 +343,6 @@ class MemoryTier:
                     "generation": generation,
                     "rank": self.rank,
                     "world_size": self.world_size,
-                    "host": self.host,
                     "signature": sig,
                     "data_size": data_size,
                     "objects_size": len(objects),
@@ -365,11 +361,6 @@ class MemoryTier:
             slot.close()
 
 
-def host_name() -> str:
-    """This host as the controller names it (the agent says, FTRUN_HOST), else its hostname."""
-    return os.environ.get(envcontract.HOST) or socket.gethostname()
-
-
 def _verified_objects(body: dict, objects_path: Path, data_size: int, key: bytes) -> bytes:
     """The sealed objects of the snapshot whose (authenticated) manifest is `body`, after the
     data file (`data_size` bytes) and the objects file are checked against it."""
@@ -384,7 +375,8 @@ def _verified_objects(body: dict, objects_path: Path, data_size: int, key: bytes
 
 @dataclass(frozen=True)
 class HostSnapshot:
-    """A valid snapshot in this host's memory tier, of whichever rank and layout wrote it."""
+    """A valid snapshot in this host's memory tier, of whichever rank and layout wrote it (a
+    rank here, or a rank of another host whose replica a peer pushed here)."""
 
     step: int
     generation: int
@@ -425,18 +417,20 @@ class HostSnapshot:
                     pass
 
 
-def scan_host(tier: Path, *, key: bytes, host: str) -> tuple[list[HostSnapshot], list[str]]:
-    """Every valid snapshot in the job's memory tier `tier` (all `rank<R>/` in it) written on
-    `host`, whatever its layout: what a shrink or grow can restore from without storage. The
-    host check matters where hosts share /dev/shm (the ssh testbed): a rank reads only what its
-    own host's memory would hold. Returns them and why the ones that do not verify were skipped;
-    a directory or file that is not ours alone is passed over."""
+def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]:
+    """Every valid snapshot in the job's memory tier `tier` on this host, whatever its rank and
+    layout: the ranks' own (`rank<R>/`) and the replicas of other hosts' ranks that the peer
+    copy keeps here (`replica/rank<R>/`, docs/peercopy.md): what a shrink or a re-plan can
+    restore from without storage. Returns them and why the ones that do not verify were
+    skipped; a directory that is not ours alone is passed over."""
     found: list[HostSnapshot] = []
     skipped: list[str] = []
-    try:
-        ranks = sorted(d for d in tier.iterdir() if d.name.startswith("rank"))
-    except OSError:
-        return [], []
+    ranks: list[Path] = []
+    for parent in (tier, tier / "replica"):
+        try:
+            ranks += sorted(d for d in parent.iterdir() if d.name.startswith("rank"))
+        except OSError:
+            continue
     for directory in ranks:
         try:
             st = os.lstat(directory)
@@ -450,8 +444,8 @@ def scan_host(tier: Path, *, key: bytes, host: str) -> tuple[list[HostSnapshot],
             data, objects_path = base.with_suffix(".data"), base.with_suffix(".objects")
             try:
                 body = storage.read_json_checked(manifest, key=key)
-                if body.get("format") != MEMORY_FORMAT or body.get("host") != host:
-                    continue  # another host's, or from before manifests named their host
+                if body.get("format") != MEMORY_FORMAT:
+                    raise storage.Invalid("unknown format")
                 st = os.lstat(data)
                 if not stat.S_ISREG(st.st_mode):
                     raise storage.Invalid("data file is not a regular file")

@@ -1,9 +1,10 @@
-"""A grow persists the newest step first: the hosts that join hold no snapshot in memory.
+"""A grow persists the newest step first: a host that joins may hold no snapshot in memory.
 
 A shrink restores from the survivors' host memory (ftrun/checkpoint/restore.py), and a host's
-loss from its peer's copy, but a grow cannot: the ranks of the new host find nothing in their
-host's memory, so every rank restores from storage, which lags the newest snapshot (by up to five
-persists' time with the default `persist_interval`). A grow is planned, so it need not lose
+loss from its peer's copy, but a grow often cannot: the ranks of the new host find nothing in
+their host's memory (unless the peer copy pushed it a replica of the newest step), so every rank
+restores from storage, which lags the newest snapshot (by up to five persists' time with the
+default `persist_interval`). A grow is planned, so it need not lose
 that: before the generation is torn down, the controller asks every agent for a persist now,
 the same flag file a preemption notice raises but without the signal (ftrun.checkpoint persists
 its next save at once; the script's own handlers are not involved), and waits for rank 0's

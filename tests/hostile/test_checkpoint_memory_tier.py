@@ -37,10 +37,11 @@ def shm():
 
 
 def tier(
-    shm: Path, key: bytes = KEY, *, world_size: int = 1, host: str | None = None
+    shm: Path, key: bytes = KEY, *, world_size: int = 1, where: str = "rank0"
 ) -> slots.MemoryTier:
+    rank = int(where.rpartition("rank")[2])
     return slots.MemoryTier(
-        directory=shm / "rank0", slots=2, rank=0, world_size=world_size, key=key, host=host
+        directory=shm / where, slots=2, rank=rank, world_size=world_size, key=key
     )
 
 
@@ -147,14 +148,14 @@ def test_links_planted_where_the_manifest_and_objects_go_are_replaced_not_follow
 
 
 def saved_snapshot(
-    shm: Path, *, world_size: int = 1, host: str | None = None
+    shm: Path, *, world_size: int = 1, where: str = "rank0"
 ) -> tuple[state.Flat, str]:
     """A real snapshot of a tiny state at step 3 in slot 0; returns the state and its layout."""
     flat = state.flatten({"m": {"w": torch.arange(4.0)}, "x": {"epoch": 3}})
     keyed = state.keyed_tensors(flat, 0)
     entries, size = slots.layout(keyed)
     sig = slots.signature(entries, world_size)
-    mem = tier(shm, world_size=world_size, host=host)
+    mem = tier(shm, world_size=world_size, where=where)
     try:
         slot = mem.slots[0]
         slot.ensure(size)
@@ -199,9 +200,17 @@ def test_a_snapshot_of_another_layout_on_this_host_restores_its_tensors_from_mem
     assert torch.equal(flat.tensors[0].tensor, torch.arange(4.0))
 
 
-def test_a_snapshot_another_host_wrote_is_not_read_where_hosts_share_memory(shm, tmp_path):
-    saved_snapshot(shm, world_size=2, host="another-host")
+def test_a_replica_the_peer_copy_keeps_here_serves_another_layout_too(shm, tmp_path):
+    """Rank 1 of 2 ran on another host; its replica is in this host's replica/rank1/."""
+    saved_snapshot(shm, world_size=2, where="replica/rank1")
     flat = state.flatten({"m": {"w": torch.zeros(4)}, "x": {"epoch": 0}})
+    assert restore_from(shm, flat, tmp_path).tier == "memory"
+    assert torch.equal(flat.tensors[0].tensor, torch.arange(4.0))
+
+
+def test_a_snapshot_of_another_layout_that_lacks_a_tensor_is_not_used(shm, tmp_path):
+    saved_snapshot(shm, world_size=2)
+    flat = state.flatten({"m": {"w": torch.zeros(4), "b": torch.zeros(2)}, "x": {"epoch": 0}})
     assert restore_from(shm, flat, tmp_path).tier == "none"
     assert torch.equal(flat.tensors[0].tensor, torch.zeros(4))
 

@@ -200,7 +200,7 @@ def test_a_shrink_restores_from_the_survivors_memory_not_storage(ftrun, bed, tmp
     """No spare: node3 is powered off and the job goes on with 2 ranks. The new layout matches
     no snapshot, but each survivor's host holds its old rank's (data parallel: the whole model):
     every rank restores from memory a step or so behind, while storage holds only the first
-    step. The lost host's replica on node1 is not used: a rank reads only its host's own."""
+    step (before, they restored step 0)."""
     record = tmp_path / "record"
     record.mkdir()
     proc = ftrun.start(
@@ -224,10 +224,9 @@ def test_a_shrink_restores_from_the_survivors_memory_not_storage(ftrun, bed, tmp
 
 
 def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun, bed, tmp_path):
-    """node3 is removed: the 2 left restore from their own memory. It is added back: its ranks
-    hold nothing in memory, so the 3-host layout restores from storage, where nothing has been
-    persisted since the first save; the grow asks for a persist first, and every rank restores
-    the step it committed."""
+    """node3 is removed: the 2 left restore from their own memory. It is added back: nothing
+    has been persisted since the first save, and its ranks may find nothing in memory, so the
+    grow asks for a persist first, and every rank restores the step it committed."""
     proc = ftrun.start(
         "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
         "--min-nodes", "2", CKPT_TRAIN, "--steps", "300", "--step-time", "0.1",
@@ -253,7 +252,10 @@ def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun,
     [committed] = kinds(events, "persist_committed")
     assert (asked["gen"], asked["why"], committed["gen"]) == (2, "grow", 2)
     assert committed["step"] is not None and committed["step"] >= asked["step"], committed
-    assert (restored[3]["tier"], restored[3]["step"]) == ("storage", committed["step"])
+    # Storage has it; so may the memory of every host, node3's through a replica the peer copy
+    # pushed it once it was back (memory wins a tie). Either way: the step the grow committed.
+    assert restored[3]["step"] == committed["step"], restored[3]
+    assert restored[3]["tier"] in ("storage", "memory"), restored[3]
     assert not kinds(events, "fault_detected")
 
 
