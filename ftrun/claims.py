@@ -2,8 +2,8 @@
 
 Ranks write it (ftrun/checkpoint/fence.py: a newer generation's claim refuses an older one's
 writes, docs/fencing.md). The agent reads it before it removes a host's memory tier on the way
-out: a tier that a newer generation has claimed is in use by it (where hosts share /dev/shm, as
-on the ssh testbed), and an agent of an older generation must not take it away.
+out: a tier that a newer generation has claimed is in use by it (where hosts share /dev/shm:
+several agents of the job on one machine), and an agent of an older generation must not take it away.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class Agent:
             shutil.rmtree(self.work, ignore_errors=True)
             # Whether the job ended or this host left it, its memory-tier checkpoints here are
             # of no more use and hold RAM, unless a newer generation than ours has claimed the
-            # tier: then it is another host's, which shares /dev/shm with us (the ssh testbed).
+            # tier: then it is another host's that shares /dev/shm with us (agents on one machine).
             workdir.remove_memory_tier(self.boot.job_id, newest_gen=self.newest_gen)
             self.link.close()
         return self.exit_code or 0
