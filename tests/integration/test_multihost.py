@@ -105,6 +105,28 @@ def kinds(events, kind):
     return [e for e in events if e["kind"] == kind]
 
 
+def through_a_power_loss(
+    ftrun, bed: Testbed, tmp_path: Path, *policy: str, steps: int, victim: str
+):
+    """ftrun.checkpoint's test script on node1..3 under `policy`, a snapshot every step and
+    nothing persisted after the first save, `victim` powered off at step 15; the job must
+    finish. Returns its output, its journal and the newest step a rank recorded."""
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = ftrun.start(
+        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3", *policy,
+        CKPT_TRAIN, "--steps", str(steps), "--step-time", "0.1", "--memory-slots", "3",
+        "--persist-every", "100000", "--record", str(record),
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
+    bed.kill(victim)
+    assert proc.wait(timeout=120) == 0, out.text()
+    events = ftrun.events(ftrun.only_job()["job_id"])
+    failed_at = max(step for r in range(3) for step, _ in recorded_steps(record, r))
+    return out, events, failed_at
+
+
 def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
     proc, out = launch(
         ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4", ckpt=tmp_path
@@ -138,19 +160,9 @@ def test_a_spare_restores_the_lost_hosts_ranks_from_its_peers_memory(ftrun, bed,
     """node2 (node rank 1) is powered off, its memory gone: the spare node4 takes its node rank
     and fetches its rank's snapshots from the replica node3 kept, and every rank restores from
     memory, a snapshot or two behind, while storage holds only the first step."""
-    record = tmp_path / "record"
-    record.mkdir()
-    proc = ftrun.start(
-        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
-        "--spares", "node4", CKPT_TRAIN, "--steps", "60", "--step-time", "0.1",
-        "--memory-slots", "3", "--persist-every", "100000", "--record", str(record),
-    )  # fmt: skip
-    out = Output(proc)
-    out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
-    bed.kill("node2")
-    assert proc.wait(timeout=120) == 0, out.text()
-    job_id = ftrun.only_job()["job_id"]
-    events = ftrun.events(job_id)
+    out, events, failed_at = through_a_power_loss(
+        ftrun, bed, tmp_path, "--spares", "node4", steps=60, victim="node2"
+    )
     launched = kinds(events, "generation_launched")
     assert [g["hosts"] for g in launched] == [
         ["node1", "node2", "node3"],
@@ -160,7 +172,6 @@ def test_a_spare_restores_the_lost_hosts_ranks_from_its_peers_memory(ftrun, bed,
     assert (fetched["gen"], fetched["host"], fetched["which"]) == (2, "node4", "replica")
     assert fetched["ranks"] == [1] and fetched["error"] is None and fetched["snapshots"], fetched
     [restored] = [e for e in kinds(events, "checkpoint_restored") if e["gen"] == 2]
-    failed_at = max(step for r in range(3) for step, _ in recorded_steps(record, r))
     assert restored["tier"] == "memory", restored
     assert failed_at - 3 <= restored["step"] <= failed_at, (restored, failed_at)
     # Every loss printed again after the restore is the one printed before it (exact resume).
@@ -201,22 +212,11 @@ def test_a_shrink_restores_from_the_survivors_memory_not_storage(ftrun, bed, tmp
     no snapshot, but each survivor's host holds its old rank's (data parallel: the whole model):
     every rank restores from memory a step or so behind, while storage holds only the first
     step (before, they restored step 0)."""
-    record = tmp_path / "record"
-    record.mkdir()
-    proc = ftrun.start(
-        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
-        "--min-nodes", "2", CKPT_TRAIN, "--steps", "40", "--step-time", "0.1",
-        "--memory-slots", "3", "--persist-every", "100000", "--record", str(record),
-    )  # fmt: skip
-    out = Output(proc)
-    out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
-    bed.kill("node3")
-    assert proc.wait(timeout=120) == 0, out.text()
-    job_id = ftrun.only_job()["job_id"]
-    events = ftrun.events(job_id)
+    out, events, failed_at = through_a_power_loss(
+        ftrun, bed, tmp_path, "--min-nodes", "2", steps=40, victim="node3"
+    )
     assert [g["world_size"] for g in kinds(events, "generation_launched")] == [3, 2]
     [restored] = [e for e in kinds(events, "checkpoint_restored") if e["gen"] == 2]
-    failed_at = max(step for r in range(3) for step, _ in recorded_steps(record, r))
     assert restored["tier"] == "memory", restored
     assert failed_at - 3 <= restored["step"] <= failed_at, (restored, failed_at)
     assert "saved in another layout (3 ranks, now 2); per-rank state" in out.text()

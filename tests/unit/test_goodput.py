@@ -176,19 +176,30 @@ def test_a_planned_job_compares_its_plan_with_the_best_on_all_hosts() -> None:
     assert job.productive_s == pytest.approx(32.0)
 
 
-def test_a_planned_grow_is_a_teardown_and_a_relaunch_without_detection() -> None:
-    events = [
+def a_grow(persist_wait_s: float = 0.0) -> list[dict[str, Any]]:
+    """Generation 1 steps 1-21 and grows (first waiting `persist_wait_s` for a persist, if any):
+    1 s to end it, 1 s until the next launch, generation 2 steps 22-32 from 2 s after it."""
+    w = persist_wait_s
+    persist = [
+        ev("persist_requested", 21.0, gen=1, why="grow", step=21),
+        ev("persist_committed", 21.0 + w, gen=1, step=21),
+    ]
+    return [
         started(0.0),
         launched(1, 0.0),
         *steps(1, 1.0, 1, 21),
-        ev("reconfigure", 21.0, gen=1, why="grow", step=21),
-        ev("generation_ended", 22.0, gen=1, outcome="reconfigured", step=21),
-        launched(2, 23.0),
-        *steps(2, 25.0, 22, 32),
-        ev("generation_ended", 35.0, gen=2, outcome="succeeded", step=32),
-        ev("job_finished", 35.0),
+        *(persist if w else []),
+        ev("reconfigure", 21.0 + w, gen=1, why="grow", step=21),
+        ev("generation_ended", 22.0 + w, gen=1, outcome="reconfigured", step=21),
+        launched(2, 23.0 + w),
+        *steps(2, 25.0 + w, 22, 32),
+        ev("generation_ended", 35.0 + w, gen=2, outcome="succeeded", step=32),
+        ev("job_finished", 35.0 + w),
     ]
-    report = account(events, running=False)
+
+
+def test_a_planned_grow_is_a_teardown_and_a_relaunch_without_detection() -> None:
+    report = account(a_grow(), running=False)
     g1 = report.generations[1]
     assert g1.buckets["teardown"] == pytest.approx(1.0)
     assert g1.buckets["waiting_for_hosts"] == pytest.approx(1.0)
@@ -199,21 +210,8 @@ def test_a_planned_grow_is_a_teardown_and_a_relaunch_without_detection() -> None
 
 
 def test_a_grows_wait_for_its_persist_is_part_of_its_teardown() -> None:
-    events = [
-        started(0.0),
-        launched(1, 0.0),
-        *steps(1, 1.0, 1, 21),
-        ev("persist_requested", 21.0, gen=1, why="grow", step=21),
-        ev("persist_committed", 23.5, gen=1, step=21),
-        ev("reconfigure", 23.5, gen=1, why="grow", step=21),
-        ev("generation_ended", 24.0, gen=1, outcome="reconfigured", step=21),
-        launched(2, 25.0),
-        *steps(2, 27.0, 22, 32),
-        ev("generation_ended", 37.0, gen=2, outcome="succeeded", step=32),
-        ev("job_finished", 37.0),
-    ]
-    report = account(events, running=False)
-    assert report.generations[1].buckets["teardown"] == pytest.approx(3.0)
+    report = account(a_grow(persist_wait_s=2.5), running=False)
+    assert report.generations[1].buckets["teardown"] == pytest.approx(1.0 + 2.5)
     assert report.generations[1].productive_s == pytest.approx(20.0)  # steps 1-21
     assert_adds_up(report.job)
 
