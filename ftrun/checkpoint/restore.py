@@ -16,10 +16,11 @@ it; then each rank looks at every snapshot its host's memory holds, of any rank 
 own ranks' and the replicas the peer copy keeps here (slots.scan_host), for one step that has
 every tensor it needs, by name, dtype and shape (in a data-parallel job any old rank's snapshot
 has them all; in a pipeline the stages it now holds must have been on this host, or replicated
-to it). The newest step that every rank finds so is the memory candidate,
-loaded tensor by tensor from those snapshots; per-rank state (RNG, PerRank) starts fresh, as
-from storage under another world size. So a shrink loses what a restart in place loses, not
-the steps since the last persist.
+to it). The newest step that every rank finds so is the memory candidate, loaded tensor by
+tensor from those snapshots. Per-rank state (RNG, PerRank) comes from the rank's own old
+snapshot when the world size is the same, else starts fresh, as from storage under another
+world size. So a shrink loses what a restart in place loses, not the steps since the last
+persist.
 
 A memory snapshot is identified by (step, generation): the ranks of one generation write the
 snapshots of a step together, so a slot left over from another timeline (a rank killed between
@@ -227,6 +228,8 @@ def _load_resharded(
                 assert found is not None  # _resharded_candidate, or `fresh`, made sure
                 snapshot, entry = found
                 leaf.tensor.copy_(views[id(snapshot)](entry))
+        if changed := [str(s.manifest_path) for s in snapshots if not s.unchanged()]:
+            raise CheckpointError(f"{changed[0]} changed while it was read")
         for snapshot in snapshots:  # sorted by rank
             for key, value in auth.loads(mac_key, snapshot.objects)["global"].items():
                 merged.setdefault(key, value)

@@ -244,13 +244,7 @@ class MemoryTier:
     """This rank's slots, and their manifests when the tier outlives the process."""
 
     def __init__(
-        self,
-        *,
-        directory: Path | None,
-        slots: int,
-        rank: int,
-        world_size: int,
-        key: bytes,
+        self, *, directory: Path | None, slots: int, rank: int, world_size: int, key: bytes
     ) -> None:
         self.directory = directory
         self.rank, self.world_size = rank, world_size
@@ -386,6 +380,15 @@ class HostSnapshot:
     objects: bytes
     data_path: Path
     manifest_path: Path
+    manifest_inode: int  # the manifest read: the same one after the data means it did not change
+
+    def unchanged(self) -> bool:
+        """Whether the snapshot is still the one scanned (a writer deletes the manifest before it
+        overwrites the data and writes a new one after: peercopy/files.py's rule)."""
+        try:
+            return os.lstat(self.manifest_path).st_ino == self.manifest_inode
+        except OSError:
+            return False
 
     @contextmanager
     def mapped(self) -> Iterator[Callable[[TensorEntry], torch.Tensor]]:
@@ -443,6 +446,7 @@ def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]
             base = manifest.with_suffix("")
             data, objects_path = base.with_suffix(".data"), base.with_suffix(".objects")
             try:
+                inode = os.lstat(manifest).st_ino
                 body = storage.read_json_checked(manifest, key=key)
                 if body.get("format") != MEMORY_FORMAT:
                     raise storage.Invalid("unknown format")
@@ -466,6 +470,7 @@ def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]
                     objects,
                     data,
                     manifest,
+                    inode,
                 )
             )
     return found, skipped

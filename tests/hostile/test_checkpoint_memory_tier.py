@@ -215,6 +215,19 @@ def test_a_snapshot_of_another_layout_that_lacks_a_tensor_is_not_used(shm, tmp_p
     assert torch.equal(flat.tensors[0].tensor, torch.zeros(4))
 
 
+def test_a_snapshot_rewritten_after_the_scan_is_seen_as_changed(shm):
+    """A writer deletes the manifest before it overwrites the data: a load that finds another
+    manifest (or none) afterwards read data that may have changed under it."""
+    saved_snapshot(shm, world_size=2)
+    [snapshot], _ = slots.scan_host(shm, key=KEY)
+    assert snapshot.unchanged()
+    manifest = shm / "rank0" / "slot0.json"
+    copy = manifest.with_name("copy.json")
+    copy.write_bytes(manifest.read_bytes())
+    os.replace(copy, manifest)  # the same content, a new file: rewritten
+    assert not snapshot.unchanged()
+
+
 def test_a_snapshot_under_another_key_is_skipped_with_the_reason(shm, tmp_path, capfd):
     flat, _ = saved_snapshot(shm)
     restored = restore_from(shm, flat, tmp_path, key=OTHER_KEY)
