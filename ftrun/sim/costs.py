@@ -24,7 +24,7 @@ class Costs:
     agent_start_s: float  # a host added → its agent ready
     relaunch_s: float  # launched → first step, restore excluded
     restore_s: float  # the restore a relaunch does (storage: the layout changed)
-    reconfigure_s: float  # a planned grow: SIGTERM, grace, exit (no detection)
+    reconfigure_s: float  # a planned grow: its persist (persist_first.py), SIGTERM, grace, exit
     stop_s: float  # a stop (Ctrl-C at the end of a replay): SIGTERM, grace, exit
     persist_lag_s: float  # the newest committed checkpoint is this old when a generation ends
     stall_share: float  # the share of training time snapshots stall the training loop
@@ -87,8 +87,8 @@ def costs_from_journal(events: Iterable[dict[str, Any]], base: Costs = DEFAULT_C
             added[ev["host"]] = t
         elif kind == "agent_connected" and ev.get("host") in added:
             seen["agent_start_s"].append(t - added.pop(ev["host"]))
-        elif kind == "reconfigure":
-            reconfigured = t
+        elif kind in ("persist_requested", "reconfigure"):  # a grow persists first
+            reconfigured = t if reconfigured is None else reconfigured
         elif kind == "stop_requested" and stopping is None:
             stopping = t
         elif kind == "generation_ended":

@@ -184,6 +184,18 @@ def test_costs_are_measured_from_a_journal() -> None:
     assert costs.agent_start_s == DEFAULT_COSTS.agent_start_s  # the journal never showed one
 
 
+def test_a_grows_cost_counts_from_its_persist_request() -> None:
+    events = [
+        {"kind": "persist_requested", "t": 30.0, "gen": 1, "why": "grow", "step": 50},
+        {"kind": "persist_committed", "t": 31.5, "gen": 1, "step": 52},
+        {"kind": "reconfigure", "t": 31.5, "gen": 1, "why": "grow", "step": 52},
+        {"kind": "generation_ended", "t": 33.0, "gen": 1, "step": 52, "outcome": "reconfigured"},
+        {"kind": "reconfigure", "t": 60.0, "gen": 2, "why": "grow", "step": 90},  # no persist
+        {"kind": "generation_ended", "t": 62.0, "gen": 2, "step": 90, "outcome": "reconfigured"},
+    ]
+    assert costs_from_journal(events).reconfigure_s == pytest.approx((3.0 + 2.0) / 2)
+
+
 @pytest.mark.skipif(not (TRACES / "bamboo-g4dn.csv").exists(), reason="no shared traces")
 def test_the_bamboo_trace_runs_in_well_under_a_second_per_strategy(tmp_path: Path) -> None:
     trace = read_trace(TRACES / "bamboo-g4dn.csv")
