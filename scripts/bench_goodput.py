@@ -103,7 +103,7 @@ def replays(a: argparse.Namespace) -> list[dict[str, Any]]:
                 "run": f"mean of runs B..{chr(ord('A') + len(rows) - 1)}", "measured": mean,
                 "simulated": simulated["goodput"], "error": simulated["goodput"] / mean - 1,
             })  # fmt: skip
-        rows.append({"run": "simulated", "badput_s": simulated["badput_s"]})
+        rows.append({"run": "simulated", "badput_s": simulated["badput_s"], "costs": sim["costs"]})
     return rows
 
 
@@ -143,6 +143,9 @@ def report(result: dict[str, Any]) -> None:
             *(Column(key=b, header=b.replace("_", " "), spec=".1f") for b in buckets),
         ]).render([{"run": r["run"], **r["badput_s"]} for r in result["replay"]
                    if "badput_s" in r]))  # fmt: skip
+        costs = next(r["costs"] for r in result["replay"] if "costs" in r)
+        print("\ncosts measured in run A (ftrun/sim/costs.py's DEFAULT_COSTS are such a run's):")
+        print("  " + ", ".join(f"{k}={v:g}" for k, v in costs.items()))
     print("\n2. bamboo-g4dn.csv simulated (this machine's costs)")
     print(Table([
         Column(key="model", header="model", align="<"),

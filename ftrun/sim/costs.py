@@ -36,20 +36,23 @@ class Costs:
 
 # Measured on this machine (2 cores, CPU): `ftrun replay ../shared/traces/small-4.csv
 # --time-scale 0.2` on the SSH testbed (5 hosts, recipes/gpt_ddp.py, 1 rank a host, gloo; the
-# command is in docs/goodput.md), then `costs_from_journal` of its job. A different run of the
-# same replay is what `ftrun simulate` is checked against (tests/integration/test_replay.py).
+# command is in docs/goodput.md), then `costs_from_journal` of its job: run A of
+# `scripts/bench_goodput.py` of 2026-11-26, which prints them. (The run of 2026-11-23 had a
+# checkpoint stall of 9.8 % and a persist lag of 0.29 s: save() was 2.4x slower then, and a shrink
+# restored from storage.) A different run of the same replay is what `ftrun simulate` is checked
+# against (tests/integration/test_replay.py).
 DEFAULT_COSTS = Costs(
-    startup_s=9.46,
-    detect_s=1.03,
-    teardown_s=0.08,
-    agent_start_s=0.63,
-    relaunch_s=2.75,
-    restore_s=0.92,
-    reconfigure_s=2.37,
-    stop_s=6.24,
-    persist_lag_s=0.29,
-    stall_share=0.098,
-    step_s=1.13,
+    startup_s=6.08,
+    detect_s=1.04,
+    teardown_s=0.04,
+    agent_start_s=0.98,
+    relaunch_s=1.63,
+    restore_s=0.52,
+    reconfigure_s=3.21,
+    stop_s=6.04,
+    persist_lag_s=0.0,
+    stall_share=0.025,
+    step_s=0.93,
 )
 
 

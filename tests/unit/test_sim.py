@@ -124,8 +124,9 @@ def test_a_planned_job_asks_the_planner_whether_a_grow_pays(tmp_path: Path) -> N
     profile = Profile.from_dict(json.loads(PROFILE.read_text()))
     trace = parse_trace(SMALL_4)
     kw = dict(profile=profile, profile_path=str(PROFILE), global_batch=512)
-    # Over a 10 s horizon no grow pays for its restart: the PlanDesk declines, journaled.
-    out = simulate(trace, setup(replan_horizon_s=10.0, **kw), work_dir=tmp_path / "short")
+    # Over a 3 s horizon no grow pays for its restart (6 s of start-up at these costs): the
+    # PlanDesk declines, journaled.
+    out = simulate(trace, setup(replan_horizon_s=3.0, **kw), work_dir=tmp_path / "short")
     events = events_of(out[FTRUN])
     assert [e["kind"] for e in events].count("grow_declined") >= 1
     assert not [e for e in events if e["kind"] == "reconfigure"]
