@@ -173,7 +173,7 @@ def _resharded_candidate(
     for message in rejected:
         warn(f"rank {comm.rank}: {message}")
     by_step: dict[tuple[int, int], list[slots.HostSnapshot]] = {}
-    for snapshot in found:
+    for snapshot in sorted(found, key=lambda s: s.rank):  # each step's by old rank
         by_step.setdefault((snapshot.step, snapshot.generation), []).append(snapshot)
     needed = [(key, leaf.tensor) for key, leaf in keyed if not leaf.local]
     servable = {
@@ -185,15 +185,16 @@ def _resharded_candidate(
     common = set.intersection(*every)
     if not common:
         return []
-    return sorted(servable[max(common)], key=lambda s: s.rank)
+    return servable[max(common)]
 
 
 def _source(
     key: str, tensor: torch.Tensor, snapshots: list[slots.HostSnapshot]
 ) -> tuple[slots.HostSnapshot, slots.TensorEntry] | None:
-    """The lowest old rank's snapshot with `key` of the tensor's dtype and shape, and its entry."""
+    """The first snapshot (they are in old rank order) with `key` of the tensor's dtype and
+    shape, and its entry."""
     dtype, shape = str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
-    for snapshot in sorted(snapshots, key=lambda s: s.rank):
+    for snapshot in snapshots:
         entry = snapshot.entries.get(key)
         if entry is not None and (entry.dtype, entry.shape) == (dtype, shape):
             return snapshot, entry

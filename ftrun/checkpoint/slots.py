@@ -163,8 +163,7 @@ class Slot:
 
     def view(self, entry: TensorEntry) -> torch.Tensor:
         assert self.base is not None
-        raw = self.base[entry.offset : entry.offset + entry.nbytes]
-        return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
+        return entry_view(self.base, entry)
 
     def close(self) -> None:
         self._unmap()
@@ -285,7 +284,7 @@ class MemoryTier:
                 skipped.append(f"memory snapshot {slot.manifest_path} is not loaded: {exc}")
                 continue
             state.step, state.generation = body["step"], body["generation"]
-            state.entries = [TensorEntry(k, d, tuple(s), o, n) for k, d, s, o, n in body["tensors"]]
+            state.entries = manifest_entries(body)
             state.objects = objects
             slot.size = os.fstat(slot.fd).st_size
             slot._unmap()
@@ -355,6 +354,17 @@ class MemoryTier:
             slot.close()
 
 
+def entry_view(base: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
+    """The tensor `entry` describes, as a view of the slot's bytes `base`."""
+    raw = base[entry.offset : entry.offset + entry.nbytes]
+    return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
+
+
+def manifest_entries(body: dict) -> list[TensorEntry]:
+    """The tensors a memory manifest lists (commit() writes them)."""
+    return [TensorEntry(k, d, tuple(s), o, n) for k, d, s, o, n in body["tensors"]]
+
+
 def _verified_objects(body: dict, objects_path: Path, data_size: int, key: bytes) -> bytes:
     """The sealed objects of the snapshot whose (authenticated) manifest is `body`, after the
     data file (`data_size` bytes) and the objects file are checked against it."""
@@ -407,8 +417,7 @@ class HostSnapshot:
 
             def view(entry: TensorEntry) -> torch.Tensor:
                 assert base is not None
-                raw = base[entry.offset : entry.offset + entry.nbytes]
-                return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
+                return entry_view(base, entry)
 
             yield view
         finally:
@@ -454,9 +463,7 @@ def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]
                 if not stat.S_ISREG(st.st_mode):
                     raise storage.Invalid("data file is not a regular file")
                 objects = _verified_objects(body, objects_path, st.st_size, key)
-                entries = {
-                    k: TensorEntry(k, d, tuple(s), o, n) for k, d, s, o, n in body["tensors"]
-                }
+                entries = {e.key: e for e in manifest_entries(body)}
             except (storage.Invalid, auth.NotAuthentic, OSError, KeyError, ValueError) as exc:
                 skipped.append(f"memory snapshot {manifest} is not loaded: {exc}")
                 continue
