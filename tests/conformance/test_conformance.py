@@ -21,10 +21,21 @@ def test_script_behaves_as_under_torchrun(name, test_id, no_survivors):
     env = {"FTRUN_TEST_ID": test_id}
     outcomes = [run_one(mode, script, killed=False, extra_env=env) for mode in MODES]
     problems, _ = compare(outcomes, killed=False)
-    assert not problems, "\n".join(problems) + "\n\n" + outcomes[0].output[-3000:]
+    assert not problems, "\n".join(problems) + "\n\n" + outputs_of(outcomes, problems)
     warm = outcomes[0]
     assert warm.conf or warm.traceback, "the script printed nothing to compare"
     CHECKED_WARM[name] = warm
+
+
+def outputs_of(outcomes: list[Outcome], problems: list[str]) -> str:
+    """The output of each run a problem names, then the reference's: the run that differs is
+    the one to read (a cold run's own failure summary says why the job ended as it did)."""
+    named = {p.split(":", 1)[0] for p in problems} | {"torchrun", "cold"}  # and the references
+    return "\n\n".join(
+        f"--- {o.mode} (exit {o.exit_code}, {o.seconds:.1f} s) ---\n{o.output[-3000:]}"
+        for o in outcomes
+        if o.mode in named
+    )
 
 
 def test_killed_rank_resumes_the_same_losses(test_id, no_survivors):
@@ -36,7 +47,7 @@ def test_killed_rank_resumes_the_same_losses(test_id, no_survivors):
     assert clean.exit_code == 0 and clean.conf, clean.output[-3000:]
     killed = [run_one(mode, script, killed=True, extra_env=env) for mode in ("warm", "cold")]
     problems, _ = compare(killed, killed=True)
-    assert not problems, "\n".join(problems)
+    assert not problems, "\n".join(problems) + "\n\n" + outputs_of(killed, problems)
     for outcome in killed:
         assert outcome.exit_code == 0, outcome.output[-3000:]
         for rank, lines in outcome.conf.items():
