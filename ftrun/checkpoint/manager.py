@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ftrun import runtime
-from ftrun.checkpoint import dcp_layout, device_copy, slots, storage
+from ftrun.checkpoint import dcp_layout, device_copy, slots, stale_ranks, storage
 from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
@@ -93,6 +93,11 @@ class Manager:
             self._memory_fence = self._claim(mem, owner) if mem and owner else None
             if owner:
                 self._claim(self.config.directory, owner).close()
+            if self._memory_fence is not None and self._tier.directory is not None:
+                try:
+                    stale_ranks.claim_rank_dir(self._tier.directory, self._memory_fence.mine)
+                except OSError as exc:  # only costs memory: the agent removes it at job end
+                    warn(f"the memory tier directory {self._tier.directory} is not claimed: {exc}")
         except BaseException:
             self._tier.close()
             self._comm.close()
@@ -121,12 +126,18 @@ class Manager:
             )
         except BaseException:
             self._snapshotter.close(timeout=10.0)
+            if self._stale_ranks_removal is not None:
+                self._stale_ranks_removal.join(timeout=10.0)
             self._tier.close()
             self._release_memory_fence()
             if self._memory_fence is not None:
                 self._memory_fence.close()
             self._comm.close()
             raise
+        # Rank directories an older generation left on this host (stale_ranks.py): set aside
+        # at the first save after this rank's first persist.
+        self._stale_ranks_pending = self._memory_fence is not None
+        self._stale_ranks_removal: threading.Thread | None = None
         self._closed = False
 
     def _claim(self, directory: os.PathLike[str], owner: str) -> GenerationFence:
@@ -225,6 +236,8 @@ class Manager:
             # newer generation cannot claim the tier while this rank writes into it.
             self._memory_fence.acquire()
         try:
+            if self._stale_ranks_pending and self.stats.persisted:
+                self._remove_stale_ranks()
             with self._cond:
                 if not self._touched_slots:  # saving without a restore: old snapshots are stale
                     self._tier.invalidate_all()
@@ -439,10 +452,21 @@ class Manager:
             self._hooks.clear()
             self._persister.close(timeout_s=10.0)
             self._snapshotter.close(timeout=10.0)
+            if self._stale_ranks_removal is not None:
+                self._stale_ranks_removal.join(timeout=10.0)
             self._tier.close()
             if self._memory_fence is not None:
                 self._memory_fence.close()
             self._comm.close()
+
+    def _remove_stale_ranks(self) -> None:
+        """Holding the tier's fence: set aside the rank directories of older generations, and
+        delete them on a thread."""
+        assert self._memory_fence is not None and self.config.memory_dir is not None
+        self._stale_ranks_pending = False
+        moved = stale_ranks.set_aside(self.config.memory_dir, self._memory_fence.mine)
+        self.stats.stale_ranks_removed += len(moved)
+        self._stale_ranks_removal = stale_ranks.remove_later(moved)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,12 +1,21 @@
 """A checkpoint saved under DP=2 x PP=2 (torch.distributed.pipelining) loads under PP=4 and DP=4.
 
 Four gloo ranks on CPU under `ftrun launch`; tests/bin/ckpt_reshard.py compares every parameter,
-optimizer tensor and hyper-parameter with the values the saving layout held, bit for bit.
+optimizer tensor and hyper-parameter with the values the saving layout held, bit for bit. And a
+host whose ranks are renumbered does not keep the old ranks' memory snapshots.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
 from ftrun.checkpoint import storage
+from ftrun.checkpoint.config import memory_tier_dir
+from ftrun.claims import Claim, read_claim
 from ftrun.controller import jobkey
 from tests.conftest import BIN
 
@@ -58,3 +67,35 @@ def test_a_new_layout_restores_from_the_old_layouts_snapshots_in_host_memory(ftr
     key = bytes.fromhex((job_dir / jobkey.KEY_FILE).read_text())
     good, _ = storage.list_candidates(directory, key=key)
     assert 2 not in [c.step for c in good]  # it came from memory
+
+
+def test_a_renumbered_hosts_old_rank_directory_is_removed_after_the_first_persist(
+    tmp_path, test_id, no_survivors
+):
+    """Generation 1 runs ranks 0 and 1 on this host; generation 2 runs only rank 0 here (the
+    old rank 1 renumbered). Rank 0 restores from both old ranks' memory snapshots, and after its
+    first persist removes `rank1/`, which no rank of generation 2 uses: its slots would
+    otherwise hold a copy of the whole state in /dev/shm until the job ends."""
+    directory, job = tmp_path / "ckpt", f"test-{uuid.uuid4().hex[:10]}"
+    tier = memory_tier_dir(job)
+    env = {**os.environ, "FTRUN_TEST_ID": test_id, "TMPDIR": str(tmp_path)}
+    script = [str(BIN / "ckpt_stale.py"), "--dir", str(directory), "--job", job]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    try:
+        first = subprocess.run(
+            [*torchrun, "--nproc-per-node", "2", *script, "--gen", "1"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        assert sorted(p.name for p in tier.glob("rank*")) == ["rank0", "rank1"]
+        second = subprocess.run(
+            [sys.executable, *script, "--gen", "2"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert "RESTORED 3 memory" in second.stdout, second.stdout
+        assert "STALE RANKS REMOVED 1" in second.stdout, second.stdout
+        assert sorted(p.name for p in tier.iterdir()) == [".generation", "rank0"]  # nothing set aside
+        assert read_claim(tier / "rank0") == Claim(job, 2)
+    finally:
+        shutil.rmtree(tier, ignore_errors=True)
