@@ -253,7 +253,11 @@ class GenWatch:
 
 
 def _claimed_ranks(msg: dict[str, Any]) -> list[int]:
-    """Every rank a message speaks for: `rank`, lists of ranks, and maps keyed by rank."""
+    """Every rank a message speaks for: `rank`, lists of ranks, and maps keyed by rank. A
+    `peer_fetched` report's ranks are whose snapshots the agent fetched, which are another
+    host's old ranks when it joined a re-planned job (peercopy/fetch.py): it speaks for none."""
+    if msg.get("kind") == "peer_fetched":
+        return []
     claimed: list[int] = []
     if isinstance(msg.get("rank"), int):
         claimed.append(msg["rank"])

@@ -6,7 +6,9 @@ for a lost one), where rank i's snapshots are: the old host's own memory tier if
 yields snapshots. Each lands in the slot files.slot_for picks: a snapshot this host already holds
 that is newer is kept. The agent fetches them into
 its own memory tier under the ranks' names, before the ranks start: then they restore from
-memory like survivors, and ftrun.checkpoint needs to know nothing of peers. A fetch that fails
+memory like survivors, and ftrun.checkpoint needs to know nothing of peers. A host that joins a
+re-planned job (a grow) runs ranks no host ran before: it fetches one old node's ranks from that
+node's memory and keeps them as replicas, from which its ranks reshard (peer_plan.py). A fetch that fails
 or takes longer than FETCH_TIMEOUT_S leaves the tier without them: the ranks restore from
 storage, as they would have without a peer copy, and the journal says why.
 """
@@ -32,8 +34,8 @@ CONNECT_TIMEOUT_S = 5.0
 async def fetch(
     source: dict[str, Any], *, tier: Path, gen: int, host: str, secret: str
 ) -> dict[str, Any]:
-    """Fetch `source` ({"addr", "port", "which", "ranks"}) into `tier`; returns the report the
-    controller journals (`peer_fetched`)."""
+    """Fetch `source` ({"addr", "port", "which", "ranks"}, and "into": "replica" to keep them
+    as replicas) into `tier`; returns the report the controller journals (`peer_fetched`)."""
     ranks = [int(r) for r in source["ranks"]]
     report: dict[str, Any] = {
         "source": f"{source['addr']}:{source['port']}",
@@ -66,6 +68,10 @@ async def _fetch(
     secret: str,
     report: dict[str, Any],
 ) -> None:
+    # A spare takes over the ranks it fetches: under their names. A host joining a re-planned
+    # job runs other ranks: the old ones' snapshots are kept as replicas, which the restore's
+    # scan reads (peer_plan.py).
+    into = files.replica_dir if source.get("into") == "replica" else files.rank_dir
     chan = await open_channel(
         source["addr"], int(source["port"]), secret, CONNECT_TIMEOUT_S, server=Role.PEER
     )
@@ -81,7 +87,7 @@ async def _fetch(
             rank = int(msg["rank"])
             if rank not in ranks:
                 raise ProtocolError(f"sent rank {rank}, which was not asked for")
-            snap = await wire.receive_snapshot(chan, msg, files.rank_dir(tier, rank))
+            snap = await wire.receive_snapshot(chan, msg, into(tier, rank))
             if snap is not None:
                 report["snapshots"].append([rank, snap.step, snap.generation])
                 report["bytes"] += snap.data_size + len(snap.manifest) + int(msg["objects_size"])

@@ -224,9 +224,10 @@ def test_a_shrink_restores_from_the_survivors_memory_not_storage(ftrun, bed, tmp
 
 
 def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun, bed, tmp_path):
-    """node3 is removed: the 2 left restore from their own memory. It is added back: nothing
-    has been persisted since the first save, and its ranks may find nothing in memory, so the
-    grow asks for a persist first, and every rank restores the step it committed."""
+    """node3 is removed: the 2 left restore from their own memory. It is added back: its
+    agent fetches an old node's rank snapshots from that node's memory before its rank starts,
+    so every rank restores from memory; the grow also asks for a persist first (nothing has been
+    persisted since the first save), in case that fetch comes back empty."""
     proc = ftrun.start(
         "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
         "--min-nodes", "2", CKPT_TRAIN, "--steps", "300", "--step-time", "0.1",
@@ -252,10 +253,13 @@ def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun,
     [committed] = kinds(events, "persist_committed")
     assert (asked["gen"], asked["why"], committed["gen"]) == (2, "grow", 2)
     assert committed["step"] is not None and committed["step"] >= asked["step"], committed
-    # Storage has it; so may the memory of every host, node3's through a replica the peer copy
-    # pushed it once it was back (memory wins a tie). Either way: the step the grow committed.
-    assert restored[3]["step"] == committed["step"], restored[3]
-    assert restored[3]["tier"] in ("storage", "memory"), restored[3]
+    # node3, joining at node rank 2 of a job that ran on 2, fetched old node 0's rank (node1's)
+    # from node1's memory, where the survivors keep the step the grow committed.
+    [fetched] = kinds(events, "peer_fetched")
+    assert (fetched["gen"], fetched["host"], fetched["which"]) == (3, "node3", "primary")
+    assert fetched["ranks"] == [0] and fetched["error"] is None, fetched
+    assert [committed["step"], 2] in [s[1:] for s in fetched["snapshots"]], fetched
+    assert (restored[3]["step"], restored[3]["tier"]) == (committed["step"], "memory"), restored
     assert not kinds(events, "fault_detected")
 
 

@@ -32,6 +32,8 @@ def watch() -> GenWatch:
         ("n3#0", {"kind": "idle", "ranks": {"4": 1.0, "5": 2.0}}),
         ("n3#0", {"kind": "signalled", "ranks": [4, 5]}),
         ("n1#0", {"kind": "rank_hung", "rank": 1, "overdue": [0, 1], "stacks": {"0": "s"}}),
+        # a host that joined a re-planned job fetched old ranks' snapshots: it speaks for none
+        ("n3#0", {"kind": "peer_fetched", "ranks": [0, 1], "snapshots": [[0, 9, 2]]}),
     ],
 )
 def test_an_agent_may_speak_for_its_own_ranks(agent, msg):

@@ -243,8 +243,12 @@ def test_a_blob_with_a_bad_tag_or_out_of_order_is_refused():
         (["b", "a"], ["a", "b"], "ab", {0: ("a", "primary", [0, 1]), 1: ("b", "primary", [2, 3])}),
         # b and c both lost: c's replica is on a (the ring wraps), b's was on c: gone with it
         (["a", "s", "t"], ["a", "b", "c"], "ast", {2: ("a", "replica", [4, 5])}),
-        # another number of nodes: the ranks reshard from storage
+        # another number of nodes, no host new: the survivors reshard from their own memory
         (["a", "c"], ["a", "b", "c"], "ac", {}),
+        # a grow: the joining host d (node rank 2 of 3) fetches old node 2 % 2 = 0's ranks
+        (["a", "b", "d"], ["a", "b"], "abd", {2: ("a", "primary", [0, 1])}),
+        # two hosts join one: each fetches the one old node's ranks
+        (["a", "d", "e"], ["a"], "ade", {1: ("a", "primary", [0, 1]), 2: ("a", "primary", [0, 1])}),
         # the same hosts: every rank's snapshots are where it runs
         (["a", "b", "c"], ["a", "b", "c"], "abc", {}),
     ],
@@ -260,6 +264,19 @@ def test_the_ring_and_where_a_newcomer_fetches(agents, previous, up, expected_fe
         if f["fetch"]
     }
     assert got == expected_fetch
+    for i, f in enumerate(fields):  # a joining host keeps what it fetches as replicas
+        grown = len(previous) != n
+        assert all((s.get("into") == "replica") == grown for s in f["fetch"]), (i, f)
+
+
+def test_a_joining_host_falls_back_to_the_other_old_hosts_that_are_up():
+    where = {a: (f"10.0.0.{ord(a)}", 1000 + ord(a)) for a in "bcde"}  # old node a is gone
+    agents, previous = ["b", "c", "d", "e"], ["a", "b", "c"]
+    fields = peer_fields(agents, previous, where, nproc_per_node=1, rate_bytes_s=1)
+    sources = [[(chr(s["port"] - 1000), s["ranks"]) for s in f["fetch"]] for f in fields]
+    # d at node rank 2 takes old node 2 (c) first, then wraps past the missing a to b; e at 3
+    # starts at old node 0, a, which is gone. b and c hold their own.
+    assert sources == [[], [], [("c", [2]), ("b", [1])], [("b", [1]), ("c", [2])]]
 
 
 def test_no_ring_for_one_host_or_a_zero_rate():
