@@ -41,7 +41,11 @@ def run_job(tmp_path, monkeypatch, test_id, *script_args: str):
     local agent and real ranks in subprocesses."""
     monkeypatch.setenv("FTRUN_TEST_ID", test_id)
     config = LaunchConfig(
-        job_id="sup-1",
+        # One job id per test: with one for all ("sup-1" until 2026-11-26), two of these tests
+        # on the two pytest workers ran two jobs whose agents had the same process tag
+        # (job/agent id), so the first to end its generation SIGKILLed the other's agent and
+        # ranks in its sweep: "host localhost was lost", twice in CI and once here.
+        job_id=f"sup-{test_id[:12]}",
         job_name="sup",
         run_dir=tmp_path / "runs",
         script=str(BIN / "plain_loop.py"),
@@ -97,9 +101,6 @@ def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(
     original = GenWatch.record_output
 
     def fails_on_a_rank(watch, host, msg):
-        # The first message about a rank (its start), not its first step: twice in CI the job
-        # ended "host lost" before the bug was hit, cause not found (the agent's loss is in the
-        # assertion's message); the earlier the bug, the narrower that window.
         if msg["kind"] in ("rank_started", "progress"):
             raise KeyError("injected into the supervise loop")
         return original(watch, host, msg)
