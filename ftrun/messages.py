@@ -351,7 +351,11 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         ),
         "end": Schema({"ok": Bool()}, ("ok",)),  # the snapshot did not change while it was sent
         "fetch": Schema(
-            {"ranks": ListOf(RANK, MAX_RANKS), "which": Str(16, choices=PEER_SOURCES)},
+            {
+                "ranks": ListOf(RANK, MAX_RANKS),
+                "which": Str(16, choices=PEER_SOURCES),
+                "newest": opt(Bool()),  # only each rank's newest snapshot (a joining host's fetch)
+            },
             ("ranks", "which"),
         ),
         "fetched": Schema({"count": Int(0, MAX_RANKS * 3)}, ("count",)),

@@ -77,7 +77,8 @@ async def _fetch(
     )
     try:
         chan.send("hello", role="peer", host=host, gen=gen)
-        chan.send("fetch", ranks=ranks, which=source["which"])
+        # A joining host keeps what it fetches on top of its own ranks' slots: the newest only.
+        chan.send("fetch", ranks=ranks, which=source["which"], newest=into is files.replica_dir)
         while True:
             msg = await chan.receive()
             if msg["kind"] == "fetched":

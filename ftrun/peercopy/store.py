@@ -102,7 +102,8 @@ class PeerStore:
                     self.pushers[writer] = gen
                     await self._keep(chan, msg, gen)
                 elif msg["kind"] == "fetch":
-                    count = await self._answer(chan, msg["ranks"], msg["which"])
+                    newest = 1 if msg.get("newest") else files.KEPT
+                    count = await self._answer(chan, msg["ranks"], msg["which"], newest)
                     chan.send("fetched", count=count)
                     await chan.drain(wire.SEND_TIMEOUT_S)
                 else:
@@ -134,13 +135,14 @@ class PeerStore:
                 chan, header, files.replica_dir(self.tier, rank), refusal=lambda: self._stale(gen)
             )
 
-    async def _answer(self, chan: Channel, ranks: list[int], which: str) -> int:
-        """Send every snapshot held of `ranks`, from their own directories ("primary": ranks
-        of this host, which may write meanwhile) or from the replicas kept here: every rank's
-        newest first, then the older ones, so a fetch cut short still has a step in common."""
+    async def _answer(self, chan: Channel, ranks: list[int], which: str, newest: int) -> int:
+        """Send the `newest` snapshots held of `ranks`, from their own directories
+        ("primary": ranks of this host, which may write meanwhile) or from the replicas kept
+        here: every rank's newest first, then the older ones, so a fetch cut short still has a
+        step in common."""
         count = 0
         pacer = wire.Pacer(0)  # the job waits for a fetch: as fast as it goes
-        for depth in range(files.KEPT):
+        for depth in range(newest):
             for rank in ranks:
                 if which == "replica":
                     directory = files.replica_dir(self.tier, rank)

@@ -100,6 +100,37 @@ def test_a_spare_restores_a_lost_hosts_rank_from_its_peers_memory(managers, tmp_
     assert [fresh.step() for _ in range(3)] == reference
 
 
+def test_a_joining_host_fetches_the_newest_snapshot_from_a_hosts_own_memory_as_a_replica(
+    managers, tmp_path
+):
+    """A grow: the joining host asks an old host for its rank 0 ("primary", into its replica
+    directory, the newest only: it keeps them on top of its own ranks' slots)."""
+    old_host, joining = tmp_path / "a", tmp_path / "d"
+    toy, mgr = trained(managers, old_host, steps=3)
+    held = [s.step for s in files.snapshots(files.rank_dir(tier(old_host, managers.job), 0), 0)]
+    assert len(held) == 2 and held[0] == 3, held  # two to choose from
+    secret, job = new_secret(), managers.job
+
+    async def scenario() -> dict:
+        store = PeerStore(
+            tier=tier(old_host, job), secret=secret, job_id=job, newest_gen=lambda: 2
+        )
+        port = await store.start()
+        source = {"addr": "127.0.0.1", "port": port, "which": "primary", "ranks": [0]}
+        report = await fetch(
+            {**source, "into": "replica"}, tier=tier(joining, job), gen=2, host="d", secret=secret
+        )
+        store.close()
+        return report
+
+    report = asyncio.run(scenario())
+    assert "error" not in report and report["snapshots"] == [[0, 3, 1]], report
+    assert not files.rank_dir(tier(joining, job), 0).exists()  # not under its own ranks' names
+    kept = files.snapshots(files.replica_dir(tier(joining, job), 0), 0)
+    assert [(s.step, s.generation) for s in kept] == [(3, 1)]
+    mgr.close(persist_last=False)
+
+
 def test_a_zombie_generations_pushes_are_refused(managers, tmp_path):
     _, mgr = trained(managers, tmp_path / "a", steps=2)
     mgr.close(persist_last=False)
