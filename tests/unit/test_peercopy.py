@@ -112,9 +112,7 @@ def test_a_joining_host_fetches_the_newest_snapshot_from_a_hosts_own_memory_as_a
     secret, job = new_secret(), managers.job
 
     async def scenario() -> dict:
-        store = PeerStore(
-            tier=tier(old_host, job), secret=secret, job_id=job, newest_gen=lambda: 2
-        )
+        store = PeerStore(tier=tier(old_host, job), secret=secret, job_id=job, newest_gen=lambda: 2)
         port = await store.start()
         source = {"addr": "127.0.0.1", "port": port, "which": "primary", "ranks": [0]}
         report = await fetch(
