@@ -464,7 +464,9 @@ class Manager:
         delete them on a thread."""
         assert self._memory_fence is not None and self.config.memory_dir is not None
         self._stale_ranks_pending = False
-        moved = stale_ranks.set_aside(self.config.memory_dir, self._memory_fence.mine)
+        moved = stale_ranks.set_aside(
+            self.config.memory_dir, self._memory_fence.mine, self._comm.world
+        )
         self.stats.stale_ranks_removed += len(moved)
         self._stale_ranks_removal = stale_ranks.remove_later(moved)
 

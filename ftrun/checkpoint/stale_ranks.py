@@ -6,6 +6,11 @@ host, a new DP x PP plan): the host that held rank 1 holds rank 0 next. The new 
 stay in /dev/shm until the job ends. In a long elastic job a host can hold many rank numbers in
 turn, so that memory would grow with every renumbering.
 
+The same goes for the peer copy's replicas (docs/peercopy.md) of ranks the job no longer has
+(`replica/rank<R>/` with R at or above the world size, after a shrink): a shrink's restore may
+read them, no ring pushes to them any more, and a spare's fetch asks only for ranks below the
+world size.
+
 So each rank claims its directory for its generation (`claims.CLAIM_FILE`, the claim format the
 fences use), and after the rank's first persist in its generation it removes the directories of
 the tier still claimed by an older generation of the job. Why that moment:
@@ -38,6 +43,7 @@ from pathlib import Path
 from ftrun.claims import CLAIM_FILE, Claim, read_claim
 
 STALE_PREFIX = ".stale-"
+REPLICA = "replica"  # peercopy/files.py: where a host keeps its ring neighbour's snapshots
 
 
 def claim_rank_dir(directory: Path, claim: Claim) -> None:
@@ -52,34 +58,47 @@ def claim_rank_dir(directory: Path, claim: Claim) -> None:
     os.replace(tmp, directory / CLAIM_FILE)
 
 
-def set_aside(tier: Path, mine: Claim) -> list[Path]:
-    """Rename away every `rank<R>/` of `tier` claimed by an older generation of `mine`'s job;
-    returns the new paths, for `remove_later`. The caller holds the tier's fence."""
+def set_aside(tier: Path, mine: Claim, world_size: int) -> list[Path]:
+    """Rename away every `rank<R>/` of `tier` claimed by an older generation of `mine`'s job,
+    and every replica of a rank at or above `world_size`; returns the new paths, for
+    `remove_later`. The caller holds the tier's fence."""
     moved = []
+    for directory in _rank_dirs(tier):
+        claim = read_claim(directory)
+        if claim is not None and claim.job == mine.job and claim.generation < mine.generation:
+            moved += _rename(directory, tier / f"{STALE_PREFIX}{directory.name}")
+    for directory in _rank_dirs(tier / REPLICA):
+        if int(directory.name.removeprefix("rank")) >= world_size:
+            moved += _rename(directory, tier / f"{STALE_PREFIX}{REPLICA}-{directory.name}")
+    return moved
+
+
+def _rank_dirs(parent: Path) -> list[Path]:
+    """The `rank<R>` directories of `parent` that are ours (not links)."""
     try:
-        names = sorted(os.listdir(tier))
+        names = sorted(os.listdir(parent))
     except OSError:
         return []
+    found = []
     for name in names:
-        if not name.startswith("rank"):
+        if not (name.startswith("rank") and name[4:].isdigit()):
             continue
-        directory = tier / name
         try:
-            st = os.lstat(directory)
+            st = os.lstat(parent / name)
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            continue
-        claim = read_claim(directory)
-        if claim is None or claim.job != mine.job or claim.generation >= mine.generation:
-            continue
-        target = tier / f"{STALE_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(directory, target)
-        except OSError:  # another rank of the host set it aside first
-            continue
-        moved.append(target)
-    return moved
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            found.append(parent / name)
+    return found
+
+
+def _rename(directory: Path, prefix: Path) -> list[Path]:
+    target = prefix.with_name(f"{prefix.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(directory, target)
+    except OSError:  # another rank of the host set it aside first
+        return []
+    return [target]
 
 
 def remove_later(paths: list[Path]) -> threading.Thread | None:

@@ -75,7 +75,8 @@ def test_a_renumbered_hosts_old_rank_directory_is_removed_after_the_first_persis
     """Generation 1 runs ranks 0 and 1 on this host; generation 2 runs only rank 0 here (the
     old rank 1 renumbered). Rank 0 restores from both old ranks' memory snapshots, and after its
     first persist removes `rank1/`, which no rank of generation 2 uses: its slots would
-    otherwise hold a copy of the whole state in /dev/shm until the job ends."""
+    otherwise hold a copy of the whole state in /dev/shm until the job ends. So with the replica
+    of rank 1 the peer copy kept here, and not with rank 0's: generation 2 has a rank 0."""
     directory, job = tmp_path / "ckpt", f"test-{uuid.uuid4().hex[:10]}"
     tier = memory_tier_dir(job)
     env = {**os.environ, "FTRUN_TEST_ID": test_id, "TMPDIR": str(tmp_path)}
@@ -88,15 +89,18 @@ def test_a_renumbered_hosts_old_rank_directory_is_removed_after_the_first_persis
         )  # fmt: skip
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         assert sorted(p.name for p in tier.glob("rank*")) == ["rank0", "rank1"]
+        for rank in (0, 1):  # replicas in the format of a rank's own tier (docs/peercopy.md)
+            shutil.copytree(tier / f"rank{rank}", tier / "replica" / f"rank{rank}")
         second = subprocess.run(
             [sys.executable, *script, "--gen", "2"],
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert "RESTORED 3 memory" in second.stdout, second.stdout
-        assert "STALE RANKS REMOVED 1" in second.stdout, second.stdout
+        assert "STALE RANKS REMOVED 2" in second.stdout, second.stdout
         left = sorted(p.name for p in tier.iterdir())
-        assert left == [".generation", "rank0"]  # nothing set aside is left either
+        assert left == [".generation", "rank0", "replica"]  # nothing set aside is left either
+        assert [p.name for p in (tier / "replica").iterdir()] == ["rank0"]
         assert read_claim(tier / "rank0") == Claim(job, 2)
     finally:
         shutil.rmtree(tier, ignore_errors=True)
