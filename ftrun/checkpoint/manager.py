@@ -126,8 +126,6 @@ class Manager:
             )
         except BaseException:
             self._snapshotter.close(timeout=10.0)
-            if self._stale_ranks_removal is not None:
-                self._stale_ranks_removal.join(timeout=10.0)
             self._tier.close()
             self._release_memory_fence()
             if self._memory_fence is not None:

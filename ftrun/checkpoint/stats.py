@@ -21,5 +21,5 @@ class Stats:
     persist_failures: int = 0
     votes: int = 0  # collectives that decided whether to persist (not one per save: persister.py)
     last_persisted_step: int | None = None
-    last_persist_s: float | None = None
-    stale_ranks_removed: int = 0  # other ranks' directories of older generations (stale_ranks.py)  # wall time of the last persist, save() to done
+    last_persist_s: float | None = None  # wall time of the last persist, save() to done
+    stale_ranks_removed: int = 0  # directories no rank of this generation uses (stale_ranks.py)

@@ -7,10 +7,11 @@ yields snapshots. Each lands in the slot files.slot_for picks: a snapshot this h
 that is newer is kept. The agent fetches them into
 its own memory tier under the ranks' names, before the ranks start: then they restore from
 memory like survivors, and ftrun.checkpoint needs to know nothing of peers. A host that joins a
-re-planned job (a grow) runs ranks no host ran before: it fetches one old node's ranks from that
-node's memory and keeps them as replicas, from which its ranks reshard (peer_plan.py). A fetch that fails
-or takes longer than FETCH_TIMEOUT_S leaves the tier without them: the ranks restore from
-storage, as they would have without a peer copy, and the journal says why.
+re-planned job (a grow) runs ranks no host ran before: it fetches the newest snapshot of one old
+node's ranks from that node's memory and keeps them as replicas, from which its ranks reshard
+(peer_plan.py). A fetch that fails or takes longer than FETCH_TIMEOUT_S leaves the tier without
+them: the ranks restore from storage, as they would have without a peer copy, and the journal
+says why.
 """
 
 from __future__ import annotations
