@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -27,16 +27,27 @@ def killpg_quietly(pgid: int, sig: int) -> None:
 
 def tagged_processes(agent_id: str, *, exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """Processes whose environment carries FTRUN_AGENT_ID=agent_id."""
+    return _tagged(lambda tag: tag == agent_id, exclude)
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Processes of any agent of job `job_id` on this machine: their tag is `job/agent`
+    (Bootstrap.process_tag)."""
+    return _tagged(lambda tag: tag.startswith(f"{job_id}/"), ())
+
+
+def _tagged(wanted: Callable[[str], bool], exclude: Iterable[int]) -> list[psutil.Process]:
     skip = {os.getpid(), *exclude}
     found = []
     for proc in psutil.process_iter():
         if proc.pid in skip:
             continue
         try:
-            if proc.environ().get(envcontract.AGENT_ID) == agent_id:
-                found.append(proc)
+            tag = proc.environ().get(envcontract.AGENT_ID)
         except (psutil.Error, OSError):
             continue
+        if tag is not None and wanted(tag):
+            found.append(proc)
     return found
 
 

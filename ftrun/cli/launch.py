@@ -137,7 +137,8 @@ def launch(
         None,
         "--job-id",
         help="The job's id (its directory's name) [a new one]; a job directory of a "
-        "preempted job is resumed (what a requeued `ftrun sbatch` job does).",
+        "preempted job is resumed (what a requeued `ftrun sbatch` job does). One job at a time "
+        "per id on a machine.",
     ),
     preempt_signal: str = typer.Option(
         "USR2",

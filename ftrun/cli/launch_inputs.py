@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ftrun import filemodes
+from ftrun.agent import procs
 from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
@@ -143,6 +144,7 @@ def resume_point(
             problems.append(e.message)
         return None
     if not events:
+        _refuse_if_in_use(job_id, problems)
         return None
     point = resume_point_of(events)
     requeued_by_slurm = slurm_restarts is not None and slurm_restarts > point.slurm_restart_count
@@ -153,6 +155,19 @@ def resume_point(
             f"job {job_id} already ended ({point.finished}): only a preempted job is resumed"
         )
     return point
+
+
+def _refuse_if_in_use(job_id: str, problems: list[str]) -> None:
+    """A new job whose id another job on this machine runs under (launched with another run
+    directory, where this one's check cannot see it). Their agents would carry the same process
+    tag, so each one's sweep would SIGKILL the other's ranks, and their ranks would write into
+    the same memory tier, /dev/shm/ftrun-<job id>."""
+    running = procs.job_processes(job_id)
+    if running:
+        problems.append(
+            f"job id {job_id} is in use on this machine by a job with another run directory "
+            f"(pid {running[0].pid} is one of its processes): choose another --job-id"
+        )
 
 
 def planning(
@@ -329,6 +344,11 @@ def hint(problems: list[str]) -> str:
         return (
             "--env NAME=VALUE or --env NAME (its value here); an --env-file has NAME=VALUE "
             "lines and # comments; see docs/multihost.md"
+        )
+    if any(p.startswith("job id ") and "in use" in p for p in problems):
+        return (
+            "a job id names the job's processes and its memory tier on every host, so two jobs "
+            "may not share one; leave --job-id out to get a new one"
         )
     if any("in use" in p for p in problems):
         return "pick another --master-port, or leave it out to get a free port per generation"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 
 import pytest
 
-from tests.conftest import BIN
+from ftrun.agent.procs import job_processes
+from tests.conftest import BIN, wait_for
 
 TOY = str(BIN / "train_toy.py")
 
@@ -102,3 +104,20 @@ def test_bad_planning_input_is_one_message_before_anything_starts(ftrun, tmp_pat
     assert_clean_usage_error(
         ftrun.run("launch", "--global-batch", "64", TOY), "--global-batch", "need --profile"
     )
+
+
+def test_a_job_id_in_use_on_this_machine_under_another_run_dir_is_refused(ftrun, tmp_path):
+    """Two jobs of one id would have agents of one process tag (each one's sweep SIGKILLs the
+    other's ranks) and one memory tier: the second is refused before it starts anything."""
+    job = f"dup-{tmp_path.name[-12:]}".replace("_", "-")
+    first = ftrun.start("launch", "--job-id", job, str(BIN / "sleeper.py"))
+    try:
+        wait_for(lambda: job_processes(job), 60, "the first job's agent")
+        other = tmp_path / "other-runs"
+        second = ftrun.run("launch", "--run-dir", str(other), "--job-id", job, TOY)
+        assert_clean_usage_error(second, f"job id {job} is in use on this machine", "--job-id")
+        assert not (other / job).exists()  # nothing started, nothing written
+        assert first.poll() is None  # and the first job runs on
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=60) == 130
