@@ -47,9 +47,8 @@ class StallDesk:
         host = watch.hosts.get(agent_id, "?")
         if kind == "rank_exited" and msg.get("exit_code") == 0 and not msg.get("signal"):
             if stall.on_clean_exit(int(msg["rank"]), host, now):
-                # The work is done: the step-based detectors stand down, the barrier rules.
-                for agent in watch.agents:
-                    self.server.send(agent, "finishing", gen=watch.number)
+                # Journaled first, so that its time is the barrier's start (`now`) as nearly as
+                # a wall clock can say: the sends to every agent come after.
                 self.journal.record(
                     "exit_barrier",
                     gen=watch.number,
@@ -57,6 +56,9 @@ class StallDesk:
                     rank=msg.get("rank"),
                     timeout_s=self.config.exit_timeout_s,
                 )
+                # The work is done: the step-based detectors stand down, the barrier rules.
+                for agent in watch.agents:
+                    self.server.send(agent, "finishing", gen=watch.number)
             return True
         if kind == "rank_hung" and stall.finishing:
             log.info(
