@@ -354,7 +354,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             {
                 "ranks": ListOf(RANK, MAX_RANKS),
                 "which": Str(16, choices=PEER_SOURCES),
-                "newest": opt(Bool()),  # only each rank's newest snapshot (a joining host's fetch)
+                "cover": opt(Bool()),  # the newest that hold every tensor (a joining host)
             },
             ("ranks", "which"),
         ),

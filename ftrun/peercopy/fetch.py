@@ -7,9 +7,9 @@ yields snapshots. Each lands in the slot files.slot_for picks: a snapshot this h
 that is newer is kept. The agent fetches them into
 its own memory tier under the ranks' names, before the ranks start: then they restore from
 memory like survivors, and ftrun.checkpoint needs to know nothing of peers. A host that joins a
-re-planned job (a grow) runs ranks no host ran before: it fetches the newest snapshot of one old
-node's ranks from that node's memory and keeps them as replicas, from which its ranks reshard
-(peer_plan.py). A fetch that fails or takes longer than FETCH_TIMEOUT_S leaves the tier without
+re-planned job (a grow) runs ranks no host ran before: it fetches from one old node's memory the
+newest snapshots of its ranks that together hold every tensor (one, in data parallel), and keeps
+them as replicas, from which its ranks reshard (peer_plan.py). A fetch that fails or takes longer than FETCH_TIMEOUT_S leaves the tier without
 them: the ranks restore from storage, as they would have without a peer copy, and the journal
 says why.
 """
@@ -78,8 +78,9 @@ async def _fetch(
     )
     try:
         chan.send("hello", role="peer", host=host, gen=gen)
-        # A joining host keeps what it fetches on top of its own ranks' slots: the newest only.
-        chan.send("fetch", ranks=ranks, which=source["which"], newest=into is files.replica_dir)
+        # A joining host keeps what it fetches on top of its own ranks' slots: only the newest
+        # that together hold every tensor (PeerStore._answer).
+        chan.send("fetch", ranks=ranks, which=source["which"], cover=into is files.replica_dir)
         while True:
             msg = await chan.receive()
             if msg["kind"] == "fetched":

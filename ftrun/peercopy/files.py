@@ -74,6 +74,29 @@ def snapshots(directory: Path, rank: int) -> list[Snapshot]:
     return sorted(found, key=lambda s: s.key, reverse=True)
 
 
+def tensor_keys(snap: Snapshot) -> set[tuple[str, str, tuple[int, ...]]]:
+    """(name, dtype, shape) of every tensor the snapshot holds, as its manifest lists them (what
+    a restore into another layout matches on, checkpoint/restore.py)."""
+    try:
+        tensors = json.loads(snap.manifest)["tensors"]
+        return {(str(t[0]), str(t[1]), tuple(int(d) for d in t[2])) for t in tensors}
+    except (ValueError, KeyError, TypeError, IndexError):
+        return set()
+
+
+def covering(snaps: list[Snapshot]) -> list[Snapshot]:
+    """The snapshots, in order, that hold a tensor none before them holds: in data parallel
+    the first rank's alone (every rank holds every tensor), in a pipeline one per stage."""
+    covered: set[tuple[str, str, tuple[int, ...]]] = set()
+    chosen = []
+    for snap in snaps:
+        keys = tensor_keys(snap)
+        if not keys or not keys <= covered:
+            chosen.append(snap)
+            covered |= keys
+    return chosen
+
+
 def stamps(directory: Path) -> tuple[object, ...]:
     """Which manifest file each slot has now ((inode, mtime) or None): cheap to compare."""
     out: list[object] = []

@@ -102,8 +102,9 @@ class PeerStore:
                     self.pushers[writer] = gen
                     await self._keep(chan, msg, gen)
                 elif msg["kind"] == "fetch":
-                    newest = 1 if msg.get("newest") else files.KEPT
-                    count = await self._answer(chan, msg["ranks"], msg["which"], newest)
+                    count = await self._answer(
+                        chan, msg["ranks"], msg["which"], cover=bool(msg.get("cover"))
+                    )
                     chan.send("fetched", count=count)
                     await chan.drain(wire.SEND_TIMEOUT_S)
                 else:
@@ -135,28 +136,41 @@ class PeerStore:
                 chan, header, files.replica_dir(self.tier, rank), refusal=lambda: self._stale(gen)
             )
 
-    async def _answer(self, chan: Channel, ranks: list[int], which: str, newest: int) -> int:
-        """Send the `newest` snapshots held of `ranks`, from their own directories
-        ("primary": ranks of this host, which may write meanwhile) or from the replicas kept
-        here: every rank's newest first, then the older ones, so a fetch cut short still has a
-        step in common."""
+    async def _answer(self, chan: Channel, ranks: list[int], which: str, *, cover: bool) -> int:
+        """Send the snapshots held of `ranks`, from their own directories ("primary": ranks of
+        this host, which may write meanwhile) or from the replicas kept here: every rank's
+        newest first, then the older ones, so a fetch cut short still has a step in common.
+        With `cover` (a host joining a re-planned job, which keeps them on top of its own
+        ranks' slots): the newest only, and only those that hold a tensor the ones before them
+        do not (files.covering): in data parallel one rank's, whatever the ranks per host."""
         count = 0
         pacer = wire.Pacer(0)  # the job waits for a fetch: as fast as it goes
-        for depth in range(newest):
+        for depth in range(1 if cover else files.KEPT):
+            held = []
             for rank in ranks:
-                if which == "replica":
-                    directory = files.replica_dir(self.tier, rank)
-                    lock = self.locks.setdefault(rank, asyncio.Lock())
-                else:
-                    directory, lock = files.rank_dir(self.tier, rank), None
+                directory, lock = self._directory(rank, which)
                 async with lock if lock is not None else contextlib.nullcontext():
-                    held = files.snapshots(directory, rank)
-                    if depth < len(held):
-                        await wire.send_snapshot(
-                            chan, directory, held[depth], pacer, locked=lock is not None
-                        )
-                        count += 1
+                    snaps = files.snapshots(directory, rank)
+                if depth < len(snaps):
+                    held.append(snaps[depth])
+            for snap in files.covering(held) if cover else held:
+                directory, lock = self._directory(snap.rank, which)
+                async with lock if lock is not None else contextlib.nullcontext():
+                    # A push may have replaced a replica's slot since it was listed; under the
+                    # lock it cannot change while it is sent (a rank's own slot may: then
+                    # send_snapshot raises SourceChanged).
+                    if lock is not None and not files.unchanged(directory, snap):
+                        continue
+                    await wire.send_snapshot(chan, directory, snap, pacer, locked=lock is not None)
+                    count += 1
         return count
+
+    def _directory(self, rank: int, which: str) -> tuple[Path, asyncio.Lock | None]:
+        """Where rank's snapshots are, and the lock a replica's writer holds (none for a rank's
+        own directory: its rank writes there, and send_snapshot checks the manifest instead)."""
+        if which == "replica":
+            return files.replica_dir(self.tier, rank), self.locks.setdefault(rank, asyncio.Lock())
+        return files.rank_dir(self.tier, rank), None
 
 
 def _any_address_socket() -> socket.socket:

@@ -6,6 +6,7 @@ while it is sent is never kept torn; the controller's ring and takeover plan."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -127,6 +128,32 @@ def test_a_joining_host_fetches_the_newest_snapshot_from_a_hosts_own_memory_as_a
     kept = files.snapshots(files.replica_dir(tier(joining, job), 0), 0)
     assert [(s.step, s.generation) for s in kept] == [(3, 1)]
     mgr.close(persist_last=False)
+
+
+def test_a_joining_hosts_fetch_takes_the_snapshots_that_cover_every_tensor(managers, tmp_path):
+    """Data parallel (every rank holds the same tensors): the first rank's snapshot alone.
+    Pipeline stages (other tensors): one per stage. Real manifests of real snapshots."""
+    elsewhere = Managers(tmp_path / "elsewhere")  # its own storage: other shapes do not load
+    try:
+        _, one = trained(managers, tmp_path / "a", steps=2, width=8)
+        _, other = trained(elsewhere, tmp_path / "b", steps=2, width=16)  # a stage's tensors
+        one.close(persist_last=False)
+        other.close(persist_last=False)
+        a, b = (
+            files.snapshots(files.rank_dir(tier(tmp_path / h, made.job), 0), 0)[0]
+            for h, made in (("a", managers), ("b", elsewhere))
+        )
+    finally:
+        elsewhere.cleanup()
+    same = dataclasses.replace(a, rank=1)  # rank 1 of a data-parallel job: rank 0's tensors
+    assert files.tensor_keys(a) and files.tensor_keys(a) == files.tensor_keys(same)
+    assert files.covering([a, same]) == [a]
+    assert files.covering([a, dataclasses.replace(b, rank=1)]) == [
+        a,
+        dataclasses.replace(b, rank=1),
+    ]
+    unreadable = dataclasses.replace(a, rank=2, manifest=b"{}")
+    assert files.covering([a, unreadable]) == [a, unreadable]  # never dropped unread
 
 
 def test_a_zombie_generations_pushes_are_refused(managers, tmp_path):
