@@ -31,6 +31,7 @@ CHUNK = (1 << 20) - 4096  # one frame of the wire (1 MiB with its tag and length
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_OBJECTS_BYTES = 1 << 30
 REPLICA = "replica"
+PER_RANK_PREFIX = "__rank"  # checkpoint/state.py storage_key: a PerRank tensor's name
 
 
 def rank_dir(tier: Path, rank: int) -> Path:
@@ -74,14 +75,20 @@ def snapshots(directory: Path, rank: int) -> list[Snapshot]:
     return sorted(found, key=lambda s: s.key, reverse=True)
 
 
-def tensor_keys(snap: Snapshot) -> set[tuple[str, str, tuple[int, ...]]]:
-    """(name, dtype, shape) of every tensor the snapshot holds, as its manifest lists them (what
-    a restore into another layout matches on, checkpoint/restore.py)."""
+def tensor_keys(snap: Snapshot) -> set[tuple[str, str, tuple[int, ...]]] | None:
+    """(name, dtype, shape) of every tensor the snapshot holds that a restore into another
+    layout matches on (checkpoint/restore.py), as its manifest lists them: not the rank's own
+    `PerRank` tensors (named `__rank<R>__.…`, checkpoint/state.py's storage_key), which only
+    the same rank restores, and only under the same world size."""
     try:
         tensors = json.loads(snap.manifest)["tensors"]
-        return {(str(t[0]), str(t[1]), tuple(int(d) for d in t[2])) for t in tensors}
+        return {
+            (str(t[0]), str(t[1]), tuple(int(d) for d in t[2]))
+            for t in tensors
+            if not str(t[0]).startswith(PER_RANK_PREFIX)
+        }
     except (ValueError, KeyError, TypeError, IndexError):
-        return set()
+        return None  # not readable here: the receiving rank's restore judges it
 
 
 def covering(snaps: list[Snapshot]) -> list[Snapshot]:
@@ -91,9 +98,9 @@ def covering(snaps: list[Snapshot]) -> list[Snapshot]:
     chosen = []
     for snap in snaps:
         keys = tensor_keys(snap)
-        if not keys or not keys <= covered:
+        if keys is None or not keys <= covered:
             chosen.append(snap)
-            covered |= keys
+            covered |= keys or set()
     return chosen
 
 

@@ -154,6 +154,12 @@ def test_a_joining_hosts_fetch_takes_the_snapshots_that_cover_every_tensor(manag
     ]
     unreadable = dataclasses.replace(a, rank=2, manifest=b"{}")
     assert files.covering([a, unreadable]) == [a, unreadable]  # never dropped unread
+    # A rank's PerRank tensors are its own: another layout never restores them, so they do not
+    # make its snapshot worth sending.
+    body = json.loads(a.manifest)
+    body["tensors"].append(["__rank3__.data.noise", "float32", [4], 0, 16])
+    own = dataclasses.replace(a, rank=3, manifest=json.dumps(body).encode())
+    assert files.covering([a, own]) == [a]
 
 
 def test_a_zombie_generations_pushes_are_refused(managers, tmp_path):
