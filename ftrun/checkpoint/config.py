@@ -26,6 +26,9 @@ from ftrun.checkpoint import auth
 from ftrun.checkpoint.errors import CheckpointDirError
 
 DEFAULT_MEMORY_ROOT = Path("/dev/shm")
+# In a job's memory tier: where a host keeps the peer copy's replicas of other hosts' ranks
+# (`replica/rank<R>/`, docs/peercopy.md), beside its own ranks' `rank<R>/`.
+REPLICA_DIR = "replica"
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PRIORITIES = ("low", "idle", "normal")
 # With persist_interval=None, a persist starts no sooner than its predecessor's duration / this

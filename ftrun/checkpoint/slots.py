@@ -41,6 +41,7 @@ import torch
 
 from ftrun import private
 from ftrun.checkpoint import auth, device_copy, storage
+from ftrun.checkpoint.config import REPLICA_DIR
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
 ALIGN = 4096  # O_DIRECT-friendly: the worker writes straight from the slot
@@ -438,7 +439,7 @@ def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]
     found: list[HostSnapshot] = []
     skipped: list[str] = []
     ranks: list[Path] = []
-    for parent in (tier, tier / "replica"):
+    for parent in (tier, tier / REPLICA_DIR):
         try:
             ranks += sorted(d for d in parent.iterdir() if d.name.startswith("rank"))
         except OSError:

@@ -40,10 +40,10 @@ import threading
 import uuid
 from pathlib import Path
 
+from ftrun.checkpoint.config import REPLICA_DIR
 from ftrun.claims import CLAIM_FILE, Claim, read_claim
 
 STALE_PREFIX = ".stale-"
-REPLICA = "replica"  # peercopy/files.py: where a host keeps its ring neighbour's snapshots
 
 
 def claim_rank_dir(directory: Path, claim: Claim) -> None:
@@ -67,9 +67,9 @@ def set_aside(tier: Path, mine: Claim, world_size: int) -> list[Path]:
         claim = read_claim(directory)
         if claim is not None and claim.job == mine.job and claim.generation < mine.generation:
             moved += _rename(directory, tier / f"{STALE_PREFIX}{directory.name}")
-    for directory in _rank_dirs(tier / REPLICA):
+    for directory in _rank_dirs(tier / REPLICA_DIR):
         if int(directory.name.removeprefix("rank")) >= world_size:
-            moved += _rename(directory, tier / f"{STALE_PREFIX}{REPLICA}-{directory.name}")
+            moved += _rename(directory, tier / f"{STALE_PREFIX}{REPLICA_DIR}-{directory.name}")
     return moved
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftrun import private
+from ftrun.checkpoint.config import REPLICA_DIR
 from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.storage import Invalid, read_regular
 
@@ -30,7 +31,6 @@ KEPT = 2  # slots a replica (or a fetch) fills: every rank scans at least these
 CHUNK = (1 << 20) - 4096  # one frame of the wire (1 MiB with its tag and length)
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_OBJECTS_BYTES = 1 << 30
-REPLICA = "replica"
 PER_RANK_PREFIX = "__rank"  # checkpoint/state.py storage_key: a PerRank tensor's name
 
 
@@ -39,7 +39,7 @@ def rank_dir(tier: Path, rank: int) -> Path:
 
 
 def replica_dir(tier: Path, rank: int) -> Path:
-    return tier / REPLICA / f"rank{int(rank)}"
+    return tier / REPLICA_DIR / f"rank{int(rank)}"
 
 
 def paths(directory: Path, slot: int) -> tuple[Path, Path, Path]:
