@@ -57,6 +57,20 @@ def read_pty(fd: int, until: float) -> str:
     return out.decode("utf-8", "replace")
 
 
+def exit_code_draining(pid: int, fd: int, timeout_s: float) -> tuple[int | None, str]:
+    """The child's exit code (None: still running after `timeout_s`) and what it wrote meanwhile.
+    The terminal is read all along, as a real one is: a child blocked writing to a full
+    terminal cannot exit."""
+    deadline = time.monotonic() + timeout_s
+    out = ""
+    while time.monotonic() < deadline:
+        out += read_pty(fd, min(deadline, time.monotonic() + 0.5))
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), out + read_pty(fd, time.monotonic() + 0.2)
+    return None, out
+
+
 def set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -122,6 +136,7 @@ def test_watch_refreshes_in_a_terminal_follows_a_resize_and_leaves_on_ctrl_c(
     if pid == 0:  # the child: `ftrun status --watch` on a terminal 120 columns wide
         os.environ.update(ftrun.env)
         os.environ.pop("COLUMNS", None)
+        os.environ["PYTHONFAULTHANDLER"] = "1"
         os.execv(os.sys.executable, [os.sys.executable, "-m", "ftrun", "status", "--watch"])
     try:
         set_size(fd, 40, 120)
@@ -134,9 +149,12 @@ def test_watch_refreshes_in_a_terminal_follows_a_resize_and_leaves_on_ctrl_c(
         narrow = ANSI.sub("", read_pty(fd, time.monotonic() + 4))
         assert "steps/s" in narrow and "goodput" in narrow, narrow[-2000:]  # blocks now
         os.kill(pid, signal.SIGINT)
-        rest = read_pty(fd, time.monotonic() + 10)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        code, rest = exit_code_draining(pid, fd, 30)
+        if code is None:  # say where it is stuck: faulthandler dumps every thread on SIGABRT
+            os.kill(pid, signal.SIGABRT)
+            _, stacks = exit_code_draining(pid, fd, 10)
+            raise AssertionError(f"the watch did not leave on Ctrl-C:\n{rest[-2000:]}{stacks}")
+        assert code == 0, rest[-2000:]
         assert "Traceback" not in rest and "KeyboardInterrupt" not in rest
     finally:
         try:
