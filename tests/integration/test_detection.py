@@ -151,10 +151,14 @@ def test_repeated_failures_quarantine_the_host(ftrun, tmp_path):
     chaos(ftrun, job_id, "kill-rank", "--rank", "0", "--at-step", "5")
     wait_for(lambda: ftrun.status_json(job_id)["generation"] == 2, 30, "generation 2")
     # A later step than the first failure: progress in between, so only the quarantine stops it.
+    # The first kill lands where the rank was when chaos reached it (past step 5 on a busy
+    # machine), and the restarted script counts from 1 again: the second is placed past it.
+    [first] = [e["step"] for e in ftrun.events(job_id) if e["kind"] == "fault_detected"]
+    later = str(first + 5)
     wait_for(
         lambda: (
             ftrun.run(
-                "chaos", job_id, "kill-rank", "--rank", "0", "--at-step", "10", timeout=30
+                "chaos", job_id, "kill-rank", "--rank", "0", "--at-step", later, timeout=30
             ).returncode
             == 0
         ),
