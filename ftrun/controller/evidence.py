@@ -40,7 +40,11 @@ class Evidence:
         return head.rsplit(".", 1)[-1] or None
 
     def signature(self) -> tuple[object, ...]:
-        return (self.kind, self.rank, self.exit_code, self.signal, self.exception, self.step)
+        """What makes two failures the same. Not the rank: when every rank runs the same code
+        into the same error (a missing backend, a bad config), which of them is reported first
+        is a race, and telling the failures apart by it restarted a script that could not start
+        until the host's quarantine, which then blamed the host."""
+        return (self.kind, self.exit_code, self.signal, self.exception, self.step)
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "torchrun"

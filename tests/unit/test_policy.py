@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ftrun.controller.evidence import Evidence
@@ -52,6 +54,12 @@ CASES = [
             ever_progressed=True, previous=RAISED, progressed_since_previous=True, restarts_used=1
         ),
         Tier.RESTART_IN_PLACE,
+    ),
+    (
+        "the same failure from another rank: which rank reports it first is a race",
+        RAISED,
+        History(ever_progressed=True, previous=replace(RAISED, rank=1), restarts_used=1),
+        Tier.FATAL,
     ),
     (
         "a different failure",
