@@ -49,6 +49,8 @@ class GenWatch:
     last_progress_event: float = 0.0
     last_commit_event: float = 0.0
     ranks_started: int = 0  # for what a slow first step is waiting on
+    rank_lines: int = 0  # lines the ranks printed: a script at work that reports no step
+    steps_hint_given: bool = False
     stall_s: float | None = None  # rank 0's time blocked on checkpoints so far (goodput)
     restored: bool = False  # the generation's restore is journaled (once)
     injected: dict[str, Any] | None = None
@@ -137,6 +139,7 @@ class GenWatch:
             else:
                 journal.append_log(self.number, f"rank{rank}", lines)
                 self.reporter.rank_output(rank, lines)
+                self.rank_lines += len(lines)
             return True
         if kind == "progress":
             step = msg.get("step")
@@ -205,9 +208,23 @@ class GenWatch:
             return True
         return False
 
-    def no_step_yet(self, waited: float) -> str:
-        """What a generation slow to its first step is doing, for the person waiting."""
+    def no_step_yet(self, waited: float) -> str | None:
+        """What a generation slow to its first step is doing, for the person waiting. Ranks that
+        print but report no step are most likely a script that never reports one (one written
+        for torchrun): that is said once, with how to give ftrun steps, rather than "still
+        starting" at every note of a run that trains for hours."""
         started = self.ranks_started
+        if self.rank_lines and started:
+            if self.steps_hint_given:
+                return None
+            self.steps_hint_given = True
+            return (
+                f"generation {self.number}: no step reported after {waited:.0f} s, while its "
+                f"{started} rank(s) print output: the script may not report steps, so hangs are "
+                "judged by CPU and output. For steps (steps lost, step rates, a hang caught "
+                "within the step allowance) call ftrun.step(n) each step, or give "
+                "--progress-regex for a line it prints each step"
+            )
         ranks = f"{started} rank(s) started" if started else "no rank started yet"
         return (
             f"generation {self.number}: no step yet after {waited:.0f} s ({ranks}; "

@@ -31,9 +31,12 @@ class Patience:
         """When the next note is due (the clock's time): a wakeup for the caller's wait."""
         return self.began + self.next_s
 
-    def note(self, say: Callable[[float], str]) -> None:
-        """If a note is due, give `say(seconds waited so far)` to the reporter."""
+    def note(self, say: Callable[[float], str | None]) -> None:
+        """If a note is due, give `say(seconds waited so far)` to the reporter (None: nothing
+        to add)."""
         waited = self.clock() - self.began
         if waited >= self.next_s:
-            self.reporter.notice(say(waited))
+            text = say(waited)
+            if text is not None:
+                self.reporter.notice(text)
             self.next_s = max(self.next_s * 2, waited + 1.0)

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from ftrun.cli.metrics import JobCollector
 from ftrun.cli.watch import JobCache, snapshot, step_rate
+from ftrun.controller.generation import GenWatch
 from ftrun.controller.patience import Patience
 from ftrun.jobview import fold
 from tests.unit.test_goodput import crash_and_restart, launched, started, steps
@@ -109,3 +110,22 @@ def test_patience_notes_a_long_wait_at_doubling_intervals() -> None:
         patience.note(lambda s: f"waited {s:.1f}")
     assert said == ["waited 5.0", "waited 10.0", "waited 20.5"]
     assert patience.due() == 40.0
+
+
+def test_ranks_that_print_but_report_no_step_are_told_how_once() -> None:
+    """A script written for torchrun trains without ever reporting a step: after the first note
+    it hears how to give ftrun steps, once, not "still starting" at every later note."""
+
+    class Sink:
+        def append_log(self, *args: Any) -> None: ...
+        def rank_output(self, *args: Any) -> None: ...
+        def record(self, *args: Any, **kwargs: Any) -> None: ...
+
+    sink = Sink()
+    watch = GenWatch(1, {"a"}, {"a": "h"}, order=["a"], stall=None, journal=sink, reporter=sink)  # type: ignore[arg-type]
+    watch.record_output("h", {"kind": "rank_started", "rank": 0, "pid": 1})
+    assert "rendezvous, imports or a restore" in (watch.no_step_yet(10.0) or "")
+    watch.record_output("h", {"kind": "log", "rank": 0, "lines": ["epoch 1 | loss 0.3"]})
+    hint = watch.no_step_yet(20.0) or ""
+    assert "may not report steps" in hint and "ftrun.step(n)" in hint and "--progress-regex" in hint
+    assert watch.no_step_yet(40.0) is None
