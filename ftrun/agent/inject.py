@@ -22,13 +22,16 @@ ACTION_SIGNALS = {
 def take_due(
     pending: list[dict[str, Any]], steps: dict[int, int], rank_pids: dict[int, int]
 ) -> list[dict[str, Any]]:
-    """Remove and return the requests whose step has come (the job's step when no rank is named)
-    and whose target rank has started."""
+    """Remove and return the requests whose step has come and whose target rank has started.
+    The step is the named rank's, or this host's (its ranks' highest) when no rank is named or
+    the named one reports none: a script may report steps from rank 0 alone (a progress regex
+    on a line only rank 0 prints), and "kill rank 1 at step 600" means the job's step 600."""
     due = []
+    host_step = max(steps.values(), default=None)
     for inj in list(pending):
         at, rank = inj.get("at_step"), inj.get("rank")
         if at is not None:
-            step = steps.get(rank) if rank is not None else max(steps.values(), default=None)
+            step = steps.get(rank, host_step) if rank is not None else host_step
             if step is None or step < at:
                 continue
         if rank is not None and rank not in rank_pids:

@@ -27,7 +27,11 @@ def chaos(
     action: str = typer.Argument(..., help=f"One of: {', '.join(ACTIONS)}."),
     rank: int | None = typer.Option(None, "--rank", help="Target rank (kill-rank, hang-rank)."),
     host: str | None = typer.Option(None, "--host", help="Target host (kill-agent, freeze-agent)."),
-    at_step: int | None = typer.Option(None, "--at-step", help="Wait until this step first."),
+    at_step: int | None = typer.Option(
+        None,
+        "--at-step",
+        help="Wait until the job reaches this step (the rank's own, where it reports steps).",
+    ),
     run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:
     """Inject a fault: kill-rank, hang-rank (SIGSTOP), kill-agent, freeze-agent (SIGSTOP)."""

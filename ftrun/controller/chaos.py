@@ -3,6 +3,12 @@
 A request comes from a `ftrun chaos` client over the authenticated control plane; the agent
 carries it out (at a step, if asked) and reports back when it did, so the incident that follows
 knows the exact fault time.
+
+"At step N" is the job's step N. The target host's agent knows its own ranks' steps, and acts
+on the exact step; a host whose ranks report none (the steps come from a line only rank 0
+prints, on another host) would wait for ever. Such a request is held here, once another host
+reports steps in the generation, and sent when the job's step reaches N (a step or so late: the
+agents report progress every so often).
 """
 
 from __future__ import annotations
@@ -25,9 +31,17 @@ class ChaosDesk:
         self.server = server
         self.journal = journal
         self.nproc_per_node = nproc_per_node
+        self.gen: int | None = None  # the generation `stepping` and `held` are of
+        self.stepping: set[str] = set()  # its agents whose ranks have reported a step
+        self.held: list[tuple[str, dict[str, Any]]] = []  # (target agent, inject) by at_step
 
     def handle(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
-        """Take a chaos request or an agent's injection report; False for anything else."""
+        """Take a chaos request or an agent's injection report; False for anything else
+        (progress is looked at on its way to the generation's watch)."""
+        if msg["kind"] == "progress":
+            if watch is not None and msg.get("gen") == watch.number and msg.get("step") is not None:
+                self._progress(sender, int(msg["step"]), watch)
+            return False
         if msg["kind"] == "chaos" and sender in self.server.clients:
             self._request(sender, msg, watch)
             return True
@@ -83,9 +97,13 @@ class ChaosDesk:
             host=watch.hosts[target],
             at_step=at_step,
         )
-        self.server.send(
-            target, "inject", gen=watch.number, action=action, rank=rank, at_step=at_step
-        )
+        inject = {"gen": watch.number, "action": action, "rank": rank, "at_step": at_step}
+        self._generation(watch)
+        if at_step is not None and self.stepping and target not in self.stepping:
+            self.held.append((target, inject))  # its ranks report no step: the job's will do
+            self._release(watch.max_step or 0)
+        else:
+            self.server.send(target, "inject", **inject)
         when = f" at step {at_step}" if at_step is not None else ""
         who = f"rank {rank}" if action in RANK_ACTIONS else f"host {watch.hosts[target]}"
         self.server.send(
@@ -94,3 +112,18 @@ class ChaosDesk:
             ok=True,
             message=f"{action} on {who}{when} (generation {watch.number})",
         )
+
+    def _generation(self, watch: GenWatch) -> None:
+        if self.gen != watch.number:  # a new generation: the last one's requests died with it
+            self.gen, self.stepping, self.held = watch.number, set(), []
+
+    def _progress(self, agent: str, step: int, watch: GenWatch) -> None:
+        self._generation(watch)
+        self.stepping.add(agent)
+        if self.held:
+            self._release(max(step, watch.max_step or 0))
+
+    def _release(self, job_step: int) -> None:
+        for target, inject in [h for h in self.held if job_step >= h[1]["at_step"]]:
+            self.held.remove((target, inject))
+            self.server.send(target, "inject", **{**inject, "at_step": None})

@@ -195,3 +195,21 @@ def test_a_warm_rank_finalizing_after_its_last_step_is_not_a_hang(ftrun):
     assert result.returncode == 0, result.stdout + result.stderr
     job = ftrun.only_job()
     assert job["incidents"] == [] and job["generation"] == 1
+
+
+def test_at_step_counts_the_jobs_step_when_the_named_rank_reports_none(ftrun):
+    """Only rank 0 prints the line --progress-regex reads (as a script logging from rank 0
+    does): "kill rank 1 at step 40" must still happen, at the job's step 40."""
+    proc = ftrun.start(
+        "launch", "--nproc-per-node", "2", "--progress-regex", r"^step (\d+)$",
+        str(BIN / "plain_loop.py"), "--steps", "150", "--interval", "0.05", "--print-rank", "0",
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("[rank0]: step 3")
+    job_id = running_job(ftrun)
+    chaos(ftrun, job_id, "kill-rank", "--rank", "1", "--at-step", "40")
+    assert proc.wait(timeout=60) == 0, out.text()
+    events = ftrun.events(job_id)
+    [fault] = [e for e in events if e["kind"] == "fault_detected"]
+    assert (fault["rank"], fault["signal"], fault.get("injected")) == (1, "SIGKILL", "kill-rank")
+    assert fault["step"] >= 40, fault

@@ -127,6 +127,25 @@ def through_a_power_loss(
     return out, events, failed_at
 
 
+def test_at_step_on_a_host_whose_ranks_report_no_step_waits_for_the_jobs_step(ftrun, bed):
+    """Only rank 0, on node1, prints the line --progress-regex reads: node2's agent sees no
+    step, so the controller holds "kill rank 1 at step 40" until the job's step is 40."""
+    proc = ftrun.start(
+        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2",
+        "--progress-regex", r"^step (\d+)$", str(BIN / "plain_loop.py"), "--steps", "150",
+        "--interval", "0.05", "--print-rank", "0",
+    )  # fmt: skip
+    out = Output(proc)
+    out.wait_for("[rank0]: step 3", 120)
+    job_id = ftrun.only_job()["job_id"]
+    result = ftrun.run("chaos", job_id, "kill-rank", "--rank", "1", "--at-step", "40", timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert proc.wait(timeout=90) == 0, out.text()
+    [fault] = kinds(ftrun.events(job_id), "fault_detected")
+    assert (fault["rank"], fault["host"], fault.get("injected")) == (1, "node2", "kill-rank")
+    assert fault["step"] >= 40, fault
+
+
 def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
     proc, out = launch(
         ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4", ckpt=tmp_path
