@@ -383,6 +383,8 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         "fence": Schema({"reason": Str(MAX_LINE)}),  # an agent we no longer count on: fence now
         "chaos_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
         "hosts_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
+        # a client's request that its schema refuses: said to it, rather than left unanswered
+        "refused": Schema({"message": Str(MAX_LINE)}, ("message",)),
     },
 }
 ENVELOPE = ("v", "kind", "seq")  # protocol.py's own fields, checked there

@@ -18,6 +18,7 @@ from ftrun.config import resolve_run_dir
 from ftrun.controller.chaos import ACTIONS
 from ftrun.errors import UsageError
 from ftrun.journal_read import find_job_dir
+from ftrun.messages import MAX_RANKS, MAX_STEP
 
 console = make_console(stderr=True)
 
@@ -25,12 +26,16 @@ console = make_console(stderr=True)
 def chaos(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     action: str = typer.Argument(..., help=f"One of: {', '.join(ACTIONS)}."),
-    rank: int | None = typer.Option(None, "--rank", help="Target rank (kill-rank, hang-rank)."),
+    rank: int | None = typer.Option(
+        None, "--rank", help="Target rank (kill-rank, hang-rank).", min=0, max=MAX_RANKS - 1
+    ),
     host: str | None = typer.Option(None, "--host", help="Target host (kill-agent, freeze-agent)."),
     at_step: int | None = typer.Option(
         None,
         "--at-step",
         help="Wait until the job reaches this step (the rank's own, where it reports steps).",
+        min=0,
+        max=MAX_STEP,
     ),
     run_dir: Path | None = job_options.RUN_DIR,
 ) -> None:

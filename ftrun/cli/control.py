@@ -43,9 +43,11 @@ async def _request(
         chan.send(kind, **request)
         await chan.drain(REPLY_TIMEOUT_S)
         reply = await asyncio.wait_for(chan.receive(), REPLY_TIMEOUT_S)
-        while reply["kind"] != reply_kind:
+        while reply["kind"] not in (reply_kind, "refused"):
             reply = await asyncio.wait_for(chan.receive(), REPLY_TIMEOUT_S)
         chan.close()
+        if reply["kind"] == "refused":
+            return False, f"the controller refused the request: {reply['message']}"
         return bool(reply.get("ok")), str(reply.get("message"))
     except (
         OSError,

@@ -43,7 +43,7 @@ from ftrun.controller.lateness import Lateness
 from ftrun.controller.listener import Listener
 from ftrun.controller.refusals import Refusals
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role, validate
+from ftrun.messages import MAX_LINE, Role, validate
 from ftrun.protocol import Channel, accept_channel
 from ftrun.tasks import TaskSupervisor
 
@@ -262,6 +262,8 @@ class ControlServer:
                 msg = await link.channel.receive()
             except ProtocolError as e:
                 self.refuse(link.agent_id, None, str(e))
+                if link.role is Role.CLIENT:  # `ftrun chaos` waits for an answer: give it one
+                    link.channel.send("refused", message=str(e)[:MAX_LINE])
                 continue
             except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
                 reason = f"its connection closed ({e.__class__.__name__})"

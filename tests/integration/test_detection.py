@@ -3,6 +3,8 @@ allowance, lost hosts, and the policy file."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from ftrun.agent.stacks import py_spy
@@ -213,3 +215,22 @@ def test_at_step_counts_the_jobs_step_when_the_named_rank_reports_none(ftrun):
     [fault] = [e for e in events if e["kind"] == "fault_detected"]
     assert (fault["rank"], fault["signal"], fault.get("injected")) == (1, "SIGKILL", "kill-rank")
     assert fault["step"] >= 40, fault
+
+
+def test_chaos_input_the_controller_refuses_is_answered_not_left_to_time_out(ftrun):
+    proc = ftrun.start("launch", str(BIN / "sleeper.py"))
+    out = Output(proc)
+    try:
+        out.wait_for("[rank0]: step 2")
+        job_id = running_job(ftrun)
+        result = ftrun.run("chaos", job_id, "kill-rank", "--rank", "0", "--at-step", "-5")
+        assert result.returncode == 2 and "greater than or equal to 0" in result.stderr
+        # Past what the message's schema allows: the controller says why, at once.
+        result = ftrun.run("chaos", job_id, "kill-agent", "--host", "h" * 5000, timeout=8)
+        assert result.returncode == 2, result.stderr
+        assert "refused the request" in result.stderr and "over 512" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert ftrun.status_json(job_id)["generation"] == 1  # nothing happened to the job
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
