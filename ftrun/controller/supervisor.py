@@ -343,8 +343,10 @@ class Supervisor:
         if end.failure is not None:
             self.fleet.journal_replan(self.incidents.count, list(watch.hosts.values()), hosts)
             self.incidents.restarted(end.failure, next_gen=self.generation + 1, backoff_s=delay)
+            # After a back-off the fault was said already, with the wait: not a second failure.
+            said = f"back-off of {delay:g} s over" if delay else end.why
             self.reporter.notice(
-                f"{end.why} ({self.incidents.budget_note(end.failure)})", level="warning"
+                f"{said} ({self.incidents.budget_note(end.failure)})", level="warning"
             )
         return hosts
 
