@@ -67,6 +67,9 @@ Liveness = Callable[[str], "bool | None"]
 EventSink = Callable[..., Any]
 
 
+CLIENT_REFUSALS_TOLD = 4
+
+
 @dataclass
 class AgentLink:
     agent_id: str
@@ -77,6 +80,7 @@ class AgentLink:
     last_heartbeat: float | None = None
     lost: bool = False
     role: Role = Role.AGENT  # or CLIENT: a `ftrun chaos`/`ftrun hosts` client, not a host
+    refusals_told: int = 0  # a client's refused requests answered (CLIENT_REFUSALS_TOLD at most)
 
 
 class ControlServer:
@@ -262,7 +266,10 @@ class ControlServer:
                 msg = await link.channel.receive()
             except ProtocolError as e:
                 self.refuse(link.agent_id, None, str(e))
-                if link.role is Role.CLIENT:  # `ftrun chaos` waits for an answer: give it one
+                # `ftrun chaos` waits for an answer: give it one. A CLI sends one request; a
+                # client that sends more and never reads must not grow our write buffer.
+                if link.role is Role.CLIENT and link.refusals_told < CLIENT_REFUSALS_TOLD:
+                    link.refusals_told += 1
                     link.channel.send("refused", message=str(e)[:MAX_LINE])
                 continue
             except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
