@@ -50,6 +50,7 @@ class GenWatch:
     last_commit_event: float = 0.0
     ranks_started: int = 0  # for what a slow first step is waiting on
     rank_lines: int = 0  # lines the ranks printed: a script at work that reports no step
+    clean_ranks: set[int] = field(default_factory=set)  # the ranks that exited 0
     steps_hint_given: bool = False
     stall_s: float | None = None  # rank 0's time blocked on checkpoints so far (goodput)
     restored: bool = False  # the generation's restore is journaled (once)
@@ -63,6 +64,21 @@ class GenWatch:
 
     def __post_init__(self) -> None:
         self.node_rank = {agent_id: i for i, agent_id in enumerate(self.order)}
+
+    def every_rank_exited_0(self) -> bool:
+        """The generation's work is done and none of its ranks runs: it has succeeded, without
+        waiting for each host's torchrun to leave its own exit barrier (which waits up to 300 s
+        for a host that was lost after its ranks exited 0)."""
+        world = len(self.order) * self.nproc_per_node
+        return bool(world) and len(self.clean_ranks) >= world
+
+    def finished_on(self, agent_id: str) -> bool:
+        """Every rank of this agent's host exited 0: losing the host now loses no work (a
+        Slurm node released, a spot machine reclaimed, as the job ends)."""
+        if not self.nproc_per_node or agent_id not in self.node_rank:
+            return False
+        first = self.node_rank[agent_id] * self.nproc_per_node
+        return all(r in self.clean_ranks for r in range(first, first + self.nproc_per_node))
 
     def forged(self, agent_id: str, msg: dict[str, Any]) -> str | None:
         """Why this message of the generation is not its sender's to send; None if it is. An
@@ -96,6 +112,8 @@ class GenWatch:
             return Seen.PROGRESS
         if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
             self.max_step = max(self.max_step or 0, msg["step"])
+        if kind == "rank_exited" and msg.get("exit_code") == 0 and not msg.get("signal"):
+            self.clean_ranks.add(msg["rank"])
         if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
             self.journal.record(
                 "rank_exited",

@@ -429,6 +429,19 @@ class Supervisor:
             if msg["kind"] == "agent_lost" and agent_id in watch.agents:
                 msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
                 host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
+                if watch.finished_on(agent_id):  # its ranks' work is done: nothing was lost
+                    self.journal.record(
+                        "host_lost_after_finishing", gen=watch.number, host=host,
+                        reason=msg.get("reason"),
+                    )  # fmt: skip
+                    self.reporter.notice(
+                        f"{host} was lost after every rank on it exited 0: nothing to redo"
+                    )
+                    watch.done.add(agent_id)
+                    watch.stall.on_agent_done(agent_id)
+                    if watch.done >= watch.agents:
+                        return OutcomeState.SUCCEEDED
+                    continue
                 return under(preempt, evidence.host_lost(msg, host, watch.max_step))
             if self.inbox.side_channel(agent_id, msg, watch):
                 if grow is None and (change := self._reconfiguration(watch)) is not None:
@@ -449,6 +462,8 @@ class Supervisor:
             news = watch.on_message(agent_id, msg)
             if news is None:
                 self.stalls.news(watch, agent_id, msg)
+                if watch.every_rank_exited_0():
+                    return OutcomeState.SUCCEEDED
             elif news is Seen.PROGRESS:
                 if not stepped:
                     self.plans.first_step()

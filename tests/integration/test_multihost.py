@@ -146,6 +146,40 @@ def test_at_step_on_a_host_whose_ranks_report_no_step_waits_for_the_jobs_step(ft
     assert fault["step"] >= 40, fault
 
 
+# Rank 1 finishes at once; rank 0 goes on until the test has taken rank 1's host away.
+FINISHES_FIRST = """
+import os, sys, time
+for step in range(1, 11):
+    print(f"step {step}", flush=True)
+if os.environ["RANK"] == "0":
+    deadline = time.monotonic() + 90
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def test_a_host_lost_after_its_ranks_exited_0_fails_nothing(ftrun, bed, tmp_path):
+    """A Slurm node released, a spot machine reclaimed, as the job ends: its ranks' work is
+    done, so losing it is no fault, and the job succeeds when the others finish."""
+    script, marker = tmp_path / "finishes_first.py", tmp_path / "node2-gone"
+    script.write_text(FINISHES_FIRST)
+    proc = ftrun.start(
+        "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2", str(script),
+        str(marker),
+    )  # fmt: skip
+    out = Output(proc)
+    job_id = wait_for(lambda: ftrun.status_json() and ftrun.only_job()["job_id"], 60, "the job")
+    wait_for(lambda: kinds(ftrun.events(job_id), "exit_barrier"), 90, "rank 1 to exit 0")
+    bed.kill("node2")
+    wait_for(lambda: kinds(ftrun.events(job_id), "host_lost_after_finishing"), 30, "the loss")
+    marker.write_text("")
+    assert proc.wait(timeout=60) == 0, out.text()
+    job = ftrun.only_job()
+    assert (job["state"], job["incidents"]) == ("succeeded", []), job
+    [lost] = kinds(ftrun.events(job_id), "host_lost_after_finishing")
+    assert lost["host"] == "node2"
+
+
 def test_killed_host_is_replaced_by_the_spare(ftrun, bed, tmp_path):
     proc, out = launch(
         ftrun, bed, "--hosts", "node1,node2,node3", "--spares", "node4", ckpt=tmp_path
