@@ -440,7 +440,7 @@ class Supervisor:
                     watch.done.add(agent_id)
                     watch.stall.on_agent_done(agent_id)
                     if watch.done >= watch.agents:
-                        return OutcomeState.SUCCEEDED
+                        return under(preempt, OutcomeState.SUCCEEDED)
                     continue
                 return under(preempt, evidence.host_lost(msg, host, watch.max_step))
             if self.inbox.side_channel(agent_id, msg, watch):
@@ -463,7 +463,7 @@ class Supervisor:
             if news is None:
                 self.stalls.news(watch, agent_id, msg)
                 if watch.every_rank_exited_0():
-                    return OutcomeState.SUCCEEDED
+                    return under(preempt, OutcomeState.SUCCEEDED)
             elif news is Seen.PROGRESS:
                 if not stepped:
                     self.plans.first_step()
