@@ -72,6 +72,13 @@ class GenWatch:
         world = len(self.order) * self.nproc_per_node
         return bool(world) and len(self.clean_ranks) >= world
 
+    def agent_done(self, agent_id: str) -> bool:
+        """This agent holds no live rank any more (its torchrun exited 0, or it was lost after
+        its ranks did). True when that was the last one: the generation succeeded."""
+        self.done.add(agent_id)
+        self.stall.on_agent_done(agent_id)
+        return self.done >= self.agents
+
     def finished_on(self, agent_id: str) -> bool:
         """Every rank of this agent's host exited 0: losing the host now loses no work (a
         Slurm node released, a spot machine reclaimed, as the job ends)."""
@@ -140,9 +147,7 @@ class GenWatch:
         if kind == "gen_exited":
             if msg.get("exit_code") != 0:
                 return evidence.torchrun_exit(msg, host, self.max_step, time.time())
-            self.done.add(agent_id)
-            self.stall.on_agent_done(agent_id)
-            return OutcomeState.SUCCEEDED if self.done >= self.agents else Seen.OUTPUT
+            return OutcomeState.SUCCEEDED if self.agent_done(agent_id) else Seen.OUTPUT
         return None
 
     def record_output(self, host: str, msg: dict[str, Any]) -> bool:

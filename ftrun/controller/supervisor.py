@@ -437,9 +437,7 @@ class Supervisor:
                     self.reporter.notice(
                         f"{host} was lost after every rank on it exited 0: nothing to redo"
                     )
-                    watch.done.add(agent_id)
-                    watch.stall.on_agent_done(agent_id)
-                    if watch.done >= watch.agents:
+                    if watch.agent_done(agent_id):
                         return under(preempt, OutcomeState.SUCCEEDED)
                     continue
                 return under(preempt, evidence.host_lost(msg, host, watch.max_step))
