@@ -88,7 +88,12 @@ def canonical(body: Mapping[str, Any]) -> bytes:
 
 
 def json_tag(key: bytes, body: Mapping[str, Any]) -> str:
-    return _tag(key, _JSON_DOMAIN, canonical(body)).hex()
+    return canonical_tag(key, canonical(body))
+
+
+def canonical_tag(key: bytes, canonical_body: bytes) -> str:
+    """json_tag of a body already in canonical form."""
+    return _tag(key, _JSON_DOMAIN, canonical_body).hex()
 
 
 def json_authentic(key: bytes, body: Mapping[str, Any], tag: object) -> bool:

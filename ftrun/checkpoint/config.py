@@ -67,6 +67,12 @@ class CheckpointConfig:
     persist_priority: str = "low"  # worker: nice 10 ("low"), SCHED_IDLE ("idle"), "normal"
     verify: str = "full"  # restore checks sizes and checksums ("full") or sizes only
     small_tensor_bytes: int = 1 << 16  # tensors up to this size are copied inside save()
+    # Keep parameters and optimizer state in the memory tier's file, so that most saves copy
+    # nothing (live.py); needs the memory tier (a job id). False: every save is a full copy.
+    live_snapshot: bool = True
+    # Under a live snapshot, saves between full copies into a slot (the restore's fallback when
+    # a rank dies inside an optimizer step); None: as often as 2 % of the training time pays.
+    full_copy_every: int | None = None
     snapshot_timeout: float = 600.0  # seconds wait_snapshot() may block
     persist_timeout: float = 900.0  # seconds a persist (all ranks' parts + commit) may take
     collective_timeout: float = 900.0  # seconds for the checkpoint process group's collectives
@@ -84,6 +90,8 @@ class CheckpointConfig:
             problems.append(f"keep must be >= 1 (got {self.keep})")
         if self.memory_slots not in (2, 3):
             problems.append(f"memory_slots must be 2 or 3 (got {self.memory_slots})")
+        if self.full_copy_every is not None and self.full_copy_every < 1:
+            problems.append(f"full_copy_every must be >= 1 (got {self.full_copy_every})")
         if self.persist_every < 1:
             problems.append(f"persist_every must be >= 1 (got {self.persist_every})")
         if self.persist_interval is not None and self.persist_interval < 0:

@@ -4,7 +4,8 @@ This module owns the persist side of a Manager: the collective choice of whether
 persisted (an all-reduce: is any rank's worker still busy, did a preemption notice come, is it
 too soon after the last persist; started at the save before, in the background, when every save
 votes; and at a persist, has the tensor layout changed so the DCP storage plan must be made
-again), the cached storage plan, sending the "persist" command
+again), the same vote's agreement on how many saves apart the full copies of a live snapshot
+are (live.py: every rank must copy at the same saves for them to restore together), the cached storage plan, sending the "persist" command
 through the `PersistClient`, the worker's replies turned into slot-table events and stats, and
 close()'s agreement to persist the last snapshot. The Manager keeps the order of things in the
 training thread and the snapshot copy. Both drive one `SlotTable` under one lock (`cond`), so
@@ -63,6 +64,10 @@ class Persister:
         self._voted_at: float | None = None  # when this rank last voted (time.monotonic())
         self._saves_since_vote = 0
         self._vote_every = 1  # saves between background votes, agreed by the last one
+        # Saves between full copies under a live snapshot: this rank's wish (the Manager's, from
+        # what the last copy cost) and what the ranks agreed at the last vote (the largest wish).
+        self.proposed_full_copy_every = 1
+        self.full_copy_every = 1
         self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
 
     def wanted(
@@ -84,8 +89,13 @@ class Persister:
         vote after the worker became free, a notice is honoured up to a vote after a rank saw
         it."""
         due = step % self.config.persist_every == 0
+        if not self._comm.distributed:  # nobody to agree with
+            self.full_copy_every = self.proposed_full_copy_every
+        # A live snapshot's full copies are agreed at the votes, so with one the ranks vote
+        # every few saves. The same on every rank: it depends on the config alone.
+        live = self.config.live_snapshot and self.config.memory_dir is not None
         background = self._comm.distributed and (
-            self.config.preempt_file is not None or self.config.persist_every == 1
+            self.config.preempt_file is not None or self.config.persist_every == 1 or live
         )
         if background:
             self._saves_since_vote += 1
@@ -95,7 +105,8 @@ class Persister:
                 return False, False
         elif not due and self.config.preempt_file is None:
             return False, False
-        busy, urgent, early, save_interval_us = self._agree(preempted)
+        busy, urgent, early, save_interval_us, full_copy_every = self._agree(preempted)
+        self.full_copy_every = max(1, full_copy_every)
         if urgent and busy:  # the notice's save must reach storage: after the one in flight
             (busy,) = self._comm.max_ints([int(not self.wait_idle(self.config.persist_timeout))])
         persist = not busy and bool(urgent or (due and not early))
@@ -121,8 +132,8 @@ class Persister:
 
     def _agree(self, preempted: bool) -> list[int]:
         """Collective: [any rank's worker busy, any rank saw a notice, too soon for any rank,
-        the slowest rank's time per save (µs) since its last vote]: the vote started at the
-        last voting save, else one now."""
+        the slowest rank's time per save (µs) since its last vote, the most saves between full
+        copies any rank asks for]: the vote started at the last voting save, else one now."""
         if self._next_vote is not None:
             vote, self._next_vote = self._next_vote, None
             return vote()
@@ -139,7 +150,13 @@ class Persister:
             if self._voted_at is not None and self._saves_since_vote:
                 interval_us = int((now - self._voted_at) / self._saves_since_vote * 1e6)
             self._voted_at = now
-        return [int(busy), int(preempted), int(self._too_soon()), interval_us]
+        return [
+            int(busy),
+            int(preempted),
+            int(self._too_soon()),
+            interval_us,
+            self.proposed_full_copy_every,
+        ]
 
     def started(self, step: int) -> None:
         """A persist of the snapshot of `step` is reserved in the slot table."""

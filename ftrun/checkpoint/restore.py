@@ -122,7 +122,7 @@ def restore(
     if best_key is not None:
         index = held[best_key]
         objects = _load_memory(flat, keyed, tier, index, comm, mac_key)
-        path = str(tier.slots[index].manifest_path)
+        path = str(tier.slot(index).manifest_path)
         return _done(Restored(best_key[0], MEMORY, path, tuple(skipped)), comm), objects, index
     if candidates or skipped:
         raise CheckpointError(
@@ -143,7 +143,7 @@ def _load_memory(
     comm: Comm,
     mac_key: bytes,
 ) -> dict[str, Any]:
-    slot, state = tier.slots[index], tier.states[index]
+    slot, state = tier.slot(index), tier.states[index]
     error = None
     try:
         by_key = {e.key: e for e in state.entries}

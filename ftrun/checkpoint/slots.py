@@ -83,30 +83,36 @@ def signature(entries: list[TensorEntry], world_size: int) -> str:
 
 
 class Slot:
-    """One snapshot buffer: a shared-memory file mapped into this process."""
+    """One snapshot buffer: a shared-memory file mapped into this process. Its files are
+    `<name>.data`, `.objects` and `.json` (the manifest): `slot<index>` for the copies, `live`
+    for the live snapshot (live.py)."""
 
-    def __init__(self, index: int, directory: Path | None) -> None:
+    def __init__(self, index: int, directory: Path | None, *, name: str | None = None) -> None:
         self.index = index
         self.directory = directory
+        self.name = name or f"slot{index}"
         if directory is not None:
-            self.data_path = directory / f"slot{index}.data"
+            self.data_path = directory / f"{self.name}.data"
             self.fd = open_slot_file(self.data_path)
             self.path = str(self.data_path)
         else:
-            self.fd = os.memfd_create(f"ftrun-ckpt-slot{index}", 0)
+            self.fd = os.memfd_create(f"ftrun-ckpt-{self.name}", 0)
             self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
         self.size = os.fstat(self.fd).st_size
         self.mm: mmap.mmap | None = None
         self.base: torch.Tensor | None = None
+        # The mapping backs tensors that outlive this object's use of it (the live snapshot's
+        # parameters): it is never closed here, only dropped, and unmapped by the last of them.
+        self.lent = False
         self._map()
 
     @property
     def manifest_path(self) -> Path | None:
-        return None if self.directory is None else self.directory / f"slot{self.index}.json"
+        return None if self.directory is None else self.directory / f"{self.name}.json"
 
     @property
     def objects_path(self) -> Path | None:
-        return None if self.directory is None else self.directory / f"slot{self.index}.objects"
+        return None if self.directory is None else self.directory / f"{self.name}.objects"
 
     def _map(self) -> None:
         self.populated = False
@@ -138,6 +144,9 @@ class Slot:
             device_copy.unpin(self.base)
         self.pinned = None
         self.base = None
+        if self.lent:
+            self.lent = False
+            self.mm = None
         if self.mm is not None:
             try:
                 self.mm.close()
@@ -165,6 +174,21 @@ class Slot:
     def view(self, entry: TensorEntry) -> torch.Tensor:
         assert self.base is not None
         return entry_view(self.base, entry)
+
+    def renew(self) -> None:
+        """Replace the data file with a new, empty one (same path). A process that still maps
+        the old file (a rank of an older generation on this host, training on as a zombie)
+        writes into that one, which nothing reads any more, never into this one."""
+        assert self.directory is not None
+        self._unmap()
+        os.close(self.fd)
+        try:
+            os.unlink(self.data_path)
+        except FileNotFoundError:
+            pass
+        self.fd = open_slot_file(self.data_path)
+        self.size = os.fstat(self.fd).st_size
+        self._map()
 
     def close(self) -> None:
         self._unmap()
@@ -241,7 +265,11 @@ class SlotState:
 
 
 class MemoryTier:
-    """This rank's slots, and their manifests when the tier outlives the process."""
+    """This rank's slots, and their manifests when the tier outlives the process.
+
+    `slots` are the copies' buffers (the slot table's, `slot_table.py`); when the tier outlives
+    the process it also has `live`, the file the live snapshot keeps the training state in
+    (live.py). Where a slot is named by index, `len(slots)` is the live one (`live_index`)."""
 
     def __init__(
         self, *, directory: Path | None, slots: int, rank: int, world_size: int, key: bytes
@@ -252,18 +280,33 @@ class MemoryTier:
         if directory is not None:
             ensure_tier_dirs(directory)
         self.slots = [Slot(i, directory) for i in range(slots)]
-        self.states = [SlotState() for _ in range(slots)]
+        self.live = Slot(slots, directory, name="live") if directory is not None else None
+        self.states = [SlotState() for _ in range(slots + 1)]
 
     @property
     def persistent(self) -> bool:
         return self.directory is not None
+
+    @property
+    def live_index(self) -> int:
+        return len(self.slots)
+
+    def _all(self) -> list[Slot]:
+        return self.slots + ([self.live] if self.live is not None else [])
+
+    def slot(self, index: int) -> Slot:
+        if index == self.live_index:
+            assert self.live is not None
+            return self.live
+        return self.slots[index]
 
     def scan(self, sig: str) -> tuple[list[int], list[str]]:
         """Load manifests of valid snapshots that match layout `sig`: returns their slot indexes,
         and why each snapshot there that does not verify was skipped (the caller warns). A slot
         without a manifest, or with another layout's (a resharded restart), is skipped quietly."""
         found, skipped = [], []
-        for slot, state in zip(self.slots, self.states, strict=True):
+        for slot in self._all():
+            state = self.states[slot.index]
             if slot.manifest_path is None or slot.objects_path is None:
                 continue
             if not os.path.lexists(slot.manifest_path):
@@ -295,20 +338,21 @@ class MemoryTier:
 
     def keep_until(self, step: int) -> list[int | None]:
         """Drop invalid slots' leftovers and the snapshots newer than `step` (another timeline);
-        returns each slot's step."""
-        for index, state in enumerate(self.states):
+        returns each copy slot's step (not the live one's)."""
+        for slot in self._all():
+            state = self.states[slot.index]
             if state.step is None or state.step > step:
-                self.invalidate(index)
-        return [state.step for state in self.states]
+                self.invalidate(slot.index)
+        return [state.step for state in self.states[: self.live_index]]
 
     def invalidate_all(self) -> None:
         """Stale snapshots of an earlier process (a save without a restore) must not be restored."""
-        for index in range(len(self.slots)):
-            self.invalidate(index)
+        for slot in self._all():
+            self.invalidate(slot.index)
 
     def invalidate(self, index: int) -> None:
         self.states[index] = SlotState()
-        path = self.slots[index].manifest_path
+        path = self.slot(index).manifest_path
         if path is not None:
             try:
                 os.unlink(path)
@@ -326,7 +370,7 @@ class MemoryTier:
         objects: bytes,
         data_size: int,
     ) -> None:
-        slot = self.slots[index]
+        slot = self.slot(index)
         if slot.manifest_path is not None and slot.objects_path is not None:
             storage.write_file(slot.objects_path, objects, sync=False)
             storage.write_json_atomic(
@@ -347,11 +391,12 @@ class MemoryTier:
                 },
                 key=self._key,
                 sync=False,
+                compact=True,
             )
         self.states[index] = SlotState(step, generation, entries, objects)
 
     def close(self) -> None:
-        for slot in self.slots:
+        for slot in self._all():
             slot.close()
 
 
@@ -449,7 +494,7 @@ def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]
             st = os.lstat(directory)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
                 continue
-            manifests = sorted(directory.glob("slot*.json"))
+            manifests = sorted(directory.glob("slot*.json")) + sorted(directory.glob("live.json"))
         except OSError:
             continue
         for manifest in manifests:

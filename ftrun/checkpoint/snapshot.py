@@ -41,7 +41,8 @@ class SnapshotJob:
     the `prepare` slots ready for `size` bytes. A job without a slot only prepares. When the copy
     or `finish` fails, `on_failure` runs instead (still before `done`). With GPU tensors among
     the copies, `ready` holds the events save() recorded on the training streams; `device` is
-    the GPU whose copy engine the slots are page-locked for (by default, ready's first one)."""
+    the GPU whose copy engine the slots are page-locked for (by default, ready's first one).
+    A `live` job fills in a live snapshot (live.py): its slot already holds most of the state."""
 
     step: int
     slot: Slot | None
@@ -52,6 +53,8 @@ class SnapshotJob:
     on_failure: Callable[[], None] | None = None
     ready: device_copy.Ready | None = None
     device: torch.device | None = None
+    live: bool = False  # into the live slot (live.py): only the tensors not kept there
+    held_s: float = 0.0  # how long the training thread waited for it (the optimizer hook)
     copied: threading.Event = field(default_factory=threading.Event)  # all of it is in the slot
     done: threading.Event = field(default_factory=threading.Event)  # finish() ran too
     error: BaseException | None = None

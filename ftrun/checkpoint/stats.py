@@ -14,6 +14,7 @@ class Stats:
     """Counters for benchmarks and logs (seconds are wall time in the training thread)."""
 
     saves: int = 0
+    live_saves: int = 0  # saves that copied only what the live snapshot does not keep (live.py)
     save_s: float = 0.0  # inside save()
     blocked_s: float = 0.0  # inside wait_snapshot() (optimizer pre-step hook, next save)
     persists: int = 0  # persists started

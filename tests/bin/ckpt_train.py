@@ -4,8 +4,10 @@ Every source of randomness is in the checkpoint: the data loader's own generator
 (PerRank), dropout and noise from torch's global RNG, and a Python `random` draw. Each rank prints
 `LOSS rank=R step=N loss=<float.hex>`, so two runs compare bit for bit. A fault is injected
 deterministically like tests/bin/train_toy.py: --fail-at STEP on --fail-rank R, a SIGKILL after
-the backward pass (mid-step, while the previous snapshot may still be copying), with
---fail-once MARKER only the first time.
+the backward pass (mid-step, while the previous snapshot may still be copying; the other ranks'
+gradients are reduced, so they go on to their optimizer step and save), or with --fail-in
+forward after the forward pass (the other ranks wait in the backward's all-reduce), with
+--fail-once MARKER only the first time. --full-copy-every N: ftrun.checkpoint's option.
 
 --record DIR: each rank appends `STEP n <wall time>` to DIR/g<generation>-r<rank>.txt after each
 step, on the shared filesystem, so a test sees what a rank did even when its host is cut off
@@ -51,6 +53,13 @@ class Loader:
         self.generator.set_state(sd["generator"])
 
 
+def fail(rank: int, step: int, once: str | None) -> None:
+    if once:
+        open(once, "w").close()
+    print(f"FAULT rank={rank} step={step}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
@@ -62,6 +71,8 @@ def main() -> None:
     p.add_argument("--fail-at", type=int, default=None)
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--fail-once", default=None)
+    p.add_argument("--fail-in", choices=["forward", "backward"], default="backward")
+    p.add_argument("--full-copy-every", type=int, default=None)
     p.add_argument("--persist-every", type=int, default=1)
     p.add_argument(
         "--persist-interval",
@@ -94,6 +105,7 @@ def main() -> None:
         persist_every=args.persist_every,
         persist_interval=args.persist_interval,
         keep=args.keep,
+        full_copy_every=args.full_copy_every,
         **({} if args.persist_bandwidth is None else {"persist_bandwidth": args.persist_bandwidth}),
     )
     generation = os.environ.get("FTRUN_GENERATION", "0")
@@ -112,17 +124,17 @@ def main() -> None:
         x, y = loader.next()
         x = x + 0.01 * random.random() * torch.randn_like(x)
         loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        if (
+        failing = (
             args.fail_at == step
             and rank == args.fail_rank
             and not (args.fail_once and os.path.exists(args.fail_once))
-        ):
-            if args.fail_once:
-                open(args.fail_once, "w").close()
-            print(f"FAULT rank={rank} step={step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        )
+        if failing and args.fail_in == "forward":
+            fail(rank, step, args.fail_once)
+        opt.zero_grad()
+        loss.backward()
+        if failing:
+            fail(rank, step, args.fail_once)
         opt.step()
         ftrun.step(step)
         print(f"LOSS rank={rank} step={step} loss={loss.item().hex()}", flush=True)

@@ -117,3 +117,42 @@ def test_ranks_agree_on_persists_by_votes_every_few_saves_not_at_every_save(ftru
     finally:
         for job in ftrun.status_json():
             shutil.rmtree(ckpt.memory_tier_dir(job["job_id"]), ignore_errors=True)
+
+
+def test_a_live_snapshot_restores_the_step_every_rank_saved_else_the_last_full_copy(
+    ftrun, tmp_path
+):
+    """Two DDP ranks whose state (19 MiB each) lives in the memory tier's file, with a full copy
+    every 4 saves (steps 1, 5, 9). Rank 1 killed after its forward pass at step 7: rank 0 waits
+    in the all-reduce, both still hold step 6 live, and both restore it. Killed after its
+    backward pass instead: rank 0 has gone on to step 7, whose optimizer step changed its
+    live file, so they restore the last full copy both hold, step 5. Exact either way."""
+    common = [
+        "launch", "--nproc-per-node", "2", TRAIN, "--steps", "10", "--width", "1280",
+        "--full-copy-every", "4", "--persist-every", "1000",
+    ]  # fmt: skip
+    try:
+        clean = ftrun.run(*common, timeout=120)
+        assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+        want = losses(clean.stdout)
+        assert set(want) == {(r, s) for r in (0, 1) for s in range(1, 11)}
+        for where, expected in (("forward", 6), ("backward", 5)):
+            run = ftrun.run(
+                *common, "--fail-at", "7", "--fail-rank", "1", "--fail-in", where,
+                "--fail-once", str(tmp_path / f"failed-{where}"), timeout=120,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            restored = re.findall(
+                r"\[rank(\d)\]: ftrun-checkpoint: restored step (\d+) from (\w+)", run.stdout
+            )
+            assert sorted(restored) == [
+                ("0", str(expected), "memory"),
+                ("1", str(expected), "memory"),
+            ]
+            got = losses(run.stdout)
+            assert set(got) == set(want)
+            for key, values in got.items():
+                assert values == want[key], f"{where}: rank {key[0]} step {key[1]}"
+    finally:
+        for job in ftrun.status_json():
+            shutil.rmtree(ckpt.memory_tier_dir(job["job_id"]), ignore_errors=True)
