@@ -6,8 +6,10 @@ step's; never the live file once the optimizer has changed it."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -28,16 +30,18 @@ def managers(tmp_path):
     made.cleanup()
 
 
-def reference(managers: Managers, steps: int) -> dict[int, dict[str, torch.Tensor]]:
-    """The Toy's tensors after each step of a run that is never stopped. It restores nothing
+def reference(tmp_path, step: int) -> dict[str, torch.Tensor]:
+    """The Toy's tensors after `step` steps of a run that is never stopped. It restores nothing
     first, as every run does (DCP makes the optimizer's state there), and saves nothing."""
+    made = Managers(tmp_path / f"reference-{step}")
     toy = Toy(width=WIDTH)
-    managers(managers.directory.parent / "reference", memory=False).restore(toy.state)
-    out = {}
-    for step in range(1, steps + 1):
+    try:
+        made(memory=False).restore(toy.state)
+    finally:
+        made.cleanup()
+    for _ in range(step):
         toy.step()
-        out[step] = toy.tensors()
-    return out
+    return toy.tensors()
 
 
 def run_child(managers: Managers, test_id: str, die: str, full_copy_every: int) -> list[int]:
@@ -77,7 +81,7 @@ def restored(managers: Managers) -> tuple[ckpt.Restored, Toy]:
 
 
 def test_killed_before_its_optimizer_step_a_rank_restores_the_step_it_saved(
-    managers, test_id, no_survivors
+    managers, tmp_path, test_id, no_survivors
 ):
     """Every save after the first copied nothing; the file holds the last step, exactly."""
     saves, live_saves = run_child(managers, test_id, "forward", full_copy_every=1000)
@@ -85,12 +89,12 @@ def test_killed_before_its_optimizer_step_a_rank_restores_the_step_it_saved(
     got, toy = restored(managers)
     assert (got.step, got.tier) == (STEPS, "memory")
     assert got.path is not None and got.path.endswith("live.json")
-    assert_same(toy.tensors(), reference(managers, STEPS)[STEPS])
+    assert_same(toy.tensors(), reference(tmp_path, STEPS))
     assert toy.loader.position == STEPS and toy.extra["epoch"] == STEPS
 
 
 def test_killed_after_its_optimizer_step_a_rank_restores_the_last_full_copy(
-    managers, test_id, no_survivors
+    managers, tmp_path, test_id, no_survivors
 ):
     """The optimizer step changed the live file, so it is no snapshot: the restore takes the
     newest full copy (saves 0, 5 and 10 are full copies: steps 1, 6 and 11), exactly."""
@@ -99,12 +103,12 @@ def test_killed_after_its_optimizer_step_a_rank_restores_the_last_full_copy(
     got, toy = restored(managers)
     assert (got.step, got.tier) == (11, "memory")
     assert got.path is not None and "slot" in os.path.basename(got.path)
-    assert_same(toy.tensors(), reference(managers, STEPS)[11])
+    assert_same(toy.tensors(), reference(tmp_path, 11))
     assert toy.loader.position == 11
 
 
 def test_parameters_given_new_storage_move_into_the_live_file_again(
-    managers, test_id, no_survivors
+    managers, tmp_path, test_id, no_survivors
 ):
     """Two steps before the last, every parameter got new storage (as model.to() gives it):
     the live snapshot must follow them there, or it would hold their values of that step as
@@ -112,7 +116,40 @@ def test_parameters_given_new_storage_move_into_the_live_file_again(
     run_child(managers, test_id, "replaced", full_copy_every=1000)
     got, toy = restored(managers)
     assert got.step == STEPS and got.path is not None and got.path.endswith("live.json")
-    assert_same(toy.tensors(), reference(managers, STEPS)[STEPS])
+    assert_same(toy.tensors(), reference(tmp_path, STEPS))
+
+
+def test_killed_at_any_moment_a_rank_restores_one_whole_step(tmp_path, test_id, no_survivors):
+    """SIGKILL at moments the test does not choose (inside a save, an optimizer step, a full
+    copy): every restore is one step's state, bit for bit, never a mix of two."""
+    rng = random.Random(5)
+    for trial in range(5):
+        made = Managers(tmp_path / f"trial{trial}")
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, str(BIN / "live_child.py"), "--job", made.job,
+                    "--directory", str(made.directory), "--steps", "100000", "--die", "never",
+                    "--full-copy-every", "3",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=BIN.parents[1],
+                env={**os.environ, "FTRUN_TEST_ID": test_id, "PYTHONPATH": str(BIN.parents[1])},
+            )  # fmt: skip
+            assert proc.stdout is not None
+            try:
+                assert "TRAINING\n" in iter(proc.stdout.readline, "")
+                time.sleep(rng.uniform(0.0, 0.5))  # the fault's moment: what the test is about
+            finally:
+                proc.kill()
+                proc.wait(timeout=30)
+                proc.stdout.close()
+            got, toy = restored(made)
+            assert got.tier == "memory" and got.step >= 3
+            assert_same(toy.tensors(), reference(tmp_path, got.step))
+        finally:
+            made.cleanup()
 
 
 def test_training_on_after_close_leaves_the_last_snapshot_intact(managers):
