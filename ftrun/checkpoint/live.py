@@ -10,9 +10,9 @@ manifest before the step changes them. A rank killed in between (a crash in the 
 a kill while it waits in a collective for a lost peer) restores the step it saved, from that
 file, as from any slot; the file outlives the process as the slots do.
 
-What moves into the file ("adoption", once, at the first save, when the state is
-MIN_BYTES or more): each parameter of a
-`TrainState`'s model and each tensor of its optimizers' state, by swapping the tensor's storage
+What moves into the file ("adoption", at the first save, when the state is MIN_BYTES or more;
+again when the layout changes or a tensor got new storage): each parameter of a `TrainState`'s
+model and each tensor of its optimizers' state, by swapping the tensor's storage
 (`param.data = view`, `state[key] = view`), so every holder of the parameter object sees it.
 Only plain, dense, contiguous CPU tensors that own their whole storage move: a view of a bigger
 buffer would leave the buffer behind. Buffers stay where they are and are copied at each save,
@@ -21,9 +21,10 @@ engine instead (device_copy.py). Training is as fast on the file as on private m
 4 KiB pages here; measured in scripts/bench_throughput.py).
 
 A rank killed inside an optimizer step leaves the file torn and without a manifest: its restore
-takes the newest full copy in the slots. The Manager makes one every `full_copy_every()` saves, as
-often as a share of the step time (`FULL_COPY_BUDGET`) pays for, so that fallback is a few steps
-old; a persisted save is always a full copy (the worker reads a slot while training goes on).
+takes the newest full copy in the slots. The Manager makes one every `full_copy_every()`
+saves, as often as a share of the step time (`FULL_COPY_BUDGET`) pays for, so that fallback is a
+few steps old; a persisted save is always a full copy (the worker reads a slot while training
+goes on).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 from ftrun.checkpoint.slots import MemoryTier, Slot, TensorEntry
+from ftrun.checkpoint.state import TrainState
 
 # A state smaller than this is copied at every save: its copy takes a few ms of one core at
 # most, less than a fallback more than one step old would cost (see the module doc).
@@ -60,28 +62,35 @@ def full_copy_every(held_s: float, save_interval_s: float) -> int:
 Setter = Callable[[torch.Tensor], None]
 
 
-def owners(roots: Iterable[tuple[Any, Any]], ours: int | None = None) -> dict[int, list[Setter]]:
-    """Where each adoptable tensor of the TrainStates in `roots` is held, by storage address:
-    the functions that point its holder at a new tensor. Buffers are left out (see above).
-    `ours`: the storage of a live file the tensors may already be in (adoptable())."""
-    from ftrun.checkpoint.state import TrainState  # state.py imports torch's DCP: late
-
+def owners(roots: Iterable[Any], ours: int | None = None) -> dict[int, list[Setter]]:
+    """Where each adoptable tensor of the TrainStates among `roots` is held, by address: the
+    functions that point its holder at a new tensor. Buffers are left out (see above). `ours`:
+    the storage of a live file the tensors may already be in (adoptable())."""
     found: dict[int, list[Setter]] = defaultdict(list)
+    for t, point in _holders(roots):
+        if adoptable(t, ours):
+            found[t.data_ptr()].append(point)
+    return found
+
+
+def _holders(roots: Iterable[Any]) -> list[tuple[torch.Tensor, Setter]]:
+    """Each parameter and optimizer state tensor of the TrainStates among `roots`, once, with
+    the function that points its holder at another tensor."""
+    found: list[tuple[torch.Tensor, Setter]] = []
     seen: set[int] = set()
-    for obj, _ in roots:
+    for obj in roots:
         if not isinstance(obj, TrainState):
             continue
         for p in obj.model.parameters():
-            if id(p) not in seen and adoptable(p, ours):
+            if id(p) not in seen:
                 seen.add(id(p))
-                found[p.data_ptr()].append(_param_setter(p))
+                found.append((p, _param_setter(p)))
         for opt in obj.optimizers:
             for state in opt.state.values():
                 for key, value in list(state.items()):
                     if isinstance(value, torch.Tensor) and id(value) not in seen:
                         seen.add(id(value))
-                        if adoptable(value, ours):
-                            found[value.data_ptr()].append(_dict_setter(state, key))
+                        found.append((value, _dict_setter(state, key)))
     return found
 
 
@@ -130,6 +139,7 @@ class LiveSnapshot:
     sig: str
     keys: frozenset[str]
     storage: int  # the address of the file's mapping the tensors were moved into
+    roots: list[TrainState]  # whose tensors moved
     committed: bool = False
     # What the live manifest on file says: (step, layout signature, entries, objects, size).
     last: tuple[int, str, list[TensorEntry], bytes, int] | None = field(default=None, repr=False)
@@ -142,7 +152,7 @@ class LiveSnapshot:
         entries: list[TensorEntry],
         size: int,
         sig: str,
-        roots: Iterable[tuple[Any, Any]],
+        roots: list[TrainState],
         previous: LiveSnapshot | None = None,
     ) -> LiveSnapshot | None:
         """Move the adoptable tensors of `keyed` into a fresh live file laid out as `entries`
@@ -175,7 +185,7 @@ class LiveSnapshot:
             view.copy_(t)
             for point in setters:
                 point(view)
-        return cls(slot, sig, frozenset(e.key for _, e, _ in chosen), storage)
+        return cls(slot, sig, frozenset(e.key for _, e, _ in chosen), storage, roots)
 
     def holds(self, keyed: list[tuple[str, torch.Tensor]], entries: list[TensorEntry]) -> bool:
         """Whether the tensors kept live are still the slot's: `model.to()`, or an optimizer's
@@ -188,6 +198,16 @@ class LiveSnapshot:
             for (_, t), e in zip(keyed, entries, strict=True)
             if e.key in self.keys
         )
+
+    def give_back(self) -> None:
+        """close(): move the tensors out of the file, into the rank's heap again. The file is
+        the tier's (deleted at job end), and a later Manager adopts them afresh."""
+        with torch.no_grad():
+            for t, point in _holders(self.roots):
+                if t.untyped_storage().data_ptr() == self.storage:
+                    point(t.detach().clone())
+        for obj in self.roots:  # its cache holds aliases of the tensors in the file
+            obj.forget_cache()
 
     def retract(self, tier: MemoryTier) -> None:
         """The state is about to change: the live file no longer holds a snapshot."""

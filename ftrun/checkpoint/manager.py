@@ -47,7 +47,7 @@ from ftrun.checkpoint.persister import Persister, worker_died
 from ftrun.checkpoint.restore import warn
 from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
 from ftrun.checkpoint.snapshot import SnapshotJob, Snapshotter
-from ftrun.checkpoint.state import apply, flatten, keyed_tensors, pickle_objects
+from ftrun.checkpoint.state import TrainState, apply, flatten, keyed_tensors, pickle_objects
 from ftrun.checkpoint.stats import Stats
 
 SECTION_SLACK_S = 60.0
@@ -232,6 +232,7 @@ class Manager:
         """
         t0 = time.perf_counter()
         self._check_open()
+        self._time_save(t0)
         self._wait_done()
         if self._live is not None:  # this save writes into the live slot, or leaves it behind
             self._live.retract(self._tier)
@@ -247,7 +248,6 @@ class Manager:
         flag = self.config.preempt_file
         preempted = self._preempt_pending and flag is not None and flag.exists()
         persist, urgent = self._persister.wanted(step, keyed, sig, preempted=preempted)
-        self._time_save(t0)
         gpus = device_copy.devices(t for _, t in keyed)
         adopted = not gpus and self._adopt(flat, keyed, entries, size, sig)
         copy_all = (
@@ -360,10 +360,14 @@ class Manager:
         try:
             for t, e in rest:
                 snap.slot.view(e).copy_(t)
-        except BaseException:
+            self._live_done(snap, step, sig, entries, objects, size)
+        except OSError as exc:  # the commit's files (a full /dev/shm)
+            raise CheckpointError(
+                f"the live snapshot of step {step} could not be written: {exc}",
+                hint="is /dev/shm full? see docs/checkpoint.md, Memory bound",
+            ) from exc
+        finally:
             self._release_memory_fence()
-            raise
-        self._live_done(snap, step, sig, entries, objects, size)
 
     def _time_save(self, t0: float) -> None:
         if self._saved_at is not None:
@@ -389,13 +393,18 @@ class Manager:
         previous, self._live = self._live, None
         if previous is not None:  # the layout or the tensors changed: into a fresh file
             previous.retract(self._tier)
+        if self._memory_fence is not None:  # a zombie must not replace the live file
+            self._memory_fence.acquire()
         try:
+            roots = [obj for obj, _ in flat.roots if isinstance(obj, TrainState)]
             self._live = live.LiveSnapshot.adopt(
-                self._tier, keyed, entries, size, sig, flat.roots, previous
+                self._tier, keyed, entries, size, sig, roots, previous
             )
         except CheckpointError as exc:  # e.g. /dev/shm too small for one more copy
             warn(f"the live snapshot is off, every save copies the state: {exc}")
             self._live = None
+        finally:
+            self._release_memory_fence()
         if self._live is None:
             self._live_refused = sig
             return False
@@ -608,6 +617,9 @@ class Manager:
             for handle in self._hooks.values():
                 handle.remove()
             self._hooks.clear()
+            if self._live is not None:
+                self._live.give_back()
+                self._live = None
             self._persister.close(timeout_s=10.0)
             self._snapshotter.close(timeout=10.0)
             if self._stale_ranks_removal is not None:

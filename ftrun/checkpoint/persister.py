@@ -5,8 +5,8 @@ persisted (an all-reduce: is any rank's worker still busy, did a preemption noti
 too soon after the last persist; started at the save before, in the background, when every save
 votes; and at a persist, has the tensor layout changed so the DCP storage plan must be made
 again), the same vote's agreement on how many saves apart the full copies of a live snapshot
-are (live.py: every rank must copy at the same saves for them to restore together), the cached storage plan, sending the "persist" command
-through the `PersistClient`, the worker's replies turned into slot-table events and stats, and
+are (live.py: every rank must copy at the same saves for them to restore together), the cached
+storage plan, sending the "persist" command through the `PersistClient`, the worker's replies turned into slot-table events and stats, and
 close()'s agreement to persist the last snapshot. The Manager keeps the order of things in the
 training thread and the snapshot copy. Both drive one `SlotTable` under one lock (`cond`), so
 which slot the worker reads stays a single state machine (`slot_table.py`).

@@ -97,6 +97,11 @@ class TrainState:
             self._uncacheable = key
         return self._cached, sd
 
+    def forget_cache(self) -> None:
+        """Drop the cached state dict (it holds aliases of the tensors it was made of)."""
+        self._cached = None
+        self._leaves = None
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._cached = None
         set_state_dict(
