@@ -191,10 +191,8 @@ class LiveSnapshot:
         """Whether the tensors kept live are still the slot's: `model.to()`, or an optimizer's
         `load_state_dict`, gives a parameter or a state entry new storage, which then must move
         in again (or the live snapshot would hold their old values)."""
-        assert self.slot.base is not None
-        base = self.slot.base.data_ptr()
         return all(
-            t.data_ptr() == base + e.offset
+            t.data_ptr() == self.storage + e.offset
             for (_, t), e in zip(keyed, entries, strict=True)
             if e.key in self.keys
         )
