@@ -455,15 +455,7 @@ class Manager:
     ) -> None:
         """Runs on the snapshot thread once the copy is complete."""
         try:
-            self._tier.commit(
-                index,
-                step=step,
-                generation=self.config.generation,
-                sig=sig,
-                entries=entries,
-                objects=objects,
-                data_size=size,
-            )
+            self._commit(index, step, sig, entries, objects, size)
         finally:
             self._release_memory_fence()
         with self._cond:
@@ -493,19 +485,31 @@ class Manager:
     ) -> None:
         """Runs on the snapshot thread once the tensors not kept live are in the live slot."""
         try:
-            self._tier.commit(
-                self._tier.live_index,
-                step=step,
-                generation=self.config.generation,
-                sig=sig,
-                entries=entries,
-                objects=objects,
-                data_size=size,
-            )
+            self._commit(self._tier.live_index, step, sig, entries, objects, size)
             snap.last = (step, sig, entries, objects, size)
             snap.committed = True
         finally:
             self._release_memory_fence()
+
+    def _commit(
+        self,
+        index: int,
+        step: int,
+        sig: str,
+        entries: list[slots.TensorEntry],
+        objects: bytes,
+        size: int,
+    ) -> None:
+        """Write the manifest of the snapshot of `step` in slot `index` (the live one too)."""
+        self._tier.commit(
+            index,
+            step=step,
+            generation=self.config.generation,
+            sig=sig,
+            entries=entries,
+            objects=objects,
+            data_size=size,
+        )
 
     def _release_memory_fence(self) -> None:
         if self._memory_fence is not None:
@@ -649,15 +653,7 @@ class Manager:
                 slot.populate()
                 assert slot.base is not None and snap.slot.base is not None
                 slot.base[:size].copy_(snap.slot.base[:size])
-                self._tier.commit(
-                    index,
-                    step=step,
-                    generation=self.config.generation,
-                    sig=sig,
-                    entries=entries,
-                    objects=objects,
-                    data_size=size,
-                )
+                self._commit(index, step, sig, entries, objects, size)
             except BaseException:
                 with self._cond:
                     self._slots.copy_failed(index)
