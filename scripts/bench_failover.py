@@ -73,6 +73,7 @@ from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from ftrun.agent import workdir  # noqa: E402
 from tests.testbed import Host, Testbed, unavailable_reason  # noqa: E402
 
 SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
@@ -698,6 +699,10 @@ def main() -> int:
                         skip.add(mode)  # it will fail the same way again; say so once
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        # The powered-off hosts' agents were SIGKILLed and could not remove their temp dirs; an
+        # agent started later sweeps them (ftrun/agent/workdir.py), but none starts after the
+        # last trial.
+        workdir.sweep_stale(Path(tempfile.gettempdir()))
 
     summary = [summarize(results, m, args.wait_s) for m in modes]
     print_table(summary, args.wait_s)
