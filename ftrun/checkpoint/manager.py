@@ -282,12 +282,8 @@ class Manager:
         if not copy_all:
             assert self._live is not None
             self._save_live(self._live, step, keyed, entries, size, sig, objects)
-            self._last_saved = step
-            self.stats.saves += 1
             self.stats.live_saves += 1
-            self.stats.save_s += time.perf_counter() - t0
-            if self.rank == 0:
-                self._report_stall()
+            self._saved(step, t0)
             return
         copies = [
             (t.clone() if e.nbytes <= small else t, e)
@@ -317,12 +313,13 @@ class Manager:
             on_failure=partial(self._snapshot_failed, index),
             ready=ready,
         )
-        self._submit(self._job, step, t0)
+        self._snapshotter.submit(self._job)
+        self._saved(step, t0)
         if urgent:
             self._persist_for_preemption(step, persisted=persist)
 
-    def _submit(self, job: SnapshotJob, step: int, t0: float) -> None:
-        self._snapshotter.submit(job)
+    def _saved(self, step: int, t0: float) -> None:
+        """save()'s bookkeeping, once the snapshot of `step` is committed or queued."""
         self._last_saved = step
         self.stats.saves += 1
         self.stats.save_s += time.perf_counter() - t0
