@@ -16,7 +16,7 @@ MAX_GENERATION_COLUMNS = 6
 
 
 def ratio_text(share: Share) -> str:
-    """`87.3%`, or `—` before there is any wall time."""
+    """`87.3%`, or `—` before there is any wall time and without a progress signal."""
     return "—" if share.ratio is None else f"{share.ratio:.1%}"
 
 
@@ -40,11 +40,18 @@ def goodput_table(report: GoodputReport) -> Table:
     )
     table.add_row(
         Text("goodput", style="bold"),
-        _secs(job.productive_s),
+        _productive(job),
         Text(ratio_text(job), style="bold"),
-        *(_secs(report.generations[g].productive_s) for g in shown),
+        *(_productive(report.generations[g]) for g in shown),
         style="green",
     )
+    if job.unknown is not None:  # no progress signal: what ran, start-up or training
+        table.add_row(
+            "ran, no steps",
+            _secs(job.unknown_s),
+            f"{job.unknown_s / job.wall_s:.1%}" if job.wall_s else "",
+            *(_secs(report.generations[g].unknown_s) for g in shown),
+        )
     for name, label in BUCKET_LABELS.items():
         if not any(s.buckets[name] >= 0.005 for s in (job, *report.generations.values())):
             continue
@@ -55,6 +62,10 @@ def goodput_table(report: GoodputReport) -> Table:
             *(_secs(report.generations[g].buckets[name]) for g in shown),
         )
     return table
+
+
+def _productive(share: Share) -> str:
+    return "—" if share.unknown is not None else _secs(share.productive_s)
 
 
 def _secs(seconds: float) -> str:

@@ -113,14 +113,18 @@ def print_inspect(view: JobView, report: GoodputReport) -> None:
     print_timeline(view)
     if report.job.wall_s > 0:
         console.print()
-        console.print(
-            Text.assemble(
+        if report.job.unknown is not None:  # no progress signal: "—" and why, not 0 %
+            line = Text.assemble(
+                ("goodput ", "bold"), ("—", "bold"), clean(f": {report.job.unknown}")
+            )
+        else:
+            line = Text.assemble(
                 ("goodput ", "bold"),
                 (ratio_text(report.job), "bold green"),
                 " of the wall time was training that was kept"
                 + (" (so far)" if view.state == "running" else ""),
             )
-        )
+        console.print(line, soft_wrap=True)
         console.print(goodput_table(report))
     logs = view.job_dir / "logs"
     if logs.is_dir():

@@ -5,7 +5,8 @@ Served by prometheus-client (the exposition format and its HTTP server are its j
 from the launcher's process for as long as the job runs. Every scrape reads the job's journal,
 as `status` and `inspect` do, so the three never disagree: state, generation, step and step
 rate, hosts by state, restarts, incidents by kind and tier, the last detection and recovery
-times, and goodput with its badput buckets. Bound to 127.0.0.1 unless --metrics-addr says
+times, and goodput with its badput buckets (a job without a progress signal has no goodput
+sample: `ftrun_goodput_known` is 0 instead). Bound to 127.0.0.1 unless --metrics-addr says
 otherwise: the figures name hosts and failures.
 """
 
@@ -79,7 +80,20 @@ class JobCollector(Collector):
             last.recovered_s if last else None,
         )  # fmt: skip
         report = job_goodput(view, now=now).job
+        # Unknown (no progress signal, or no wall time yet): no sample, the Prometheus way of
+        # saying it (not 0, not NaN); goodput_known says which, for alerts and dashboards.
         yield gauge("goodput_ratio", "Kept training time / wall time", report.ratio)
+        yield gauge(
+            "goodput_known",
+            "1 when goodput_ratio has a value; 0 when it is unknown (no progress signal: the "
+            "script reports no steps, see ftrun.step / --progress-regex)",
+            0.0 if report.ratio is None else 1.0,
+        )
+        yield gauge(
+            "unknown_seconds",
+            "Wall time the ranks ran without reporting a step (start-up or training: unknown)",
+            report.unknown_s,
+        )
         yield gauge("wall_seconds", "The job's wall time so far", report.wall_s)
         badput = GaugeMetricFamily(
             "ftrun_badput_seconds", "Wall time lost, by bucket", labels=["bucket"]

@@ -98,8 +98,10 @@
     if (d.reason) html("div", "line", d.state + ": " + d.reason, box);
     if (d.goodput) {
       const g = d.goodput, line = html("div", "line goodput", null, box);
-      html("b", null, "goodput " + (100 * g.ratio).toFixed(1) + "%", line);
-      let rest = ": " + dur(g.productive_s) + " productive of " + dur(g.wall_s);
+      const known = given(g.ratio); // unknown without a progress signal: `g.unknown` says why
+      html("b", null, "goodput " + (known ? (100 * g.ratio).toFixed(1) + "%" : "\u2014"), line);
+      let rest = known ? ": " + dur(g.productive_s) + " productive of " + dur(g.wall_s)
+        : " (" + g.unknown + "): " + dur(g.unknown_s) + " ran without a step, of " + dur(g.wall_s);
       if (g.lost.length) rest += "; lost to " + g.lost.map((b) => b[0] + " " + dur(b[1])).join(", ");
       line.appendChild(document.createTextNode(rest));
     }
@@ -114,7 +116,9 @@
       html("span", null, text, it);
     };
     item("generation", (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: GEN_FILL[1], stroke: GEN_EDGE }, s));
-    item("starting (to its first step)", (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: "#e8eff9", stroke: GEN_EDGE }, s));
+    if (d.generations.some((gen) => given(gen.starting_end))) {
+      item("starting (to its first step)", (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: "#e8eff9", stroke: GEN_EDGE }, s));
+    }
     for (const p of d.phases) {
       item("incident: " + p, (s) => el("rect", { x: 1, y: 2, width: 20, height: 10, fill: PHASE_COLOURS[p] }, s));
     }
@@ -208,9 +212,11 @@
       const rect = el("rect", { x: x0, y: lane[0], width: w, height: lane[1], rx: 3,
         fill: GEN_FILL[i % 2], stroke: GEN_EDGE }, grp);
       if (gen.open) rect.setAttribute("stroke-dasharray", "4 3");
-      const stepped = given(gen.first_step_t) ? x(gen.first_step_t) : x0 + w; // paler: starting
-      el("rect", { class: "gen-starting", x: x0 + 1, y: lane[0] + 1, width: Math.max(stepped - x0 - 1, 0),
-        height: lane[1] - 2, fill: "#ffffff", opacity: 0.55 }, grp);
+      if (given(gen.starting_end)) { // paler: starting, to its first step (none: no steps at all)
+        el("rect", { class: "gen-starting", x: x0 + 1, y: lane[0] + 1,
+          width: Math.max(Math.min(x(gen.starting_end), x0 + w) - x0 - 1, 0),
+          height: lane[1] - 2, fill: "#ffffff", opacity: 0.55 }, grp);
+      }
       const text = ["g" + gen.number, gen.hosts.join(", "), plural(gen.world_size, "rank"), gen.plan]
         .filter(given).join(" \u00b7 ");
       label(grp, x0 + 6, lane[0] + lane[1] / 2 + 4, fit(text, w - 10));
@@ -221,13 +227,15 @@
         "launched " + at(gen.start) + (gen.open ? ", running" : ", ended " + at(gen.end)) +
           " (" + dur(gen.end - gen.start) + ")",
         given(gen.first_step_t) ? "first step (" + gen.first_step + ") at " + at(gen.first_step_t) +
-          ", " + dur(gen.first_step_t - gen.start) + " after launch" : "no step reported",
+          ", " + dur(gen.first_step_t - gen.start) + " after launch"
+          : given(gen.starting_end) ? "no step reported" : "ran without reporting steps (no progress signal)",
         given(gen.last_step) ? "last step: " + gen.last_step : null,
         r ? "restored: " + (r.tier === "none" ? "nothing (no checkpoint)" : "step " + r.step + " from " + r.tier) +
           (given(r.restore_s) ? " in " + dur(r.restore_s) : "") : null,
         gen.measured_step_s ? "measured " + gen.measured_step_s.toPrecision(3) + " s/step" +
           (gen.predicted_step_s ? ", predicted " + gen.predicted_step_s.toPrecision(3) : "") : null,
-        given(gen.goodput) ? "goodput " + (100 * gen.goodput).toFixed(1) + "%" : null,
+        given(gen.goodput) ? "goodput " + (100 * gen.goodput).toFixed(1) + "%"
+          : given(gen.starting_end) ? null : "goodput unknown: no progress signal",
       ]);
     });
   }

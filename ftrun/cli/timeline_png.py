@@ -77,10 +77,11 @@ def render_png(timeline: Timeline) -> bytes:
         fig.suptitle(_title(timeline), x=0.06, ha="left", fontsize=14, fontweight="bold")
         for i, line in enumerate(_summary(timeline)):
             fig.text(0.06, 0.915 - 0.03 * i, _safe(line), fontsize=10.5, color="#3d4a5c")
-        handles: list[Any] = [
-            Patch(facecolor=GEN_FILL[1], edgecolor=GEN_EDGE, label="generation"),
-            Patch(facecolor="#e8eff9", edgecolor=GEN_EDGE, label="starting (to its first step)"),
-        ]
+        handles: list[Any] = [Patch(facecolor=GEN_FILL[1], edgecolor=GEN_EDGE, label="generation")]
+        if any(g.starting_end is not None for g in timeline.generations):
+            handles.append(
+                Patch(facecolor="#e8eff9", edgecolor=GEN_EDGE, label="starting (to its first step)")
+            )
         handles += [
             Patch(color=PHASE_COLOURS.get(p, JOINED_PHASE), label=f"incident: {p}")
             for p in timeline.phases
@@ -129,8 +130,8 @@ def _lanes(ax: Any, tl: Timeline) -> None:
             edgecolors=GEN_EDGE,
             linestyles="--" if g.open else "-",
         )
-        stepped = g.end if g.first_step_t is None else g.first_step_t
-        if stepped > g.start:  # paler: starting, to its first step
+        stepped = g.start if g.starting_end is None else min(g.starting_end, g.end)
+        if stepped > g.start:  # paler: starting, to its first step (not without any steps)
             ax.broken_barh([(g.start, stepped - g.start)], (y_gen - 0.36, 0.72), facecolors="white",
                            alpha=0.55)  # fmt: skip
         label = f"g{g.number} · {', '.join(g.hosts)} · {g.world_size} ranks"
@@ -225,7 +226,10 @@ def _summary(tl: Timeline) -> list[str]:
     lines = [" · ".join(facts)]
     if tl.goodput is not None:
         g = tl.goodput
-        line = f"goodput {100 * g['ratio']:.1f}%: {_dur(g['productive_s'])} productive"
+        if g["ratio"] is None:  # no progress signal: what ran is not known to be training
+            line = f"goodput — ({g['unknown']}): {_dur(g['unknown_s'])} ran without a step"
+        else:
+            line = f"goodput {100 * g['ratio']:.1f}%: {_dur(g['productive_s'])} productive"
         top = sorted(g["lost"], key=lambda b: -b[1])[:5]  # the biggest losses fit on a line
         if top:
             line += "; lost to " + ", ".join(f"{label} {_dur(s)}" for label, s in top)

@@ -1,12 +1,13 @@
 """`ftrun status --watch`: the jobs' state, refreshed in place until Ctrl-C.
 
 Per job: its state, generation, plan, hosts, step and step rate, its last incident and its
-goodput so far, all read from the journal as `status` and `inspect` read it. On a terminal the
-table is redrawn in place (rich Live): it is laid out at the terminal's width on every refresh,
-so a resize takes effect at the next one; below 100 columns each job is a block of short lines
-instead, as a table that narrow would squeeze columns out. Piped, a snapshot is printed every interval, one
-after another, without cursor movement (as `kubectl get -w` streams): a file or `grep` gets
-text it can read. Ctrl-C leaves the watch: exit 0, it is how a watch ends.
+goodput so far (— and why, without a progress signal), all read from the journal as `status`
+and `inspect` read it. On a terminal the table is redrawn in place (rich Live): it is laid out
+at the terminal's width on every refresh, so a resize takes effect at the next one; below 100
+columns each job is a block of short lines instead, as a table that narrow would squeeze
+columns out. Piped, a snapshot is printed every interval, one after another, without cursor
+movement (as `kubectl get -w` streams): a file or `grep` gets text it can read. Ctrl-C leaves
+the watch: exit 0, it is how a watch ends.
 
 A running job's journal grows by a line a second; each refresh re-reads the jobs whose journal
 changed (size or mtime) and reuses the rest.
@@ -107,9 +108,13 @@ def jobs_watch_table(views: list[JobView], now: float) -> Table:
         ("GOODPUT", {"justify": "right"}),
     ):
         table.add_column(col, **kw)
+    unknown: dict[str, None] = {}  # why goodput is — (no progress signal), once each
     for v in views:
         plan = v.generations[-1].plan if v.generations else None
         rate = step_rate(v, now)
+        goodput = job_goodput(v, now=now).job
+        if goodput.unknown is not None:
+            unknown[goodput.unknown] = None
         table.add_row(
             plain(v.job_id),
             state_text(v.state),
@@ -119,8 +124,11 @@ def jobs_watch_table(views: list[JobView], now: float) -> Table:
             "-" if v.step is None else str(v.step),
             "-" if rate is None else f"{rate:.3g}",
             plain(last_incident(v, now)),
-            ratio_text(job_goodput(v, now=now).job),
+            ratio_text(goodput),
         )
+    if unknown:
+        table.caption = Text("goodput —: " + "; ".join(unknown), style="dim")
+        table.caption_justify = "left"
     return table
 
 
@@ -133,6 +141,7 @@ def jobs_watch_blocks(views: list[JobView], now: float) -> Group:
     for v in views:
         plan = v.generations[-1].plan if v.generations else None
         rate = step_rate(v, now)
+        goodput = job_goodput(v, now=now).job
         parts.append(
             Text.assemble(
                 (clean(v.job_id), "bold"),
@@ -140,9 +149,11 @@ def jobs_watch_blocks(views: list[JobView], now: float) -> Group:
                 state_text(v.state),
                 f"  gen {v.generation}  step {'-' if v.step is None else v.step}",
                 f"  {'-' if rate is None else format(rate, '.3g')} steps/s",
-                f"  goodput {ratio_text(job_goodput(v, now=now).job)}",
+                f"  goodput {ratio_text(goodput)}",
             )  # fmt: skip
         )
+        if goodput.unknown is not None:
+            parts.append(Text(f"  goodput —: {goodput.unknown}", style="dim"))
         parts.append(Text(clean(f"  hosts: {hosts_text(v)}" + (f"; plan {plan}" if plan else ""))))
         parts.append(Text(clean(f"  last incident: {last_incident(v, now)}"), style="dim"))
     return Group(*parts)

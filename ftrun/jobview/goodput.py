@@ -21,6 +21,12 @@ and a generation's training time is then split by what the journal says about it
 A generation owns the time from its launch to the next one's (the first also the job's
 start-up), so the generations' accounts add up to the job's. Between runs of a requeued job no
 controller runs and nothing is paid: that time is not the job's wall time.
+
+Without a progress signal (no `ftrun.step()`, no `--progress-regex` match: no step anywhere in
+the journal) the first step never comes, so nothing tells start-up from training: the time from
+each launch on is `unknown_s` (ran, doing what no step said), goodput is unknown (None, not 0)
+and `unknown` says why. What the journal does time (before the launch, detection, teardown,
+waiting for hosts, a reported restore) stays badput; the account still adds up.
 """
 
 from __future__ import annotations
@@ -57,19 +63,28 @@ BUCKET_LABELS = {
     "other": "other",
 }
 _TRAINING = "training"
+_RAN = "ran"  # a launched generation of a job without a progress signal: start-up or training
+NO_SIGNAL = "no progress signal: the script reports no steps; see ftrun.step / --progress-regex"
+NO_STEP_YET = "no progress signal yet: no step reported so far; see ftrun.step / --progress-regex"
 _OFF = "off"  # no controller runs: between the runs of a requeued job, after the end
 
 
 @dataclass
 class Share:
-    """One account: the wall time, the productive part of it, and the badput by bucket."""
+    """One account: the wall time, the productive part of it, and the badput by bucket. With
+    `unknown` (why), `unknown_s` of it ran without a step to tell start-up from training: the
+    productive part and the ratio are unknown (None), the rest adds up as ever."""
 
     wall_s: float = 0.0
     productive_s: float = 0.0
     buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    unknown_s: float = 0.0
+    unknown: str | None = None
 
     @property
     def ratio(self) -> float | None:
+        if self.unknown is not None:
+            return None
         return self.productive_s / self.wall_s if self.wall_s > 0 else None
 
     @property
@@ -79,14 +94,18 @@ class Share:
     def add(self, other: Share) -> None:
         self.wall_s += other.wall_s
         self.productive_s += other.productive_s
+        self.unknown_s += other.unknown_s
+        self.unknown = self.unknown or other.unknown
         for name, seconds in other.buckets.items():
             self.buckets[name] += seconds
 
     def to_json(self) -> dict[str, Any]:
         return {
             "wall_s": round(self.wall_s, 3),
-            "productive_s": round(self.productive_s, 3),
+            "productive_s": None if self.unknown else round(self.productive_s, 3),
             "goodput": None if self.ratio is None else round(self.ratio, 4),
+            "goodput_unknown": self.unknown,
+            "unknown_s": round(self.unknown_s, 3),
             "badput_s": {name: round(s, 3) for name, s in self.buckets.items()},
         }
 
@@ -118,6 +137,7 @@ class _Gen:
     restored_step: int | None = None
     predicted_step_s: float | None = None
     full_step_s: float | None = None
+    launched: bool = False
     spans: dict[str, float] = field(default_factory=dict)  # label → seconds
 
 
@@ -132,7 +152,8 @@ def account(
     """The goodput account of a job from its events. `running`: the controller still runs, so
     the account goes on to `now`; otherwise it stops at the job's last event."""
     events = list(events)
-    marks, gens, full_world = _marks(events)
+    signal = any(_is_step(ev) for ev in events)
+    marks, gens, full_world = _marks(events, signal=signal)
     if not marks:
         return GoodputReport(Share(), {}, now or time.time())
     last_t = max(float(ev.get("t", 0.0)) for ev in events)
@@ -145,19 +166,23 @@ def account(
     _restored_steps(events, gens)
     report = GoodputReport(Share(), {}, end_t)
     numbers = sorted(gens)
+    why = NO_STEP_YET if running else NO_SIGNAL
     for i, number in enumerate(numbers):
         nxt = gens[numbers[i + 1]] if i + 1 < len(numbers) else None
         share = _account(gens[number], nxt, full_world)
+        if not signal and gens[number].launched:
+            share.unknown = why
         report.generations[number] = share
         report.job.add(share)
     return report
 
 
 def _marks(
-    events: list[dict[str, Any]],
+    events: list[dict[str, Any]], *, signal: bool
 ) -> tuple[list[tuple[float, str, int]], dict[int, _Gen], int]:
     """Where each stretch of time begins: (t, label, generation that owns it), by time; the
-    generations; and the job's full world size (its original hosts × ranks per host)."""
+    generations; and the job's full world size (its original hosts × ranks per host).
+    `signal`: the journal has steps; without, a launch begins what no step tells apart."""
     marks: list[tuple[float, str, int]] = []
     gens: dict[int, _Gen] = {}
     current = 0  # the generation that owns the time now (0: before the first launch)
@@ -186,7 +211,9 @@ def _marks(
             if plan is not None:
                 g.predicted_step_s = plan.get("predicted_step_s")
             g.full_step_s = full_step
-            marks.append((t, "startup" if first_of_run else "relaunch", gen))
+            g.launched = True
+            label = ("startup" if first_of_run else "relaunch") if signal else _RAN
+            marks.append((t, label, gen))
             first_of_run = False
         elif kind in ("first_step", "progress") and isinstance(gen, int) and gen in gens:
             g, step = gens[gen], ev.get("step")
@@ -234,6 +261,11 @@ def _marks(
     return marks, gens, full_world
 
 
+def _is_step(ev: dict[str, Any]) -> bool:
+    step = ev.get("step")
+    return ev["kind"] in ("first_step", "progress") and isinstance(step, int)
+
+
 def _restored_steps(events: list[dict[str, Any]], gens: dict[int, _Gen]) -> None:
     """Scripts without ftrun.checkpoint report no restore: the step they start again at is the
     one before their first step."""
@@ -246,12 +278,19 @@ def _account(g: _Gen, nxt: _Gen | None, full_world: int) -> Share:
     share = Share()
     share.wall_s = sum(g.spans.values())
     for label, seconds in g.spans.items():
-        if label != _TRAINING:
+        if label == _RAN:
+            share.unknown_s += seconds
+        elif label != _TRAINING:
             share.buckets[label if label in share.buckets else "other"] += seconds
-    # The restore happened inside the relaunch (or start-up): take it out of there.
-    before = "relaunch" if share.buckets["relaunch"] > 0 else "startup"
-    restore = min(g.restore_s, share.buckets[before])
-    share.buckets[before] -= restore
+    # The restore happened inside the relaunch (or start-up; without steps, what ran): take it
+    # out of there.
+    if share.unknown_s > 0:
+        restore = min(g.restore_s, share.unknown_s)
+        share.unknown_s -= restore
+    else:
+        before = "relaunch" if share.buckets["relaunch"] > 0 else "startup"
+        restore = min(g.restore_s, share.buckets[before])
+        share.buckets[before] -= restore
     share.buckets["restore"] += restore
     training = g.spans.get(_TRAINING, 0.0)
     recomputed = 0.0

@@ -65,7 +65,11 @@ class GenSpan:
     first_step: int | None
     last_step: int | None
     restored: dict[str, Any] | None  # checkpoint_restored: step, tier, restore_s
-    goodput: float | None  # productive share of this generation's wall time
+    goodput: float | None  # productive share of this generation's wall time (None: unknown)
+    # Where its paler "starting" part ends: its first step, or its end if it never stepped;
+    # None in a job without a progress signal, whose generations ran (no step tells how long
+    # they were starting), so they are drawn as running from their launch.
+    starting_end: float | None
     points: list[RatePoint] = field(default_factory=list)
 
 
@@ -118,7 +122,9 @@ class Timeline:
     commits_total: int  # before thinning
     max_rate: float
     hosts: dict[str, str]
-    goodput: dict[str, Any] | None  # job-wide: ratio, productive_s, wall_s, lost [[label, s]]
+    # Job-wide: ratio, productive_s, wall_s, lost [[label, s]]; without a progress signal
+    # ratio and productive_s are None, `unknown` says why and `unknown_s` is the time it covers.
+    goodput: dict[str, Any] | None
     phases: list[str] = field(default_factory=lambda: list(PHASES))
     markers_legend: dict[str, str] = field(default_factory=lambda: dict(MARKERS))
 
@@ -133,7 +139,9 @@ def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = 
     origin = _origin(view)
     end_wall = _end(view, now)
     live = view.state == "running"
-    goodput = _goodput(report or job_goodput(view, now=now))
+    report = report or job_goodput(view, now=now)
+    goodput = _goodput(report)
+    signal = report.job.unknown is None  # steps tell start-up from training
 
     def rel(t: float) -> float:
         return round(t - origin, 3)
@@ -154,11 +162,12 @@ def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = 
     gens = []
     for g in view.generations:
         ended = g.ended_t if g.ended_t is not None else end_wall
+        end = rel(max(ended, g.launched_t))
         gens.append(
             GenSpan(
                 number=g.number,
                 start=rel(g.launched_t),
-                end=rel(max(ended, g.launched_t)),
+                end=end,
                 open=g.ended_t is None and live,
                 hosts=list(g.hosts),
                 world_size=g.world_size,
@@ -172,6 +181,9 @@ def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = 
                 last_step=g.last_step,
                 restored=restored.get(g.number),
                 goodput=goodput["generations"].get(g.number),
+                starting_end=(
+                    None if not signal else end if g.first_step_t is None else rel(g.first_step_t)
+                ),
                 points=rate_points(steps.get(g.number, []), origin),
             )
         )
@@ -318,12 +330,14 @@ def _goodput(report: GoodputReport) -> dict[str, Any]:
     ]
     return {
         "job": None
-        if share.ratio is None
+        if share.wall_s <= 0
         else {
             "ratio": share.ratio,
-            "productive_s": round(share.productive_s, 3),
+            "productive_s": None if share.unknown else round(share.productive_s, 3),
             "wall_s": round(share.wall_s, 3),
             "lost": lost,
+            "unknown": share.unknown,
+            "unknown_s": round(share.unknown_s, 3),
         },
         "generations": {n: s.ratio for n, s in report.generations.items()},
     }
