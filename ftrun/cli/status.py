@@ -1,4 +1,8 @@
-"""`ftrun status [JOB]`: what is running and what ran. Reads only job directories."""
+"""`ftrun status [JOB]`: what is running and what ran. Reads only job directories.
+
+One job: its incidents, its goodput so far (— and why without a progress signal), and the
+current generation's ranks (host, local rank, pid, state), so one rank can be found and
+signalled (`kill -USR1 PID` on its host)."""
 
 from __future__ import annotations
 
@@ -6,14 +10,17 @@ import json
 from pathlib import Path
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from ftrun.cli import job_options
+from ftrun.cli.goodput_render import ratio_text
 from ftrun.cli.render import jobs_table, make_console, print_job
-from ftrun.cli.safetext import plain
+from ftrun.cli.safetext import clean, plain
 from ftrun.cli.watch import watch as watch_jobs
 from ftrun.config import resolve_run_dir
 from ftrun.errors import FtrunError, UsageError
-from ftrun.jobview import load_job
+from ftrun.jobview import JobView, load_job
 from ftrun.jobview.goodput import job_goodput
 from ftrun.journal_read import find_job_dir, list_job_dirs
 from ftrun.transport.slurm_allocation import job_fields
@@ -64,6 +71,8 @@ def status(
         print(json.dumps(out, indent=2))
     else:
         print_job(console, view)
+        print_goodput(view)
+        print_ranks(view)
         if slurm is not None:
             console.print(
                 f"slurm: job {view.slurm_job_id} {slurm.get('JobState', '?')} on "
@@ -73,6 +82,44 @@ def status(
             )
         console.print()
         console.print(plain(f"more: ftrun inspect {view.job_id}", "dim"))
+
+
+RANK_STYLE = {"running": "cyan", "exited": "", "killed": "yellow", "unknown": "dim"}
+
+
+def print_goodput(view: JobView) -> None:
+    """One line: the job's goodput so far, or `—` and why (no progress signal)."""
+    share = job_goodput(view).job
+    if share.wall_s <= 0:
+        return
+    if share.unknown is not None:
+        console.print(Text.assemble("goodput —: ", clean(share.unknown)), soft_wrap=True)
+    else:
+        console.print(
+            f"goodput {ratio_text(share)}" + (" so far" if view.state == "running" else "")
+        )
+
+
+def print_ranks(view: JobView) -> None:
+    """The current generation's ranks: where each runs, its pid, and what became of it."""
+    if not view.ranks:
+        return
+    table = Table(box=None, header_style="bold", title_justify="left")
+    for col in ("RANK", "HOST", "LOCAL", "PID", "STATE"):
+        table.add_column(col)
+    for r in view.ranks:
+        table.add_row(
+            str(r.rank),
+            plain(r.host or "-"),
+            "-" if r.local_rank is None else str(r.local_rank),
+            "-" if r.pid is None else str(r.pid),
+            plain(r.state_text, RANK_STYLE.get(r.state, "")),
+        )
+    console.print()
+    console.print(Text(f"ranks of generation {view.generation}", style="bold"))
+    console.print(table)
+    if any(r.state == "running" for r in view.ranks):
+        console.print(plain("signal one rank: kill -USR1 PID, on its host", "dim"))
 
 
 def slurm_view(slurm_job_id: str | None) -> dict[str, str] | None:

@@ -1,7 +1,7 @@
 """One generation as the controller sees it while it runs: which agents and hosts, how far it
 got, and what its agents' messages mean: output becomes journal events (log lines, first step,
-progress, rank starts), a rank's crash or hang becomes a Failure, every host's torchrun exiting
-0 is success. Clean rank exits, idle reports and stacks are the stall desk's (stalldesk.py).
+progress, rank starts, every rank's exit), a rank's crash or hang becomes a Failure, every host's
+torchrun exiting 0 is success. Clean rank exits (beyond their journal line), idle reports and stacks are the stall desk's (stalldesk.py).
 And how a generation ends: an `Ending`, decided before the supervisor tears it down.
 """
 
@@ -25,6 +25,11 @@ from ftrun.journal import Journal
 # `inspect --html` and of goodput's account of a generation's last seconds (a line a second is
 # ~3 MiB over ten hours).
 PROGRESS_EVENT_INTERVAL_S = 1.0
+
+
+# What the journal keeps of a rank's exit; of a failing one also its evidence.
+EXIT_FIELDS = ("rank", "pid", "exit_code", "signal", "t_exit", "step")
+EXIT_EVIDENCE = ("exception", "traceback", "traceback_source")
 
 
 class Seen(enum.Enum):
@@ -119,29 +124,15 @@ class GenWatch:
             return Seen.PROGRESS
         if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
             self.max_step = max(self.max_step or 0, msg["step"])
-        if kind == "rank_exited" and msg.get("exit_code") == 0 and not msg.get("signal"):
-            self.clean_ranks.add(msg["rank"])
-        if kind == "rank_exited" and (msg.get("exit_code") != 0 or msg.get("signal")):
+        if kind == "rank_exited":  # every exit, 0 too: `ftrun status JOB` lists each rank's
+            failed = msg.get("exit_code") != 0 or bool(msg.get("signal"))
+            fields = EXIT_FIELDS + (EXIT_EVIDENCE if failed else ())
             self.journal.record(
-                "rank_exited",
-                gen=self.number,
-                host=host,
-                **{
-                    k: msg.get(k)
-                    for k in (
-                        "rank",
-                        "pid",
-                        "exit_code",
-                        "signal",
-                        "t_exit",
-                        "step",
-                        "exception",
-                        "traceback",
-                        "traceback_source",
-                    )
-                },
+                "rank_exited", gen=self.number, host=host, **{k: msg.get(k) for k in fields}
             )
-            return evidence.crash(msg, host, self.max_step)
+            if failed:
+                return evidence.crash(msg, host, self.max_step)
+            self.clean_ranks.add(msg["rank"])
         if kind == "rank_hung" and not self.stall.finishing:
             return evidence.hang(msg, host, self.max_step)
         if kind == "gen_exited":

@@ -2,6 +2,7 @@
 
     views.py  the dataclasses (JobView, Generation, Incident) and the numbers derived from them
     fold.py   events → JobView (pure, but for asking the OS whether the controller still runs)
+    ranks.py  the current generation's ranks: host, local rank, pid, running or how it ended
     load.py   a job directory → JobView: the journal folded, plus what each restart restored
     timeline.py  JobView → what `inspect --html/--png` draw (phases.py: an incident's pieces)
 
@@ -10,6 +11,7 @@ Imports only the ground floor (the journal); only the CLI imports it.
 
 from ftrun.jobview.fold import controller_alive, fold, fold_hosts
 from ftrun.jobview.load import RESTORE_LINE, RESTORE_SCAN_BYTES, load_job, read_restore
+from ftrun.jobview.ranks import RankView
 from ftrun.jobview.views import STATES, Generation, Incident, JobView
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "Generation",
     "Incident",
     "JobView",
+    "RankView",
     "controller_alive",
     "fold",
     "fold_hosts",

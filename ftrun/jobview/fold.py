@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 
+from ftrun.jobview.ranks import fold_ranks
 from ftrun.jobview.views import Generation, Incident, JobView
 
 
@@ -152,6 +153,7 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
         )
     view.hosts = fold_hosts(events)
     view.turned_away = fold_turned_away(events)
+    view.ranks = fold_ranks(events, job_running=view.state == "running")
     return view
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftrun.jobview.ranks import RankView
+
 STATES = ("running", "succeeded", "failed", "stopped")
 
 
@@ -177,6 +179,7 @@ class JobView:
     damaged: str | None = None
     # Refused connections and messages, accept pauses, dropped log lines (fold_turned_away).
     turned_away: dict[str, int] = field(default_factory=dict)
+    ranks: list[RankView] = field(default_factory=list)  # the current generation's (ranks.py)
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - (self.started_t or time.time())
@@ -204,6 +207,7 @@ class JobView:
             out["root_cause"] = self.root_cause
             out["incidents"] = [i.to_json() for i in self.incidents]
             out["generations"] = [g.to_json() for g in self.generations]
+            out["ranks"] = [r.to_json() for r in self.ranks]
         return out
 
 
