@@ -240,6 +240,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "states": ByRank(opt(Str(64))),
                 "overdue": ListOf(RANK, MAX_RANKS),
                 "tail": LINES,
+                "why": opt(Str(16, choices=("section", "stopped", "spinning"))),
             },
             ("gen", "rank"),
         ),
@@ -294,7 +295,12 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             },
             ("gen", "action"),
         ),
-        "idle": Schema({**AGENT_REPORT, "ranks": opt(ByRank(SECONDS))}, ("gen",)),
+        # overdue: the ranks here past their hang allowance (rank → allowance), when every
+        # rank here has been waiting together: a suspected deadlock (agent/verdict.py).
+        "idle": Schema(
+            {**AGENT_REPORT, "ranks": opt(ByRank(SECONDS)), "overdue": opt(ByRank(SECONDS))},
+            ("gen",),
+        ),
         "stacks": Schema(
             {
                 **AGENT_REPORT,

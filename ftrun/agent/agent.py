@@ -106,8 +106,11 @@ class Agent:
                 ("receive loop", self._receive_loop),
                 ("order loop", self._order_loop),
                 ("heartbeat loop", self._heartbeat_loop),
-                ("tail loop", lambda: watch.tail_loop(lambda: self.gen, self.tasks)),
-                ("idle loop", lambda: watch.idle_loop(lambda: self.gen, self.link)),
+                ("tail loop", lambda: watch.tail_loop(lambda: self.gen)),
+                (
+                    "evidence loop",
+                    lambda: watch.evidence_loop(lambda: self.gen, self.link, self.tasks),
+                ),
             ):
                 self.tasks.spawn(name, loop_fn, restart=True)
             self.stdin_watch = watch_stdin(

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftrun.agent import error_file, idle, inject, stacks
-from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
+from ftrun.agent import error_file, idle, inject, stacks, verdict
+from ftrun.agent.hang import HangPolicy, ProgressTracker
 from ftrun.agent.lines import (
     REPORT_LINE_CHARS,
     REPORT_TEXT_CHARS,
@@ -66,14 +66,17 @@ class GenerationRun:
         self.host = host
         self.link = link
         self.tasks = tasks
-        hang = HangPolicy(**launch.get("hang", {}))
+        self.hang_policy = hang = HangPolicy(**launch.get("hang", {}))
         self.logs = GenerationLogs(directory, launch.get("progress_regex"), host=host)
         self.progress = ProgressTracker(hang, expect_progress=hang.expect_progress)
         self.first_rank = int(launch["node_rank"]) * int(launch["nproc_per_node"])
-        # Zero-config hang guard (idle.py); None when off. `finishing`: a rank of the generation
-        # exited 0 (the controller said so): the hang detectors stand down, its exit barrier rules.
-        idle_timeout_s = float(launch.get("idle_timeout_s") or 0)
-        self.idle_guard = idle.IdleGuard(idle_timeout_s) if idle_timeout_s > 0 else None
+        # What the ranks are doing (idle.py: CPU, output, process state): the zero-config hang
+        # guard (off with idle_timeout_s 0) and the evidence a hang verdict needs (verdict.py).
+        # `finishing`: a rank of the generation exited 0 (the controller said so): the hang
+        # detectors stand down, its exit barrier rules.
+        self.idle_guard = idle.IdleGuard(float(launch.get("idle_timeout_s") or 0))
+        self.stopped_samples: dict[int, int] = {}  # rank → samples in a row it was stopped in
+        self.last_sample_t = 0.0
         self.finishing = False
         self.proc: asyncio.subprocess.Process | None = None  # torchrun (its shim)
         self.pgids: set[int] = set()
@@ -230,14 +233,15 @@ class GenerationRun:
 
     # ---- hangs, idleness and stacks -----------------------------------------------------------
 
-    def newly_overdue(self, now: float) -> list[Overdue]:
-        """The ranks past their hang allowance, the first time there are any (once per
-        generation, and not while it is finishing: the controller's exit barrier rules then)."""
-        if self.hang_reported:
-            return []
-        overdue = self.progress.overdue(now)
-        self.hang_reported = bool(overdue)
-        return overdue
+    def sample_interval(self, now: float) -> float | None:
+        """How soon to sample the ranks again: often once a rank is halfway to its allowance
+        (the evidence must be fresh when it is due), else at the idle guard's pace (None: off)."""
+        if not self.finishing and not self.hang_reported:
+            for p in self.progress.ranks.values():
+                allowance = self.progress.base_allowance(p)
+                if allowance is not None and now - p.since > allowance / 2:
+                    return idle.SUSPECT_INTERVAL_S
+        return self.idle_guard.interval_s
 
     def on_finishing(self) -> None:
         """A rank of this generation exited 0 (the controller says): the step-based detector
@@ -245,47 +249,97 @@ class GenerationRun:
         self.finishing = True
         self.hang_reported = True
 
-    async def report_hang(self, overdue: list[Overdue], *, detected_t: float) -> None:
-        """Capture the stacks of the overdue ranks, then report the hang. The controller tears
-        the generation down only after this, so the stacks are taken from the live processes."""
+    async def sample_evidence(self) -> tuple[verdict.Found | None, dict[str, Any] | None]:
+        """Sample CPU, output and state of the live ranks. Returns a local hang verdict (a
+        stopped or spinning rank, verdict.py), and the `idle` message's fields when the
+        controller should hear of a change (every rank here idle for a while, or waiting past
+        an allowance, or that ended)."""
+        live = self.live_ranks()
+        cpu, states = (
+            await asyncio.get_running_loop().run_in_executor(None, idle.sample_ranks, live)
+            if live
+            else ({}, {})
+        )
+        now = time.monotonic()
+        judging = not (self.finishing or self.hang_reported)
+        base = self.progress.overdue(now, learned=False) if judging else []
+        late = self.progress.overdue(now) if judging else []
+        self.stopped_samples = {
+            r: self.stopped_samples.get(r, 0) + 1
+            for r, st in states.items()
+            if st in verdict.STOPPED_STATES
+        }
+        # A section is a pause on purpose; a step since the last sample is progress.
+        exempt = {
+            r
+            for r, p in self.progress.ranks.items()
+            if p.section is not None or p.since > self.last_sample_t
+        }
+        self.last_sample_t = now
+        guard = self.idle_guard
+        tell, ranks = guard.update(
+            now,
+            cpu,
+            idle.output_bytes(self.directory, set(cpu)),
+            exempt=exempt,
+            finishing=self.finishing,
+            running={r for r, st in states.items() if st == "running"},
+            stepping=bool(self.steps),
+            overdue=bool(late),
+            confirm_s=self.hang_policy.confirm_s,
+        )
+        found = (
+            verdict.local_verdict(
+                base,
+                late,
+                stopped={r for r, n in self.stopped_samples.items() if n >= 2},
+                busy=guard.tracker.busy(),
+                now=now,
+                policy=self.hang_policy,
+            )
+            if judging
+            else None
+        )
+        news = None
+        if tell:
+            waiting_past = {str(o.rank): round(o.allowance_s, 3) for o in late}
+            news = {
+                "gen": self.number,
+                "ranks": None if ranks is None else {str(r): round(s, 3) for r, s in ranks.items()},
+                "overdue": waiting_past if ranks is not None and waiting_past else None,
+            }
+        return found, news
+
+    async def report_hang(self, found: verdict.Found, *, detected_t: float) -> None:
+        """Capture the stacks of the live ranks, then report the hang. The controller tears
+        the generation down only after this, so the stacks are taken from the live processes.
+        A spinning rank whose stacks show teardown is not reported: its code is done, and the
+        exit rules are the ones that apply (it is no longer watched for progress)."""
+        overdue = [found.culprit] + [o for o in found.overdue if o.rank != found.culprit.rank]
         report = await stacks.hang_report(
             overdue, self.live_ranks(), self.logs, flush=self.flush_logs
         )
+        culprit = str(found.culprit.rank)
+        if found.why == "spinning" and verdict.in_teardown(
+            {culprit: report["stacks"].get(culprit, "")}
+        ):
+            log.info("rank %s is in teardown, not hung: the exit rules apply", culprit)
+            self.progress.on_exit(found.culprit.rank)
+            self.hang_reported = False
+            return
         report["tail"] = report_lines(report["tail"])
         report["stacks"] = {
             r: clip(t, STACKS_CHARS // max(1, len(report["stacks"])))
             for r, t in report["stacks"].items()
         }
         self.link.send(
-            "rank_hung", gen=self.number, step=self.job_step(), detected_t=detected_t, **report
+            "rank_hung",
+            gen=self.number,
+            step=self.job_step(),
+            detected_t=detected_t,
+            why=found.why,
+            **report,
         )
-
-    async def sample_idle(self, guard: idle.IdleGuard) -> dict[str, Any] | None:
-        """Sample CPU and output of the live ranks (idle.py); the `idle` message's fields when
-        the controller should hear of a change (every rank idle for a while, or that ended)."""
-        live = self.live_ranks()
-        cpu = (
-            await asyncio.get_running_loop().run_in_executor(None, idle.sample_cpu, live)
-            if live
-            else {}
-        )
-        # Ranks that step have the step-based detector; a section is a pause on purpose.
-        exempt = set(self.steps) | {
-            r for r, p in self.progress.ranks.items() if p.section is not None
-        }
-        tell, ranks = guard.update(
-            time.monotonic(),
-            cpu,
-            idle.output_bytes(self.directory, set(cpu)),
-            exempt=exempt,
-            finishing=self.finishing,
-        )
-        if not tell:
-            return None
-        return {
-            "gen": self.number,
-            "ranks": None if ranks is None else {str(r): round(s, 3) for r, s in ranks.items()},
-        }
 
     async def send_stacks(self) -> None:
         """The stacks, states and last lines of every live rank here (the controller asked)."""

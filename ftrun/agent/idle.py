@@ -12,6 +12,11 @@ idle for `report_after_s(timeout)` (hysteresis: a rank that prints every few sec
 messages), and busy again as soon as one is not. The controller combines the hosts
 (controller/stall.py): a job with one busy host is not idle.
 
+The same samples are the evidence for a hang verdict on ranks that do report steps
+(verdict.py): once a rank is past its allowance, the host is sampled every
+SUSPECT_INTERVAL_S and reports itself idle, with `overdue`, as soon as every live rank here has
+waited `confirm_s` together; and a rank's process state (stopped, runnable) is read too.
+
 `IdleTracker` is pure (the caller passes the clock and the samples); `sample_cpu` reads the
 process trees with psutil, off the event loop.
 """
@@ -25,6 +30,10 @@ from pathlib import Path
 import psutil
 
 IDLE_CPU_FRACTION = 0.02  # of one core, per rank process tree
+# CPU time is counted in clock ticks (10 ms): at a few samples a second, one stray tick of a
+# waiting rank's background thread is no sign of work; two are.
+IDLE_CPU_MIN_S = 0.015
+SUSPECT_INTERVAL_S = 0.25  # how often to sample while a rank is past its allowance
 
 
 def sample_interval_s(timeout_s: float) -> float:
@@ -53,9 +62,18 @@ class IdleTracker:
         self.ranks: dict[int, _RankIdle] = {}
 
     def observe(
-        self, rank: int, now: float, *, cpu_s: float, out_bytes: int, exempt: bool = False
+        self,
+        rank: int,
+        now: float,
+        *,
+        cpu_s: float,
+        out_bytes: int,
+        exempt: bool = False,
+        running: bool = False,
     ) -> None:
-        """One sample of a live rank. `exempt`: it reports steps or is in a declared section."""
+        """One sample of a live rank. `exempt`: it made progress since the last sample, or is in
+        a declared section; `running`: its process was runnable (wants CPU it may not get on a
+        busy machine)."""
         r = self.ranks.get(rank)
         if r is None:
             self.ranks[rank] = _RankIdle(now, cpu_s, out_bytes, since=now)
@@ -63,12 +81,17 @@ class IdleTracker:
         dt = now - r.t
         busy = (
             exempt
+            or running
             or out_bytes != r.out_bytes
-            or (dt > 0 and cpu_s - r.cpu_s > self.cpu_fraction * dt)
+            or (dt > 0 and cpu_s - r.cpu_s > max(IDLE_CPU_MIN_S, self.cpu_fraction * dt))
         )
         if busy:
             r.since = now
         r.t, r.cpu_s, r.out_bytes = now, cpu_s, out_bytes
+
+    def busy(self) -> set[int]:
+        """The ranks seen busy at their last sample."""
+        return {rank for rank, r in self.ranks.items() if r.since == r.t}
 
     def forget(self, rank: int) -> None:
         self.ranks.pop(rank, None)
@@ -83,13 +106,15 @@ class IdleTracker:
 
 
 class IdleGuard:
-    """One generation on one host: samples in, a report out when the host's state flips."""
+    """One generation on one host: samples in, a report out when the host's state flips. With
+    `timeout_s` 0 the zero-config guard is off, and the host reports only a suspected hang."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.interval_s = sample_interval_s(timeout_s)
+        self.interval_s = sample_interval_s(timeout_s) if timeout_s > 0 else None
         self.tracker = IdleTracker()
-        self.reported = False  # what the controller was last told: idle (True) or busy
+        # What the controller was last told: idle (True) or busy, and whether past an allowance.
+        self.reported: tuple[bool, bool] = (False, False)
 
     def update(
         self,
@@ -99,40 +124,68 @@ class IdleGuard:
         *,
         exempt: set[int],
         finishing: bool,
+        running: set[int] = frozenset(),  # type: ignore[assignment]
+        stepping: bool = False,
+        overdue: bool = False,
+        confirm_s: float = 1.0,
     ) -> tuple[bool, dict[int, float] | None]:
-        """Take one sample of the live ranks (`cpu` has exactly them). Returns (tell the
-        controller?, seconds each rank has been idle, or None for busy)."""
+        """Take one sample of the live ranks (`cpu` has exactly them). `stepping`: ranks here
+        report steps (the zero-config guard is not theirs); `overdue`: a rank here is past its
+        hang allowance (then every rank waiting `confirm_s` is enough to say so).
+        Returns (tell the controller?, seconds each rank has been idle, or None for busy)."""
         for rank in self.tracker.ranks.keys() - cpu.keys():
             self.tracker.forget(rank)
         for rank, cpu_s in cpu.items():
             self.tracker.observe(
-                rank, now, cpu_s=cpu_s, out_bytes=out.get(rank, 0), exempt=rank in exempt
+                rank,
+                now,
+                cpu_s=cpu_s,
+                out_bytes=out.get(rank, 0),
+                exempt=rank in exempt,
+                running=rank in running,
             )
+        if overdue:
+            min_s: float | None = confirm_s
+        elif self.timeout_s and not stepping:
+            min_s = report_after_s(self.timeout_s)
+        else:
+            min_s = None
         ranks = (
             None
-            if finishing
-            else self.tracker.host_idle(now, set(cpu), min_s=report_after_s(self.timeout_s))
+            if finishing or min_s is None
+            else self.tracker.host_idle(now, set(cpu), min_s=min_s)
         )
-        if (ranks is not None) == self.reported:
+        state = (ranks is not None, overdue and ranks is not None)
+        if state == self.reported:
             return False, ranks
-        self.reported = ranks is not None
+        self.reported = state
         return True, ranks
 
 
 def sample_cpu(pids: dict[int, int]) -> dict[int, float]:
+    """CPU seconds used so far by each rank's process tree (sample_ranks)."""
+    return sample_ranks(pids)[0]
+
+
+def sample_ranks(pids: dict[int, int]) -> tuple[dict[int, float], dict[int, str]]:
     """CPU seconds used so far by each rank's process tree: the rank (with its reaped children)
-    plus its live descendants. One pass over the process table. Ranks that are gone are left
+    plus its live descendants; and each rank process's state (psutil's: "running", "sleeping",
+    "stopped", "disk-sleep", ...). One pass over the process table. Ranks that are gone are left
     out. Blocking (reads /proc): call it from an executor."""
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
-    for proc in psutil.process_iter(["ppid", "cpu_times"]):
+    status: dict[int, str] = {}
+    wanted = set(pids.values())
+    for proc in psutil.process_iter(["ppid", "cpu_times", "status"]):
         info = proc.info
         ct = info.get("cpu_times")
         if ct is None:
             continue
         children.setdefault(info["ppid"], []).append(proc.pid)
         times[proc.pid] = ct.user + ct.system + ct.children_user + ct.children_system
-    out = {}
+        if proc.pid in wanted:
+            status[proc.pid] = str(info.get("status"))
+    out, states = {}, {}
     for rank, pid in pids.items():
         if pid not in times:
             continue
@@ -145,7 +198,8 @@ def sample_cpu(pids: dict[int, int]) -> dict[int, float]:
             total += times.get(p, 0.0)
             stack.extend(children.get(p, ()))
         out[rank] = total
-    return out
+        states[rank] = status.get(pid, "unknown")
+    return out, states
 
 
 def output_bytes(directory: Path, ranks: set[int]) -> dict[int, int]:

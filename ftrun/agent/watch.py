@@ -1,7 +1,8 @@
 """The agent's timed loops over whichever generation runs here: the tail loop (the ranks' new
-output, a hang reported once, the job's step now and then) and the idle loop (the zero-config
-hang guard, idle.py). What each finds is the generation's to act on (genrun.py); the decisions
-on hangs and idleness are the controller's (controller/stall.py).
+output, the job's step now and then) and the evidence loop (what the ranks are doing: the
+zero-config hang guard, idle.py, and the evidence a hang verdict needs, verdict.py). What each
+finds is the generation's to act on (genrun.py); the job-wide decisions on hangs and idleness
+are the controller's (controller/stall.py).
 
 They run for the agent's whole life, not per generation, and read the current one at each tick
 (`current()`), so a generation that ends between ticks is simply no longer watched. The agent
@@ -24,43 +25,53 @@ log = logging.getLogger("ftrun.agent")
 
 TAIL_INTERVAL_S = 0.05
 PROGRESS_FLUSH_INTERVAL_S = 0.5
-IDLE_OFF_INTERVAL_S = 0.5  # how often the idle loop looks again while no guard is on
+IDLE_OFF_INTERVAL_S = 0.5  # how often the evidence loop looks again between samples
 
 
-async def tail_loop(current: Callable[[], GenerationRun | None], tasks: TaskSupervisor) -> None:
+async def tail_loop(current: Callable[[], GenerationRun | None]) -> None:
     """Forward the ranks' new output, give a rank whose handler came late the preemption
-    notice, report a hang once (stacks first: a task, so the tail keeps flowing meanwhile), and
-    send the job's step at most every PROGRESS_FLUSH_INTERVAL_S."""
+    notice, and send the job's step at most every PROGRESS_FLUSH_INTERVAL_S."""
     last_progress = 0.0
-    check = StallGuard()  # a hang is judged by silence: not right after we were stalled
     while True:
         run = current()
-        due = check.due()
         if run is not None:
             run.flush_logs()
             run.deliver_notice()
             now = time.monotonic()
-            if due and (overdue := run.newly_overdue(now)):
-                tasks.spawn("hang report", run.report_hang(overdue, detected_t=time.time()))
             if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
                 last_progress = now
                 run.send_progress()
-        await check.sleep(TAIL_INTERVAL_S)
+        await asyncio.sleep(TAIL_INTERVAL_S)
 
 
-async def idle_loop(current: Callable[[], GenerationRun | None], link: ControlLink) -> None:
-    """Sample CPU and output of the live ranks; tell the controller when every one of them has
-    been idle for a while, and when that stops."""
+async def evidence_loop(
+    current: Callable[[], GenerationRun | None], link: ControlLink, tasks: TaskSupervisor
+) -> None:
+    """Sample CPU, output and state of the live ranks while that is evidence anyone needs (a
+    rank nearing its hang allowance, or the idle guard); tell the controller when every rank
+    here has been idle, or waiting past an allowance, and when that stops; report a local hang
+    verdict once (stacks first: a task, so sampling goes on meanwhile)."""
+    check = StallGuard()  # a verdict is not given right after our own loop was stalled
+    last_sample = 0.0
     while True:
         run = current()
-        guard = run.idle_guard if run is not None else None
-        if run is None or guard is None:
-            await asyncio.sleep(IDLE_OFF_INTERVAL_S)
+        now = time.monotonic()
+        interval = run.sample_interval(now) if run is not None else None
+        # Looked at every IDLE_OFF_INTERVAL_S at most, so a rank that nears its allowance is
+        # sampled soon, but sampled (a pass over the process table) only as often as needed.
+        if run is None or interval is None or now - last_sample < interval:
+            await check.sleep(min(IDLE_OFF_INTERVAL_S, interval or IDLE_OFF_INTERVAL_S))
             continue
+        last_sample = now
+        due = check.due()
         try:
-            news = await run.sample_idle(guard)
-            if news is not None and current() is run:
-                link.send("idle", **news)
+            found, news = await run.sample_evidence()
+            if current() is run:
+                if news is not None:
+                    link.send("idle", **news)
+                if found is not None and due and not run.hang_reported:
+                    run.hang_reported = True
+                    tasks.spawn("hang report", run.report_hang(found, detected_t=time.time()))
         except Exception:
-            log.exception("idle guard: sampling failed")
-        await asyncio.sleep(guard.interval_s)
+            log.exception("hang evidence: sampling failed")
+        await check.sleep(min(IDLE_OFF_INTERVAL_S, interval))

@@ -123,12 +123,28 @@ def torchrun_exit(msg: dict[str, Any], host: str, step: int | None, now: float) 
     )
 
 
+# What the agent saw of a rank it judged hung (agent/verdict.py), as the incident says it.
+HANG_NOTES = {
+    "section": "past the timeout of the section it declared",
+    "stopped": "stopped: the process is in state T (SIGSTOP or a debugger)",
+    "spinning": "computing without a step past its allowance and the busy floor",
+}
+
+
 def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
     tail = msg.get("tail") or []
     detected = msg.get("detected_t")
     deadline = (msg.get("last_progress_t") or 0.0) + (msg.get("allowance_s") or 0.0)
+    note = HANG_NOTES.get(str(msg.get("why")))
     return Failure(
-        Evidence(kind="hang", host=host, rank=msg.get("rank"), step=step, log_tail=tuple(tail)),
+        Evidence(
+            kind="hang",
+            host=host,
+            rank=msg.get("rank"),
+            step=step,
+            log_tail=tuple(tail),
+            note=note,
+        ),
         fault_t=None,
         detected_t=detected,
         detail={
@@ -139,6 +155,7 @@ def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
             "stacks": msg.get("stacks"),
             "states": msg.get("states"),
             "overdue_ranks": msg.get("overdue"),
+            "why": msg.get("why"),
             "tail": tail,
         },
     )
@@ -154,10 +171,19 @@ def host_lost(msg: dict[str, Any], host: str, step: int | None) -> Failure:
 
 def idle(found: Idle, hosts: dict[str, str], step: int | None, detected_t: float) -> Failure:
     """Every rank on every host idle for the window: a hang, named after the lowest rank (all of
-    them stopped; the lowest is a stable name, so the same hang twice reads the same)."""
-    rank = min(found.ranks) if found.ranks else None
+    them stopped; the lowest is a stable name, so the same hang twice reads the same). With
+    ranks past their allowance, a deadlock: named after the lowest of those."""
+    pool = found.overdue or found.ranks
+    rank = min(pool) if pool else None
     host = hosts.get(found.rank_agents.get(rank, ""), "?") if rank is not None else None
-    note = f"idle: no CPU and no output for {found.idle_s:.0f} s"
+    if found.overdue:
+        allowance = found.overdue[rank] if rank is not None else 0.0
+        note = (
+            f"past its {allowance:.1f} s allowance, and every rank waiting (no CPU, no output)"
+            f" for {found.idle_s:.1f} s: nobody computes what they wait for"
+        )
+    else:
+        note = f"idle: no CPU and no output for {found.idle_s:.0f} s"
     tail = found.tails.get(str(rank), []) if rank is not None else []
     return Failure(
         Evidence(kind="hang", host=host, rank=rank, step=step, log_tail=tuple(tail), note=note),
@@ -168,6 +194,8 @@ def idle(found: Idle, hosts: dict[str, str], step: int | None, detected_t: float
             "stacks": found.stacks,
             "states": found.states,
             "idle_ranks": {str(r): round(s, 3) for r, s in found.ranks.items()},
+            "overdue_ranks": sorted(found.overdue),
+            "allowance_s": found.overdue.get(rank) if rank is not None else None,
             "stacks_missing_from": sorted(hosts.get(a, a) for a in found.unanswered),
             "tail": tail,
         },

@@ -15,6 +15,8 @@ optional TOML file (`ftrun launch --policy FILE`). See docs/policy.md for the fo
     startup_timeout_s = 300         # before the first step (only when progress is expected)
     floor_s = 2                     # afterwards: max(floor_s, factor x median step time)
     factor = 5
+    busy_floor_s = 60               # a rank computing past its allowance: a spin after this
+    confirm_s = 1                   # every rank waiting this long past an allowance: a hang
 
     [timeouts]                      # the control plane's timing (docs/timeouts.md)
     heartbeat_interval_s = 0.25
@@ -73,6 +75,8 @@ NUMBERS = {
     "startup_timeout_s": ("a non-negative number of seconds", "300"),
     "floor_s": ("a non-negative number of seconds", "2"),
     "factor": ("a non-negative number", "5"),
+    "busy_floor_s": ("a non-negative number of seconds", "60"),
+    "confirm_s": ("a non-negative number of seconds", "1"),
 }
 
 

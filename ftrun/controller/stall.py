@@ -14,6 +14,16 @@ output for a while (agent/idle.py) and when that stops. The job is idle when eve
 generation says so; once the last of them has been idle for `idle_timeout_s`, the controller
 asks every agent for stacks and the supervisor treats it as a hang.
 
+Deadlock. The same reports carry `overdue` when a rank on that host is past its hang allowance
+and every rank there has waited `confirm_s` together (agent/verdict.py). Once every host of the
+generation is idle and one of them has an overdue rank, nobody computes what the others wait
+for: after `confirm_s`, stacks, and a hang. A rank that waits while a peer computes is never
+judged here: the computing peer's host is not idle.
+
+Teardown. When the stacks of an idle job show every rank that answered in teardown
+(destroy_process_group, interpreter exit), it is not restarted: its work is done, and the exit
+barrier rules from then as if a rank had exited 0.
+
        ┌──────────────── watching ────────────────┐
        │ first rank exit 0 → barrier (deadline)     │ all agents idle ≥ timeout
        ▼                                           ▼
@@ -25,6 +35,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+from ftrun.agent.verdict import in_teardown
 
 STACK_TEXT_MAX = 48 * 1024  # per rank, so a reply of 8 ranks stays well under a frame
 
@@ -53,6 +65,8 @@ class StackRequest:
     tails: dict[str, list[str]] = field(default_factory=dict)
     rank_agents: dict[int, str] = field(default_factory=dict)
     idle_ranks: dict[int, float] = field(default_factory=dict)  # IDLE: seconds idle when asked
+    overdue: dict[int, float] = field(default_factory=dict)  # IDLE: rank → allowance passed
+    asked_wall_t: float = 0.0
 
     def on_reply(self, agent_id: str, msg: dict[str, Any]) -> None:
         if agent_id not in self.waiting:
@@ -89,6 +103,16 @@ class ExitHang:
     states: dict[str, str]
     tails: dict[str, list[str]]
     unanswered: frozenset[str]  # agents that did not send stacks in time
+    teardown: bool = False  # the barrier started from stacks in teardown, not from an exit 0
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """Every rank that answered was in teardown when the job went idle: finish, not restart."""
+
+    rank: int
+    agent: str
+    ranks: list[int]
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,8 @@ class Idle:
     states: dict[str, str]
     tails: dict[str, list[str]]
     unanswered: frozenset[str]
+    overdue: dict[int, float] = field(default_factory=dict)  # a deadlock: rank → allowance
+    detected_wall_t: float | None = None  # when every host was found idle (wall clock)
 
 
 class StallWatch:
@@ -114,16 +140,20 @@ class StallWatch:
         exit_timeout_s: float,
         idle_timeout_s: float,
         stacks_timeout_s: float,
+        confirm_s: float = 1.0,
     ) -> None:
         self.agents = set(agents)
         self.exit_timeout_s = exit_timeout_s
         self.idle_timeout_s = idle_timeout_s  # 0: the idle guard is off
         self.stacks_timeout_s = stacks_timeout_s
+        self.confirm_s = confirm_s
+        self.teardown = False  # the barrier runs because the stacks showed teardown
         self.clean: tuple[int, str] | None = None  # (rank, host) of the first exit 0
         self.clean_t: float | None = None
         self.deadline: float | None = None
         self.exited: set[str] = set()  # agents whose torchrun exited 0
         self.idle: dict[str, dict[int, float]] = {}  # agent → rank → idle since (our clock)
+        self.overdue: dict[str, dict[int, float]] = {}  # agent → rank → allowance it is past
         self.request: StackRequest | None = None
 
     # ---- events -----------------------------------------------------------------------------
@@ -143,6 +173,11 @@ class StallWatch:
             self.request = None  # finishing: an idle job here is a job at its exit
         return True
 
+    def on_teardown(self, rank: int, host: str, now: float) -> None:
+        """The stacks showed teardown: the barrier starts now, as on a clean exit."""
+        if self.on_clean_exit(rank, host, now):
+            self.teardown = True
+
     def on_progress(self, now: float) -> None:
         """A step reported while finishing: the ranks still work; the barrier counts from now."""
         if self.deadline is not None and self.request is None:
@@ -152,15 +187,28 @@ class StallWatch:
         """This agent's torchrun exited 0: it holds no live rank."""
         self.exited.add(agent_id)
         self.idle.pop(agent_id, None)
+        self.overdue.pop(agent_id, None)
         if self.request is not None:
             self.request.waiting.discard(agent_id)
 
-    def on_idle(self, agent_id: str, ranks: dict[int, float] | None, now: float) -> None:
-        """An agent's report: seconds each of its live ranks has been idle, or None (busy)."""
+    def on_idle(
+        self,
+        agent_id: str,
+        ranks: dict[int, float] | None,
+        now: float,
+        overdue: dict[int, float] | None = None,
+    ) -> None:
+        """An agent's report: seconds each of its live ranks has been idle, or None (busy); and
+        the ranks there past their hang allowance, if any."""
         if not ranks:
             self.idle.pop(agent_id, None)
+            self.overdue.pop(agent_id, None)
         else:
             self.idle[agent_id] = {int(r): now - float(s) for r, s in ranks.items()}
+            if overdue:
+                self.overdue[agent_id] = {int(r): float(a) for r, a in overdue.items()}
+            else:
+                self.overdue.pop(agent_id, None)
 
     def on_stacks(self, agent_id: str, msg: dict[str, Any]) -> None:
         if self.request is not None:
@@ -168,11 +216,20 @@ class StallWatch:
 
     # ---- time -------------------------------------------------------------------------------
 
+    def suspected(self) -> bool:
+        """A host has ranks past their hang allowance among its idle ranks."""
+        return any(self.overdue.get(agent) for agent in self.agents - self.exited)
+
+    def window_s(self) -> float:
+        """How long every host must have been idle: confirm_s for a suspected deadlock, else
+        the idle guard's timeout (0: off)."""
+        return self.confirm_s if self.suspected() else self.idle_timeout_s
+
     def idle_since(self) -> float | None:
         """Since when every host has been idle (the latest of its ranks to go idle); None when
-        a host is busy or has not said."""
+        a host is busy or has not said, or nothing would judge it."""
         live = self.agents - self.exited
-        if not self.idle_timeout_s or self.finishing or not live or not live <= self.idle.keys():
+        if not self.window_s() or self.finishing or not live or not live <= self.idle.keys():
             return None
         return max(since for agent in live for since in self.idle[agent].values())
 
@@ -183,18 +240,24 @@ class StallWatch:
         if self.deadline is not None:
             return self.deadline
         since = self.idle_since()
-        return None if since is None else since + self.idle_timeout_s
+        return None if since is None else since + self.window_s()
 
-    def poll(self, now: float) -> AskStacks | ExitHang | Idle | None:
+    def poll(
+        self, now: float, wall_t: float = 0.0
+    ) -> AskStacks | ExitHang | Idle | Teardown | None:
         if self.request is not None:
             return self._collected(now) if self.request.complete(now) else None
         if self.deadline is not None and now >= self.deadline:
             live = frozenset(self.agents - self.exited)
             return self._ask(Why.EXIT_HANG, live, now)
         since = self.idle_since()
-        if since is not None and now - since >= self.idle_timeout_s:
-            ask = self._ask(Why.IDLE, frozenset(self.agents - self.exited), now)
+        if since is not None and now - since >= self.window_s():
+            hosts = self.agents - self.exited
+            overdue = {r: a for agent in hosts for r, a in self.overdue.get(agent, {}).items()}
+            ask = self._ask(Why.IDLE, frozenset(hosts), now)
             assert self.request is not None
+            self.request.overdue = overdue
+            self.request.asked_wall_t = wall_t
             # Taken now: the stack dumps themselves are output, and make the ranks look busy.
             self.request.idle_ranks = {
                 r: now - t for agent in ask.agents for r, t in self.idle[agent].items()
@@ -207,7 +270,7 @@ class StallWatch:
         self.request = StackRequest(why, set(agents), now + self.stacks_timeout_s, asked_t=now)
         return AskStacks(why, agents)
 
-    def _collected(self, now: float) -> ExitHang | Idle:
+    def _collected(self, now: float) -> ExitHang | Idle | Teardown:
         req = self.request
         assert req is not None
         self.request = None
@@ -224,7 +287,12 @@ class StallWatch:
                 states=req.states,
                 tails=req.tails,
                 unanswered=frozenset(req.waiting),
+                teardown=self.teardown,
             )
+        torn = _all_in_teardown(req.stacks)
+        if torn:
+            rank = torn[0]
+            return Teardown(rank, req.rank_agents.get(rank, ""), torn)
         return Idle(
             idle_s=min(req.idle_ranks.values()),
             ranks=dict(sorted(req.idle_ranks.items())),
@@ -233,4 +301,13 @@ class StallWatch:
             states=req.states,
             tails=req.tails,
             unanswered=frozenset(req.waiting),
+            overdue=dict(sorted(req.overdue.items())),
+            detected_wall_t=req.asked_wall_t or None,
         )
+
+
+def _all_in_teardown(stacks: dict[str, str]) -> list[int]:
+    """The ranks in teardown when every rank whose stacks could be read is (else [])."""
+    read = {r: t for r, t in stacks.items() if not t.startswith("no stacks")}
+    torn = in_teardown(read)
+    return sorted(int(r) for r in torn) if torn and len(torn) == len(read) else []

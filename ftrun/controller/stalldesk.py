@@ -16,7 +16,14 @@ from ftrun.config import LaunchConfig
 from ftrun.controller import evidence as ev_from
 from ftrun.controller.evidence import Failure
 from ftrun.controller.server import ControlServer
-from ftrun.controller.stall import AskStacks, ExitHang, Idle, StallWatch, stacks_timeout_s
+from ftrun.controller.stall import (
+    AskStacks,
+    ExitHang,
+    Idle,
+    StallWatch,
+    Teardown,
+    stacks_timeout_s,
+)
 from ftrun.journal import Journal
 
 if TYPE_CHECKING:
@@ -26,10 +33,18 @@ log = logging.getLogger("ftrun.controller")
 
 
 class StallDesk:
-    def __init__(self, config: LaunchConfig, *, server: ControlServer, journal: Journal) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        *,
+        server: ControlServer,
+        journal: Journal,
+        confirm_s: float = 1.0,
+    ) -> None:
         self.config = config
         self.server = server
         self.journal = journal
+        self.confirm_s = confirm_s  # the hang policy's: every rank waiting this long is a hang
 
     def watch(self, agents: set[str]) -> StallWatch:
         cfg = self.config
@@ -38,6 +53,7 @@ class StallDesk:
             exit_timeout_s=cfg.exit_timeout_s,
             idle_timeout_s=cfg.idle_timeout_s,
             stacks_timeout_s=stacks_timeout_s(cfg.nproc_per_node),
+            confirm_s=self.confirm_s,
         )
 
     def news(self, watch: GenWatch, agent_id: str, msg: dict[str, Any]) -> bool:
@@ -56,9 +72,7 @@ class StallDesk:
                     rank=msg.get("rank"),
                     timeout_s=self.config.exit_timeout_s,
                 )
-                # The work is done: the step-based detectors stand down, the barrier rules.
-                for agent in watch.agents:
-                    self.server.send(agent, "finishing", gen=watch.number)
+                self._finishing(watch)
             return True
         if kind == "rank_hung" and stall.finishing:
             log.info(
@@ -67,11 +81,14 @@ class StallDesk:
             )
             return True
         if kind == "idle":
-            ranks = msg.get("ranks")
+            ranks, overdue = msg.get("ranks"), msg.get("overdue")
             stall.on_idle(
                 agent_id,
                 {int(r): float(s) for r, s in ranks.items()} if isinstance(ranks, dict) else None,
                 now,
+                {int(r): float(a) for r, a in overdue.items()}
+                if isinstance(overdue, dict)
+                else None,
             )
             return True
         if kind == "stacks":
@@ -79,9 +96,14 @@ class StallDesk:
             return True
         return False
 
+    def _finishing(self, watch: GenWatch) -> None:
+        """The work is done: the step-based detectors stand down, the barrier rules."""
+        for agent in watch.agents:
+            self.server.send(agent, "finishing", gen=watch.number)
+
     def poll(self, watch: GenWatch) -> Failure | ExitHang | None:
         """Whatever is due now: ask for stacks, or the stall found once they are in."""
-        action = watch.stall.poll(time.monotonic())
+        action = watch.stall.poll(time.monotonic(), time.time())
         if isinstance(action, AskStacks):
             self.journal.record(
                 "stacks_requested",
@@ -92,8 +114,27 @@ class StallDesk:
             for agent in action.agents:
                 self.server.send(agent, "capture_stacks", gen=watch.number)
             return None
+        if isinstance(action, Teardown):
+            host = watch.hosts.get(action.agent, "?")
+            watch.stall.on_teardown(action.rank, host, time.monotonic())
+            self.journal.record(
+                "teardown_seen",
+                gen=watch.number,
+                host=host,
+                rank=action.rank,
+                ranks=action.ranks,
+                timeout_s=self.config.exit_timeout_s,
+            )
+            log.info(
+                "every rank is in teardown (stacks): not a hang; the exit barrier rules (%g s)",
+                self.config.exit_timeout_s,
+            )
+            self._finishing(watch)
+            return None
         if isinstance(action, Idle):
-            return ev_from.idle(action, watch.hosts, watch.max_step, time.time())
+            return ev_from.idle(
+                action, watch.hosts, watch.max_step, action.detected_wall_t or time.time()
+            )
         return action
 
     def record_exit_hang(self, watch: GenWatch, hang: ExitHang, incident: int) -> str:
@@ -103,8 +144,9 @@ class StallDesk:
         who = ", ".join(
             f"rank {r} on {hosts.get(a, a)}" for r, a in hang.hung.items()
         ) or "the ranks on " + ", ".join(sorted(hosts.get(a, a) for a in hang.unanswered))
+        done = "was in teardown" if hang.teardown else "exited 0"
         reason = (
-            f"rank {hang.clean_rank} exited 0 but {who} did not exit within "
+            f"rank {hang.clean_rank} {done} but {who} did not exit within "
             f"{hang.timeout_s:g} s; stacks taken, killed. The work was done: succeeded"
         )
         self.journal.record(

@@ -116,7 +116,9 @@ class Supervisor:
             internal=self.internal,
             chaos=ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node),
         )
-        self.stalls = StallDesk(config, server=self.server, journal=journal)
+        self.stalls = StallDesk(
+            config, server=self.server, journal=journal, confirm_s=policy.hang.confirm_s
+        )
         self.judge = Judge(
             incidents=self.incidents, stalls=self.stalls, journal=journal, reporter=reporter
         )

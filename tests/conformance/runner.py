@@ -38,6 +38,9 @@ class Script:
     module: bool = False
     nproc: int = 2
     kill: str = "1:2"  # rank:step at which a killed run SIGKILLs a rank
+    # ftrun judges hangs by the `step N` lines the script prints (--progress-regex), as a user
+    # of a script that knows nothing of ftrun would ask it to.
+    progress: bool = False
 
     @property
     def entry(self) -> list[str]:
@@ -56,7 +59,10 @@ CORPUS = (
     Script(name="record_errors"),
     Script(name="fsdp2_shard"),
     Script(name="nondaemon_thread"),
+    Script(name="eval_pause", progress=True, kill="1:7"),
+    Script(name="final_save", progress=True, kill="1:5"),
 )
+PROGRESS_REGEX = r"^step (\d+)$"
 
 
 @dataclass
@@ -108,6 +114,7 @@ def command(mode: str, script: Script, *, killed: bool, run_dir: Path) -> list[s
         restarts,
         "--run-dir",
         str(run_dir),
+        *(("--progress-regex", PROGRESS_REGEX) if script.progress else ()),
         *script.entry,
     ]
 

@@ -7,8 +7,10 @@ import pytest
 
 from tests.conformance.runner import CORPUS, MODES, Outcome, compare, run_one
 
-# Two shapes in CI (seconds per mode each); scripts/conformance.py runs the whole corpus.
-FAST = ("ddp_no_destroy", "uncaught")
+# Three shapes in CI (seconds per mode each); scripts/conformance.py runs the whole corpus.
+# eval_pause: rank 0 evaluates while the others wait, judged by a progress regex (a false hang
+# before hang verdicts needed evidence).
+FAST = ("ddp_no_destroy", "uncaught", "eval_pause")
 # Unkilled warm runs that already passed the comparison with plain torchrun, by script name:
 # the killed-rank test's reference is the very same run (same script, mode and arguments; the
 # script is deterministic), so it is not run a second time when this session already has it.

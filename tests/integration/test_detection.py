@@ -234,3 +234,27 @@ def test_chaos_input_the_controller_refuses_is_answered_not_left_to_time_out(ftr
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("start", ["--warm-start", "--cold-start"])
+def test_a_final_save_on_rank_0_while_the_others_wait_is_not_a_hang(ftrun, start):
+    """After its last step rank 0 saves for 3 s (CPU busy) while rank 1 waits in barrier()
+    past its 1 s allowance: rank 1 is waiting for a peer that computes, not hung, and the
+    finished job is not restarted (it was, when one long interval was a verdict)."""
+    result = ftrun.run(
+        "launch",
+        start,
+        "--nproc-per-node",
+        "2",
+        "--progress-regex",
+        r"^step (\d+)$",
+        "--hang-floor",
+        "1",
+        str(BIN.parent / "conformance" / "final_save.py"),
+        "--save-s",
+        "3",
+        env={"CONF_DIR": str(ftrun.run_dir.parent)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = ftrun.only_job()
+    assert job["incidents"] == [] and job["generation"] == 1
