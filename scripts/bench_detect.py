@@ -4,6 +4,8 @@
 The same script (tests/bin/train_toy.py, 2 ranks, DDP on gloo, 20 ms steps) under each launcher:
   crash      rank 1 SIGKILLs itself at step 20 (it prints the time first);
   hang       rank 1 SIGSTOPs itself at step 20 (likewise): the process is there and does nothing;
+  deadlock   rank 1 waits at step 20 for an event that never comes (likewise), and rank 0 for it
+             in the next all-reduce: every rank waits, none uses CPU;
   host lost  ftrun: `ftrun chaos JOB freeze-agent` at step 20 (the host's agent stops answering);
              torchrun: two torchrun "nodes" on this machine (c10d rendezvous), and every process
              of node 2 is SIGSTOPped at step 20.
@@ -40,6 +42,7 @@ TRAIN = ["--steps", "100000", "--step-time", "0.02", "--width", "64"]
 TARGETS = {
     "crash": "≤ 0.2 s",
     "hang": "≤ 2 s past the allowance (2 s floor)",
+    "deadlock": "≤ 2 s past the allowance (2 s floor)",
     "host-lost": "≤ 1.5 s",
 }
 
@@ -88,6 +91,7 @@ def ftrun_trial(kind: str, wait_s: float) -> float | None:
         fail = {
             "crash": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigkill"],
             "hang": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "sigstop"],
+            "deadlock": ["--fail-at", "20", "--fail-rank", "1", "--fail-how", "wait"],
         }
         run = Run(base + fail.get(kind, []))
         try:
@@ -123,7 +127,7 @@ def torchrun_trial(kind: str, wait_s: float) -> float | None:
         "--fail-rank",
         "1",
         "--fail-how",
-        "sigkill" if kind == "crash" else "sigstop",
+        {"crash": "sigkill", "deadlock": "wait"}.get(kind, "sigstop"),
     ]
     run = Run(
         [
@@ -248,7 +252,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--wait-s", type=float, default=30.0, help="how long to wait for torchrun")
-    p.add_argument("--kinds", default="crash,hang,host-lost")
+    p.add_argument("--kinds", default="crash,hang,deadlock,host-lost")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     results: dict[tuple[str, str], list[float | None]] = {}

@@ -9,6 +9,12 @@ Timeline (all of it under stress-ng, stopped once the faults are done):
   job A and job B train (2 ranks each,        then on job A, one at a time: kill-rank,
   tests/bin/train_toy.py): quiet, nothing     hang-rank, kill-agent (`ftrun chaos`); job B
   injected                                    trains on, untouched
+Beside them all along the quiet window (--corpus, on by default), the conformance corpus's
+ordinary scripts (tests/conformance/: rank 0 evaluating while the others wait, a final save
+then barrier and destroy_process_group, DDP with and without destroy, DataLoader workers, ...)
+run one after another under warm and cold ftrun, each judged by its progress regex where it
+prints steps: every hang verdict there is false (nothing is injected), every non-zero exit a
+mismatch with torchrun (each exits 0 under it).
 Reported, from both jobs' journals and agent logs:
   false alarms  fault_detected with no injection behind it (host-lost / hang / crash), agents
                 that fenced; target 0. Also what did not become an alarm: agent_slow (a live
@@ -28,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -261,6 +268,81 @@ def latency(jobs: list[Job], key: str) -> dict:
     }
 
 
+CORPUS_LOOP = ("eval_pause", "final_save", "ddp_destroy", "ddp_no_destroy", "dataloader_workers")
+CORPUS_TABLE = Table(
+    [
+        Column(key="script", header="script", width=20, align="<"),
+        Column(key="mode", header="mode", align="<"),
+        Column(key="runs", header="runs"),
+        Column(key="false_hangs", header="false hangs"),
+        Column(key="other_faults", header="other faults"),
+        Column(key="exit_stalls", header="exit stalls"),
+        Column(key="nonzero", header="exit != 0"),
+        Column(key="s_per_run", header="s/run", spec=".1f"),
+    ]
+)
+
+
+def corpus_loop(until: float, scratch: Path, rows: dict[tuple[str, str], dict]) -> None:
+    """Run corpus scripts under warm and cold ftrun, in turn, until `until` (monotonic); tally
+    each run's incidents from its own journal into `rows`."""
+    from tests.conformance import runner
+
+    scripts = [s for s in runner.CORPUS if s.name in CORPUS_LOOP]
+    n = 0
+    while time.monotonic() < until:
+        for script in scripts:
+            for mode in ("warm", "cold"):
+                if time.monotonic() >= until:
+                    return
+                n += 1
+                run_dir = scratch / f"corpus-{n}"
+                conf = scratch / f"corpus-{n}-conf"
+                conf.mkdir(parents=True)
+                env = {**os.environ, "CONF_DIR": str(conf), "PYTHONUNBUFFERED": "1"}
+                t0 = time.monotonic()
+                try:
+                    code: int | None = subprocess.run(
+                        runner.command(mode, script, killed=False, run_dir=run_dir),
+                        cwd=runner.HERE,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        timeout=300,
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    code = None
+                row = rows.setdefault(
+                    (script.name, mode),
+                    {
+                        "script": script.name,
+                        "mode": mode,
+                        "runs": 0,
+                        "false_hangs": 0,
+                        "other_faults": 0,
+                        "exit_stalls": 0,
+                        "nonzero": 0,
+                        "seconds": 0.0,
+                    },
+                )
+                row["runs"] += 1
+                row["seconds"] += time.monotonic() - t0
+                row["nonzero"] += code != 0
+                for job in run_dir.glob("*"):
+                    for ev in read_events(job) if (job / "events.jsonl").exists() else []:
+                        if ev["kind"] != "fault_detected":
+                            continue
+                        fault = ev.get("fault")
+                        if fault == "hang":
+                            row["false_hangs"] += 1
+                        elif fault == "exit_hang":
+                            row["exit_stalls"] += 1
+                        else:
+                            row["other_faults"] += 1
+                shutil.rmtree(run_dir, ignore_errors=True)
+                shutil.rmtree(conf, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -282,6 +364,12 @@ def main() -> None:
         help="stress-ng: --cpu 4x cores, --vm 1 (40%% of memory), --hdd 1 [on]",
     )
     p.add_argument("--step-time", type=float, default=0.05, help="extra seconds per step [0.05]")
+    p.add_argument(
+        "--corpus",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the conformance corpus warm and cold beside the jobs [on]",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args()
 
@@ -297,6 +385,15 @@ def main() -> None:
         if not wait_until(lambda: all(first_step_of_gen(j) for j in jobs), WAIT_S):
             notes.append("a job did not reach its first step")
         quiet_from = faults_at = time.monotonic() - t0
+        corpus_rows: dict[tuple[str, str], dict] = {}
+        corpus = None
+        if args.corpus:
+            corpus = threading.Thread(
+                target=corpus_loop,
+                args=(t0 + args.duration, tmp / "corpus", corpus_rows),
+                daemon=True,
+            )
+            corpus.start()
         wait_until(
             lambda: (
                 time.monotonic() - t0 >= args.duration
@@ -304,6 +401,8 @@ def main() -> None:
             ),
             args.duration + 10,
         )
+        if corpus is not None:
+            corpus.join(timeout=330)  # its last run ends within its own 300 s timeout
         faults_at = time.monotonic() - t0
         quiet = {j.name: false_alarms(j) for j in jobs}  # before anything is injected
         load = os.getloadavg()[0]
@@ -336,6 +435,10 @@ def main() -> None:
         "heartbeat_late": latency(jobs, "heartbeat_late"),
         "controller_loop_lag": latency(jobs, "loop_lag"),
         "faults": rows,
+        "corpus": [
+            {**r, "s_per_run": r["seconds"] / r["runs"] if r["runs"] else 0.0}
+            for r in corpus_rows.values()
+        ],
         "notes": notes,
         "dir": str(tmp),
     }
@@ -378,6 +481,11 @@ def print_table(r: dict) -> None:
     )
     print(ALARMS.render([{"job": name, **c} for name, c in r["whole_run"].items()]))
     print("  (false alarms: left of '|', target 0; right: late but rightly not an alarm)")
+    if r["corpus"]:
+        print(
+            "\nthe conformance corpus beside them (target: 0 false hangs, 0 stalls, 0 exit != 0):"
+        )
+        print(CORPUS_TABLE.render(r["corpus"]))
     for key, what in (
         ("heartbeat_late", "heartbeat lateness"),
         ("controller_loop_lag", "controller loop lag"),

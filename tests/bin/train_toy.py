@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -23,7 +24,9 @@ p.add_argument("--ckpt-dir", default=None)
 p.add_argument("--ckpt-every", type=int, default=5)
 p.add_argument("--fail-at", type=int, default=None)
 p.add_argument("--fail-rank", type=int, default=0)
-p.add_argument("--fail-how", choices=["sigkill", "sigstop", "exception", "exit"], default="sigkill")
+p.add_argument(
+    "--fail-how", choices=["sigkill", "sigstop", "wait", "exception", "exit"], default="sigkill"
+)
 p.add_argument("--fail-once", default=None, help="marker file: fail only if it does not exist")
 p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
 p.add_argument("--width", type=int, default=64)
@@ -62,6 +65,8 @@ for step in range(start + 1, args.steps + 1):
             os.kill(os.getpid(), signal.SIGKILL)
         if args.fail_how == "sigstop":  # a hang: the process is there, and does nothing
             os.kill(os.getpid(), signal.SIGSTOP)
+        if args.fail_how == "wait":  # a deadlock: it waits for what never comes, the others for it
+            threading.Event().wait()
         if args.fail_how == "exception":
             raise RuntimeError(f"injected failure at step {step}")
         sys.exit(7)
