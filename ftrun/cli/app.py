@@ -22,6 +22,7 @@ from ftrun.cli import (
     simulate,
     status,
 )
+from ftrun.cli.launch_options import VERSION
 from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.errors import FtrunError
 
@@ -32,7 +33,15 @@ app = typer.Typer(
     # Help texts are plain: "[default: ...]" in them must show, not be taken for rich markup.
     rich_markup_mode=None,
     help="A fault-tolerant launcher that wraps torchrun.",
+    # -h as torchrun's parser takes it; every command's context inherits it.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def _ftrun(version: bool = VERSION) -> None:
+    """A fault-tolerant launcher that wraps torchrun."""
+
 
 err_console = make_console(stderr=True)
 

@@ -15,7 +15,9 @@ import typer
 from ftrun import envcontract
 from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
+from ftrun.cli import torchrun_flags as tr
 from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
+from ftrun.cli.torchrun_values import Echo, EchoingReporter, nproc_per_node_of
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.controller.adoption import Adoption
 from ftrun.controller.planning import PROFILE_FILE
@@ -39,23 +41,16 @@ def launch(
     script_args: list[str] | None = typer.Argument(
         None, metavar="[ARGS]...", help="Arguments for the script."
     ),
-    nproc_per_node: int | None = opts.NPROC_PER_NODE,
+    nproc_per_node: str | None = opts.NPROC_PER_NODE,
     max_restarts: int = opts.MAX_RESTARTS,
     job_name: str | None = opts.JOB_NAME,
     run_dir: Path | None = opts.RUN_DIR,
     module: bool = opts.MODULE,
     no_python: bool = opts.NO_PYTHON,
-    master_port: int | None = typer.Option(
-        None,
-        "--master-port",
-        "--master_port",
-        help="Rendezvous port [default: a free one per generation].",
-    ),
+    master_port: int | None = opts.MASTER_PORT,
     progress_regex: str | None = opts.PROGRESS_REGEX,
     term_timeout: float | None = opts.TERM_TIMEOUT,
-    grace_period: float | None = typer.Option(
-        None, "--grace-period", hidden=True, help="The old name of --term-timeout."
-    ),
+    grace_period: float | None = opts.GRACE_PERIOD,
     forward_signal: list[str] | None = opts.FORWARD_SIGNAL,
     env: list[str] | None = opts.ENV,
     env_file: list[Path] | None = opts.ENV_FILE,
@@ -120,46 +115,18 @@ def launch(
         "--controller-addr",
         help="Address hosts dial to reach this machine (default: found per host).",
     ),
-    slurm: bool | None = typer.Option(
-        None,
-        "--slurm/--no-slurm",
-        help="Run on the nodes of this Slurm allocation, agents started with srun [on inside "
-        "an allocation when no --hosts are given].",
-    ),
-    slurm_spares: int = typer.Option(
-        0,
-        "--slurm-spares",
-        min=0,
-        metavar="K",
-        help="Under --slurm: the last K nodes wait as spares.",
-    ),
-    job_id: str | None = typer.Option(
-        None,
-        "--job-id",
-        help="The job's id (its directory's name) [a new one]; a job directory of a "
-        "preempted job is resumed (what a requeued `ftrun sbatch` job does). One job at a time "
-        "per id on a machine.",
-    ),
-    preempt_signal: str = typer.Option(
-        "USR2",
-        "--preempt-signal",
-        metavar="SIG",
-        help="The signal that says the job will be stopped soon (Slurm's --signal): ranks "
-        "commit a checkpoint, then the job stops.",
-    ),
-    preempt_grace: float = typer.Option(
-        60.0,
-        "--preempt-grace",
-        help="Seconds the ranks get after a preemption notice to commit a checkpoint.",
-    ),
-    requeue: bool = typer.Option(
-        False,
-        "--requeue/--no-requeue",
-        help="Under --slurm: after a preemption notice, requeue the Slurm job to resume.",
-    ),
+    slurm: bool | None = opts.SLURM,
+    slurm_spares: int = opts.SLURM_SPARES,
+    job_id: str | None = opts.JOB_ID,
+    preempt_signal: str = opts.PREEMPT_SIGNAL,
+    preempt_grace: float = opts.PREEMPT_GRACE,
+    requeue: bool = opts.REQUEUE,
+    torchrun: tr.TorchrunFlags = tr.TorchrunFlags(),  # torchrun's other flags: see register()
 ) -> None:
     """Run SCRIPT under torchrun on this host or on --hosts over ssh; restart it in place when
-    a rank fails, replace or shrink around a lost host."""
+    a rank fails, replace or shrink around a lost host. Takes torchrun's flags too
+    (docs/torchrun.md)."""
+    module, no_python = torchrun.entrypoint(module=module, no_python=no_python)
     problems = inputs.check_entrypoint(script, module=module, no_python=no_python)
     if slurm is None:
         slurm = in_allocation() and hosts is None and hostfile is None
@@ -169,10 +136,20 @@ def launch(
         else inputs.host_options(hosts, hostfile, spares, ssh_config, problems)
     )
     allocation = host_list.allocation
+    gpus = allocation.gpus_per_node if allocation else None
+    min_nodes, max_nodes = torchrun.nodes(
+        host_list.hosts,
+        transport=host_list.transport,
+        named=hosts is not None or hostfile is not None,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        problems=problems,
+    )
+    nproc = nproc_per_node_of(nproc_per_node, gpus=gpus, problems=problems)
     if host_list.slots is not None:
-        nproc_per_node = host_list.slots
-    if nproc_per_node is None:
-        nproc_per_node = (allocation.gpus_per_node if allocation else None) or 1
+        nproc = host_list.slots
+    if nproc is None:
+        nproc = 1 if nproc_per_node is not None else gpus or 1
     if master_port is not None and 0 < master_port < 65536 and inputs.port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
@@ -191,6 +168,9 @@ def launch(
     problems.extend(env_problems)
     if term_timeout is not None and grace_period is not None:
         problems.append("--grace-period is the old name of --term-timeout: give one of them")
+    term_timeout = torchrun.term_timeout(term_timeout, problems)
+    echo = torchrun.echo(problems)
+    torchrun.check_log_dir(problems)
     timeouts = inputs.control_timeouts(
         fault_policy.timeouts,
         heartbeat_interval=heartbeat_interval,
@@ -208,7 +188,7 @@ def launch(
             script_args=tuple(script_args or ()),
             module=module,
             no_python=no_python,
-            nproc_per_node=nproc_per_node,
+            nproc_per_node=nproc,
             max_restarts=max_restarts,
             master_port=master_port,
             progress_regex=progress_regex,
@@ -261,7 +241,8 @@ def launch(
     # Before anything is written: the controller's files are the user's only (ftrun/filemodes.py).
     os.umask(config.umask)
     inputs.check_run_dir(resolved_run_dir, config.umask)
-    code = run(config, fault_policy, resume)
+    torchrun.announce(ConsoleReporter(console), config)
+    code = run(config, fault_policy, resume, echo=echo)
     if code:  # typer.Exit carries the job's exit code through typer's standalone mode
         raise typer.Exit(code)
 
@@ -271,6 +252,8 @@ def run(
     policy: FaultPolicy,
     resume: ResumePoint | None = None,
     adoption: Adoption | None = None,
+    *,
+    echo: Echo | None = None,
 ) -> int:
     with contextlib.ExitStack() as stack:
         metrics_port = None
@@ -280,7 +263,7 @@ def run(
             metrics_port = stack.enter_context(
                 serving(config.metrics_addr, config.metrics_port, config.job_dir)
             )
-        return _run(config, policy, resume, adoption, metrics_port)
+        return _run(config, policy, resume, adoption, metrics_port, echo)
 
 
 def _run(
@@ -289,6 +272,7 @@ def _run(
     resume: ResumePoint | None,
     adoption: Adoption | None,
     metrics_port: int | None,
+    echo: Echo | None,
 ) -> int:
     from ftrun.controller.supervisor import Supervisor
 
@@ -301,7 +285,11 @@ def _run(
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("ftrun").addHandler(handler)
     logging.getLogger("ftrun").setLevel(logging.INFO)
-    reporter = ConsoleReporter(console)
+    reporter = (
+        ConsoleReporter(console)
+        if echo is None
+        else EchoingReporter(console, echo, config.nproc_per_node)
+    )
     reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
     if metrics_port is not None:
         journal.record("metrics_listening", addr=config.metrics_addr, port=metrics_port)
@@ -386,4 +374,6 @@ def requeue_job(config: LaunchConfig, journal: Journal, outcome: JobOutcome) -> 
 
 
 def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_interspersed_args": False})(launch)
+    # With torchrun's flags (cli/torchrun_flags.py): `torchrun` in a command line is `ftrun launch`.
+    command = tr.accept_torchrun_flags(launch)
+    app.command("launch", context_settings={"allow_interspersed_args": False})(command)

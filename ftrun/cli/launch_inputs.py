@@ -358,6 +358,22 @@ def hint(problems: list[str]) -> str:
         return "see docs/policy.md for the policy file format"
     if any(p.startswith("the run directory ") for p in problems):
         return "pass a directory to --run-dir or FTRUN_RUN_DIR (default ~/.ftrun/runs)"
+    if any(p.startswith(("--nnodes", "--node-rank")) for p in problems):
+        return (
+            "where torchrun ran once per node, ftrun launch runs once for all of them: "
+            "`ftrun launch --hosts a,b --nnodes 2 ... train.py`, or `ftrun sbatch --nodes 2`; "
+            "see docs/torchrun.md"
+        )
+    if any(p.startswith("--nproc-per-node") for p in problems):
+        return (
+            "--nproc-per-node takes a number of ranks per host, or as torchrun: gpu (one per "
+            "CUDA device), cpu (one per CPU) or auto (per accelerator device, else per CPU)"
+        )
+    if any(p.startswith(("--redirects", "--tee", "--local-ranks-filter")) for p in problems):
+        return (
+            "--redirects and --tee take 0 (none), 1 (stdout), 2 (stderr), 3 (both), or "
+            "local_rank:value,... (0:3,1:0); --local-ranks-filter takes local ranks: 0,1"
+        )
     if any("host" in p or "spares" in p or "min-nodes" in p for p in problems):
         return (
             "hosts are `host`, `user@host` or `user@host:port` (comma-separated, or one per "

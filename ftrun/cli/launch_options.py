@@ -9,12 +9,14 @@ typed by hand read the same options the same way.
 Left out, because Slurm or the batch script decides them: where the hosts are (--hosts,
 --hostfile, --spares, --ssh-config, --remote-python, --controller-addr, --min-nodes), the
 rendezvous port; --job-name and --run-dir are shared but not passed on as given: the script
-passes the name and the resolved directory chosen at submission.
+passes the name and the resolved directory chosen at submission. Below them, options that only
+`ftrun launch` has (--version: `ftrun` has it too); torchrun's flags are in torchrun_flags.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any
 
 import typer
@@ -26,7 +28,9 @@ NPROC_PER_NODE: Any = typer.Option(
     None,
     "--nproc-per-node",
     "--nproc_per_node",
-    help="Ranks per host [1; under Slurm, its GPUs per node if set].",
+    help="Ranks per host [1; under Slurm, its GPUs per node if set]. `ftrun launch` also takes "
+    "torchrun's gpu (one per CUDA device), cpu (one per CPU) and auto (per accelerator device, "
+    "else per CPU), counted on the launching machine.",
 )
 MAX_RESTARTS: Any = typer.Option(
     3, "--max-restarts", "--max_restarts", help="Job-wide restart budget."
@@ -161,6 +165,76 @@ RUN_DIR: Any = typer.Option(
     "--run-dir",
     envvar=envcontract.RUN_DIR,
     help="Where job directories go [default: ~/.ftrun/runs].",
+)
+
+# `ftrun launch`'s alone: the batch script's step sets them, or they mean nothing under sbatch.
+MASTER_PORT: Any = typer.Option(
+    None,
+    "--master-port",
+    "--master_port",
+    help="Rendezvous port [default: a free one per generation].",
+)
+GRACE_PERIOD: Any = typer.Option(
+    None, "--grace-period", hidden=True, help="The old name of --term-timeout."
+)
+SLURM: Any = typer.Option(
+    None,
+    "--slurm/--no-slurm",
+    help="Run on the nodes of this Slurm allocation, agents started with srun [on inside "
+    "an allocation when no --hosts are given].",
+)
+SLURM_SPARES: Any = typer.Option(
+    0,
+    "--slurm-spares",
+    min=0,
+    metavar="K",
+    help="Under --slurm: the last K nodes wait as spares.",
+)
+JOB_ID: Any = typer.Option(
+    None,
+    "--job-id",
+    help="The job's id (its directory's name) [a new one]; a job directory of a "
+    "preempted job is resumed (what a requeued `ftrun sbatch` job does). One job at a time "
+    "per id on a machine.",
+)
+PREEMPT_SIGNAL: Any = typer.Option(
+    "USR2",
+    "--preempt-signal",
+    metavar="SIG",
+    help="The signal that says the job will be stopped soon (Slurm's --signal): ranks "
+    "commit a checkpoint, then the job stops.",
+)
+PREEMPT_GRACE: Any = typer.Option(
+    60.0,
+    "--preempt-grace",
+    help="Seconds the ranks get after a preemption notice to commit a checkpoint.",
+)
+REQUEUE: Any = typer.Option(
+    False,
+    "--requeue/--no-requeue",
+    help="Under --slurm: after a preemption notice, requeue the Slurm job to resume.",
+)
+
+
+def version() -> str:
+    """ftrun's version, from its package metadata (pyproject.toml)."""
+    try:
+        return metadata.version("ftrun")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        from ftrun import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ftrun {version()}")
+        raise typer.Exit()
+
+
+# `ftrun --version` and `ftrun launch --version`.
+VERSION: Any = typer.Option(
+    False, "--version", callback=_print_version, is_eager=True, help="Print ftrun's version."
 )
 
 # Parameter name → option, in the order the flags are written.
