@@ -258,3 +258,28 @@ def test_a_final_save_on_rank_0_while_the_others_wait_is_not_a_hang(ftrun, start
     assert result.returncode == 0, result.stdout + result.stderr
     job = ftrun.only_job()
     assert job["incidents"] == [] and job["generation"] == 1
+
+
+def test_every_rank_stuck_in_teardown_is_not_restarted(ftrun):
+    """Every rank waits forever in its teardown after the last step: the stacks show it, so
+    the exit barrier rules (its own timeout, then killed, the work done) instead of a restart
+    that would train again."""
+    result = ftrun.run(
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--progress-regex",
+        r"^step (\d+)$",
+        "--hang-floor",
+        "1",
+        "--exit-timeout",
+        "3",
+        str(BIN / "stuck_teardown.py"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    job = ftrun.only_job()
+    assert job["generation"] == 1, job["incidents"]
+    kinds = [e["kind"] for e in ftrun.events(job["job_id"])]
+    assert "teardown_seen" in kinds and "fault_classified" in kinds
+    [fault] = [e for e in ftrun.events(job["job_id"]) if e["kind"] == "fault_detected"]
+    assert fault["fault"] == "exit_hang", fault
