@@ -268,7 +268,14 @@ def latency(jobs: list[Job], key: str) -> dict:
     }
 
 
-CORPUS_LOOP = ("eval_pause", "final_save", "ddp_destroy", "ddp_no_destroy", "dataloader_workers")
+CORPUS_LOOP = (
+    "eval_pause",
+    "final_save",
+    "accum_ckpt",
+    "ddp_destroy",
+    "ddp_no_destroy",
+    "dataloader_workers",
+)
 CORPUS_TABLE = Table(
     [
         Column(key="script", header="script", width=20, align="<"),

@@ -61,6 +61,7 @@ CORPUS = (
     Script(name="nondaemon_thread"),
     Script(name="eval_pause", progress=True, kill="1:7"),
     Script(name="final_save", progress=True, kill="1:5"),
+    Script(name="accum_ckpt", progress=True, kill="1:8"),
 )
 PROGRESS_REGEX = r"^step (\d+)$"
 
