@@ -88,7 +88,10 @@ STARTUP_TIMEOUT: Any = typer.Option(
     None, "--startup-timeout", help="Seconds a rank may take to its first step [300]."
 )
 HANG_FLOOR: Any = typer.Option(
-    None, "--hang-floor", help="A rank is hung after max(floor, factor x step time) [2]."
+    None,
+    "--hang-floor",
+    help="A rank is suspected of a hang after max(floor, factor x step time) [2]; the verdict"
+    " needs evidence (docs/policy.md).",
 )
 HANG_FACTOR: Any = typer.Option(None, "--hang-factor", help="See --hang-floor [5].")
 HEARTBEAT_INTERVAL: Any = typer.Option(
