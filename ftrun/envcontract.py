@@ -41,6 +41,7 @@ MAX_RESTARTS = "FTRUN_TORCHELASTIC_MAX_RESTARTS"
 PLAN = "FTRUN_PLAN"
 PROFILE_OUT = "FTRUN_PROFILE_OUT"
 CHECKPOINT_KEY = "FTRUN_CHECKPOINT_KEY"
+RESTORE_BEFORE = "FTRUN_RESTORE_BEFORE"
 
 # -- a user's settings for ftrun itself -------------------------------------------------------------
 RUN_DIR = "FTRUN_RUN_DIR"
@@ -114,6 +115,12 @@ CONTRACT: tuple[EnvVar, ...] = (
         "agent (from the Bootstrap: the job's checkpoint.key, or the launcher's own value)",
         "ftrun.checkpoint",
         "hex HMAC key that every checkpoint pickle and manifest is authenticated with; a secret",
+    ),
+    EnvVar(
+        RESTORE_BEFORE,
+        "controller (a restore_rejected incident, docs/policy.md)",
+        "ftrun.checkpoint",
+        "restore no checkpoint of this step or later: the job failed twice right after it",
     ),
     EnvVar(RUN_DIR, "user", "config", "where job directories live"),
     EnvVar(DEBUG, "user", "cli", "=1: print tracebacks"),

@@ -266,6 +266,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "step": opt(STEP),
                 "tier": Str(16, choices=("memory", "storage", "none")),
                 "restore_s": opt(SECONDS),
+                "skipped": opt(ListOf(Str(MAX_LINE), 4)),
             },
             ("gen", "rank"),
         ),

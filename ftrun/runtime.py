@@ -18,9 +18,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ftrun.envcontract import AGENT_SOCK, GENERATION
+
+RESTORE_SKIPPED_MAX, RESTORE_SKIPPED_LEN = 4, 300  # what a restore's datagram carries of why
 
 # Not SIGUSR1/SIGUSR2: those are what scripts use for preemption notices (Lightning, submitit,
 # `--signal` under Slurm), and a stack dump must never take a script's own signal.
@@ -88,10 +90,14 @@ def checkpoint_stall(seconds: float) -> None:
     _send({"e": "stall", "v": round(float(seconds), 6)})
 
 
-def checkpoint_restored(step: int, tier: str, seconds: float) -> None:
+def checkpoint_restored(step: int, tier: str, seconds: float, skipped: Sequence[str] = ()) -> None:
     """Tell the agent what this generation restored (step, memory|storage|none) and how long the
-    restore took, so goodput can tell restore from relaunch."""
-    _send({"e": "restored", "s": int(step), "tier": str(tier)[:16], "d": round(float(seconds), 6)})
+    restore took, so goodput can tell restore from relaunch; `skipped`: why the newer candidates
+    were not used (a failed check, a rejected step; the first few, cut short)."""
+    event = {"e": "restored", "s": int(step), "tier": str(tier)[:16], "d": round(float(seconds), 6)}
+    if skipped:
+        event["x"] = [str(why)[:RESTORE_SKIPPED_LEN] for why in skipped[:RESTORE_SKIPPED_MAX]]
+    _send(event)
 
 
 def code_done() -> None:

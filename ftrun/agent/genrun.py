@@ -147,6 +147,7 @@ class GenerationRun:
                 step=event.get("s"),
                 tier=event.get("tier"),
                 restore_s=event.get("d"),
+                skipped=event.get("x"),
             )
         elif kind == "started":
             self.pgids.add(int(event["pid"]))

@@ -81,6 +81,9 @@ class CheckpointConfig:
     preempt_file: Path | None = None
     # HMAC key for every pickle and manifest (auth.py); None: with_key() loads the rank's own.
     key: bytes | None = field(default=None, repr=False)
+    # Restore no step at or after this one: the controller rejected its restore (the job failed
+    # the same way twice right after restoring it; restore.py). Under ftrun: FTRUN_RESTORE_BEFORE.
+    restore_before: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -160,6 +163,7 @@ def resolve_config(
                 "the memory tier needs a job id", hint="run under `ftrun launch` or pass job_id=..."
             )
     flag = env.get(envcontract.PREEMPT_FILE)
+    before = env.get(envcontract.RESTORE_BEFORE, "")
     return CheckpointConfig(
         directory=chosen.absolute(),
         job_id=job,
@@ -167,6 +171,7 @@ def resolve_config(
         **{
             "generation": _generation(env),
             "preempt_file": Path(flag) if flag else None,
+            "restore_before": int(before) if before.isdigit() else None,
             **options,
         },
     )

@@ -218,7 +218,9 @@ class Manager:
         self._snapshotter.submit(self._job)  # ready the buffers while training starts
         self.restored = restored
         if self.rank == 0:
-            runtime.checkpoint_restored(restored.step, restored.tier, time.perf_counter() - t0)
+            runtime.checkpoint_restored(
+                restored.step, restored.tier, time.perf_counter() - t0, restored.skipped
+            )
         return restored.step
 
     # -- save ----------------------------------------------------------------------------------

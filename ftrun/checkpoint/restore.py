@@ -29,20 +29,33 @@ loading and invalidating its newer slots) can never be mixed with its peers' slo
 Nothing is unpickled before the checkpoint key vouches for it (auth.py): a memory snapshot or a
 storage checkpoint whose manifest or pickles do not verify (altered, planted by another user, or
 written under another key) is skipped like a corrupt one, with the reason as a warning.
+
+Every candidate is checked before it is used, newest first, tier by tier: this rank's memory
+snapshots (a sampled digest of the data file against its manifest, sample_digest.py), the
+host's snapshots of other ranks and layouts and the peer copy's replicas (the same check on each
+file used), then storage commits newest first (sizes and full checksums). A candidate that fails
+its check on any rank, or whose load fails, is skipped by every rank with a warning, and the next
+is tried; the reasons go to the agent with the restore (runtime.checkpoint_restored), and the
+controller journals them. When the controller rejected a restore (the job failed the same way
+right after restoring step N, twice: `restore_rejected`, docs/policy.md), it launches the next
+generation with FTRUN_RESTORE_BEFORE=N (config.restore_before): no candidate of step N or later
+is used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ftrun import envcontract
-from ftrun.checkpoint import auth, dcp_layout, slots, storage
+from ftrun.checkpoint import auth, dcp_layout, restore_check, slots, storage
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError, StateError
@@ -73,6 +86,7 @@ def restore(
     entries, _ = slots.layout([(key, leaf.tensor) for key, leaf in keyed])
     sig = slots.signature(entries, comm.world)
     mac_key = config.hmac_key
+    before = config.restore_before
     held: dict[tuple[int, int], int] = {}  # (step, generation) -> slot index
     found, rejected = tier.scan(sig) if tier.persistent else ([], [])
     for message in rejected:
@@ -83,12 +97,11 @@ def restore(
             held[(state.step, state.generation)] = i
     every = [{(step, gen) for step, gen in keys} for keys in comm.all_gather(sorted(held))]
     common = set.intersection(*every)
-    best_key = max(common) if common else None  # the newest step, then the newest generation
-    best_mem = best_key[0] if best_key else None
-    resharded: list[slots.HostSnapshot] = []  # the host's snapshots of another layout to load
-    if best_key is None and tier.persistent and tier.directory is not None:
-        resharded = _resharded_candidate(keyed, tier, comm, mac_key)
-        best_mem = resharded[0].step if resharded else None
+    skipped: list[str] = []
+    refused = sorted((k for k in common if not allowed(k[0], before)), reverse=True)
+    skipped += [_refused(f"the memory snapshot of step {step}", before) for step, _ in refused]
+    # The newest step first, then the newest generation: each one tried in turn.
+    memory = sorted((k for k in common if allowed(k[0], before)), reverse=True)
 
     listing: tuple[list[tuple[int, str, dict[str, Any]]], list[str]] | None = None
     if comm.rank == 0:
@@ -99,32 +112,75 @@ def restore(
         )
     received = comm.broadcast(listing)
     assert received is not None  # rank 0 sent it
-    candidates, skipped = received
-    skipped = list(skipped)
+    listed, invalid = received
+    skipped += invalid
+    skipped += [_refused(path, before) for step, path, _ in listed if not allowed(step, before)]
+    candidates = [c for c in listed if allowed(c[0], before)]  # newest first
+    corrupt = bool(invalid)
 
-    for step, path, manifest in candidates:
-        if best_mem is not None and step <= best_mem:
+    resharded: list[tuple[int, list[slots.HostSnapshot]]] | None = None  # once memory is spent
+    while True:
+        if not memory and resharded is None:
+            resharded = []
+            if tier.persistent and tier.directory is not None:
+                resharded = _resharded_candidates(keyed, tier, comm, mac_key, before)
+        other = resharded[0][0] if resharded else None
+        newest = candidates[0][0] if candidates else None
+        if memory and (newest is None or memory[0][0] >= newest):
+            key = memory.pop(0)
+            index = held[key]
+            reason = _collective(
+                comm, partial(restore_check.memory_slot, tier, index, key, mac_key)
+            )
+            if reason is None:
+                try:
+                    objects = _load_memory(flat, keyed, tier, index, comm, mac_key)
+                except CheckpointError as exc:
+                    reason = exc.message
+                else:
+                    path = str(tier.slot(index).manifest_path)
+                    restored = Restored(key[0], MEMORY, path, tuple(skipped))
+                    return _done(restored, comm), objects, index
+            skipped.append(f"the memory snapshot of step {key[0]} is not used: {reason}")
+            corrupt = True
+        elif other is not None and (newest is None or other >= newest):
+            assert resharded is not None
+            step, snapshots = resharded.pop(0)
+            reason = _collective(comm, partial(restore_check.host_snapshots, snapshots, mac_key))
+            if reason is None:
+                try:
+                    objects = _load_resharded(flat, keyed, snapshots, comm, mac_key)
+                except CheckpointError as exc:
+                    reason = exc.message
+                else:
+                    path = str(snapshots[0].manifest_path)
+                    restored = Restored(step, MEMORY, path, tuple(skipped))
+                    return _done(restored, comm), objects, None
+            skipped.append(f"the host's snapshot of step {step} is not used: {reason}")
+            corrupt = True
+        elif candidates:
+            step, path, manifest = candidates.pop(0)
+            mine = sorted(manifest["files"])[comm.rank :: comm.world]
+            reason = _collective(
+                comm,
+                partial(
+                    storage.verify_files,
+                    Path(path),
+                    manifest,
+                    mine,
+                    full=config.verify == "full",
+                    key=mac_key,
+                ),
+            )
+            if reason is None:
+                objects = _load_storage(flat, keyed, Path(path), manifest, comm, mac_key)
+                return _done(Restored(step, STORAGE, path, tuple(skipped)), comm), objects, None
+            skipped.append(f"{path} is corrupt ({reason}): skipped")
+            corrupt = True
+        else:
             break
-        mine = sorted(manifest["files"])[comm.rank :: comm.world]
-        reason = storage.verify_files(
-            Path(path), manifest, mine, full=config.verify == "full", key=mac_key
-        )
-        reasons = [r for r in comm.all_gather(reason) if r]
-        if not reasons:
-            objects = _load_storage(flat, keyed, Path(path), manifest, comm, mac_key)
-            return _done(Restored(step, STORAGE, path, tuple(skipped)), comm), objects, None
-        skipped.append(f"{path} is corrupt ({reasons[0]}): skipped")
 
-    if resharded:
-        objects = _load_resharded(flat, keyed, resharded, comm, mac_key)
-        path = str(resharded[0].manifest_path)
-        return _done(Restored(resharded[0].step, MEMORY, path, tuple(skipped)), comm), objects, None
-    if best_key is not None:
-        index = held[best_key]
-        objects = _load_memory(flat, keyed, tier, index, comm, mac_key)
-        path = str(tier.slot(index).manifest_path)
-        return _done(Restored(best_key[0], MEMORY, path, tuple(skipped)), comm), objects, index
-    if candidates or skipped:
+    if corrupt:
         raise CheckpointError(
             f"no valid checkpoint in {config.directory}: {len(skipped)} found, none loads",
             hint="see the warnings above; move the broken step-* directories away to start "
@@ -133,6 +189,28 @@ def restore(
             data={"skipped": skipped},
         )
     return _done(Restored(0, NONE, None, tuple(skipped)), comm), {}, None
+
+
+def allowed(step: int, before: int | None) -> bool:
+    """Whether a checkpoint of `step` may be restored under the controller's rejection."""
+    return before is None or step < before
+
+
+def _refused(what: str, before: int | None) -> str:
+    return (
+        f"{what} is not used: the job failed the same way twice right after restoring step "
+        f"{before} (restore_rejected), so this generation restores an older one"
+    )
+
+
+def _collective(comm: Comm, check: Callable[[], str | None]) -> str | None:
+    """Run this rank's `check`; the first rank's reason (with its rank) if any rank failed."""
+    try:
+        mine = check()
+    except Exception as exc:  # noqa: BLE001 - every rank must learn that one failed
+        mine = f"{type(exc).__name__}: {exc}"
+    reasons = comm.all_gather(f"rank {comm.rank}: {mine}" if mine else None)
+    return next((r for r in reasons if r), None)
 
 
 def _load_memory(
@@ -162,12 +240,16 @@ def _load_memory(
     return {**saved["global"], **saved["local"]}
 
 
-def _resharded_candidate(
-    keyed: list[tuple[str, TensorLeaf]], tier: slots.MemoryTier, comm: Comm, mac_key: bytes
-) -> list[slots.HostSnapshot]:
-    """Collective: the snapshots of this host that hold, for the newest (step, generation) every
-    rank can serve so, each tensor this rank needs (per-rank ones aside: they start fresh);
-    empty when there is no such step."""
+def _resharded_candidates(
+    keyed: list[tuple[str, TensorLeaf]],
+    tier: slots.MemoryTier,
+    comm: Comm,
+    mac_key: bytes,
+    before: int | None,
+) -> list[tuple[int, list[slots.HostSnapshot]]]:
+    """Collective: for each (step, generation) every rank can serve so, newest first, the
+    snapshots of this host that hold each tensor this rank needs (per-rank ones aside: they
+    start fresh); empty when there is no such step."""
     assert tier.directory is not None
     found, rejected = slots.scan_host(tier.directory.parent, key=mac_key)
     for message in rejected:
@@ -179,13 +261,13 @@ def _resharded_candidate(
     servable = {
         step: snapshots
         for step, snapshots in by_step.items()
-        if needed and all(_source(key, t, snapshots) is not None for key, t in needed)
+        if needed
+        and allowed(step[0], before)
+        and all(_source(key, t, snapshots) is not None for key, t in needed)
     }
     every = [{(step, gen) for step, gen in keys} for keys in comm.all_gather(sorted(servable))]
     common = set.intersection(*every)
-    if not common:
-        return []
-    return servable[max(common)]
+    return [(key[0], servable[key]) for key in sorted(common, reverse=True)]
 
 
 def _source(

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ftrun import private
-from ftrun.checkpoint import auth, device_copy, storage
+from ftrun.checkpoint import auth, device_copy, sample_digest, storage
 from ftrun.checkpoint.config import REPLICA_DIR
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
@@ -388,6 +388,8 @@ class MemoryTier:
                     "tensors": [
                         [e.key, e.dtype, list(e.shape), e.offset, e.nbytes] for e in entries
                     ],
+                    # what restore checks the data against (sample_digest.py)
+                    "digest": sample_digest.compute(slot.base, sample_digest.spans_of(entries)),
                 },
                 key=self._key,
                 sync=False,

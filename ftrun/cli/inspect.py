@@ -214,6 +214,13 @@ def _recovery(inc: Incident) -> str:
         restored = f"restored: step {inc.restored_step} from {inc.restored_tier}"
     else:
         restored = f"resumed at step {inc.step_resumed}"
+    if inc.restore_rejected is not None:
+        restored = (
+            f"restore of step {inc.restore_rejected} rejected (the same failure twice right "
+            f"after it): {restored}"
+        )
+    if inc.restore_skipped:
+        restored += f" (skipped: {'; '.join(inc.restore_skipped)})"
     if inc.lost_steps is None:
         return restored
     what = "stopped" if inc.kind == "preempted" else "failed"

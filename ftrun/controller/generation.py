@@ -59,6 +59,7 @@ class GenWatch:
     steps_hint_given: bool = False
     stall_s: float | None = None  # rank 0's time blocked on checkpoints so far (goodput)
     restored: bool = False  # the generation's restore is journaled (once)
+    restored_step: int | None = None  # the step its ranks restored (rank 0 reports it)
     injected: dict[str, Any] | None = None
     nproc_per_node: int = 0  # ranks per host, numbered by node rank; 0: not checked
     # Taken over by a resumed controller (adoption.py): its first progress here is the first
@@ -197,12 +198,15 @@ class GenWatch:
             return True
         if kind == "checkpoint_restored" and not self.restored:
             self.restored = True  # every rank restores the same step; rank 0 tells
+            self.restored_step = msg.get("step")
             journal.record(
                 "checkpoint_restored",
                 gen=self.number,
                 step=msg.get("step"),
                 tier=msg.get("tier"),
                 restore_s=msg.get("restore_s"),
+                # the candidates skipped before it, and why (a failed check, a rejected step)
+                **({"skipped": msg["skipped"]} if msg.get("skipped") else {}),
             )
             return True
         if kind == "signalled":

@@ -8,11 +8,20 @@ and how many faults in a row came without progress (the backoff grows with those
 
 from __future__ import annotations
 
+from ftrun import envcontract
 from ftrun.config import LaunchConfig
 from ftrun.controller.evidence import HOST_LOST, Evidence, Failure
 from ftrun.controller.generation import GenWatch
 from ftrun.controller.host_health import HostHealth
-from ftrun.controller.policy import Decision, History, Rule, Tier, backoff_s, classify
+from ftrun.controller.policy import (
+    RESTORE_REJECTED,
+    Decision,
+    History,
+    Rule,
+    Tier,
+    backoff_s,
+    classify,
+)
 from ftrun.journal import Journal
 
 
@@ -30,6 +39,10 @@ class Incidents:
         self.ever_progressed = False
         self.previous: Evidence | None = None  # the last fault's evidence, once restarted
         self.failures_in_row = 0  # without progress in between
+        self.previous_restored: int | None = None  # the step the previous fault's gen restored
+        # Set by a restore_rejected incident: the ranks restore no checkpoint of this step or
+        # later (FTRUN_RESTORE_BEFORE), until a generation gets past it.
+        self.restore_before: int | None = None
 
     def open(self) -> int:
         """A new incident (a fault, or ranks hung at exit); its number."""
@@ -45,6 +58,8 @@ class Incidents:
             previous is None or previous.step is None or watch.max_step > previous.step
         )
         self.ever_progressed |= watch.first_step_seen
+        if self.restore_before is not None and (watch.max_step or 0) > self.restore_before:
+            self.restore_before = None  # past the rejected step: its checkpoints are new ones
         self.journal.record(
             "fault_detected",
             incident=incident,
@@ -69,11 +84,15 @@ class Incidents:
                 previous=previous,
                 progressed_since_previous=progressed,
                 work_done_by=clean[0] if clean else None,
+                restored_step=watch.restored_step,
+                previous_restored_step=self.previous_restored,
             ),
             max_restarts=self.config.max_restarts,
             rules=self.rules,
         )
-        decision, benched = self.health.judge(ev, decision, now=now, wall_t=wall_t)
+        benched: list[dict[str, object]] = []
+        if decision.rule != RESTORE_REJECTED:  # that one is the checkpoint's doing, not the host's
+            decision, benched = self.health.judge(ev, decision, now=now, wall_t=wall_t)
         for fields in benched:
             self.journal.record("host_quarantined", **fields)
         self.journal.record(
@@ -84,8 +103,24 @@ class Incidents:
             rule=decision.rule,
             reason=decision.reason,
         )
+        if decision.restore_before is not None and decision.tier is not Tier.FATAL:
+            self.restore_before = decision.restore_before
+            self.journal.record(
+                "restore_rejected",
+                incident=incident,
+                gen=watch.number,
+                step=decision.restore_before,
+                reason=decision.reason,
+            )
+        self.previous_restored = watch.restored_step
         self.failures_in_row = 1 if progressed else self.failures_in_row + 1
         return decision
+
+    def rank_env(self) -> dict[str, str]:
+        """What the next generation's ranks must know of the incidents: a rejected restore."""
+        if self.restore_before is None:
+            return {}
+        return {envcontract.RESTORE_BEFORE: str(self.restore_before)}
 
     def backoff_s(self) -> float:
         """How long to wait before the restart that follows the last fault."""

@@ -11,6 +11,11 @@ guards, any of which makes it fatal:
   - a deterministic error (import, syntax, bad arguments) before the job's first step;
   - the same failure as the previous one, with no step progress in between;
   - the restart budget spent.
+One exception to the second: when both failures came right after a restore of the same step N
+(the checkpoint itself may be bad: NaN weights, a torn state), the restore is rejected instead
+(rule `restore rejected`): one more restart, charged to the budget, whose ranks restore a checkpoint
+older than N (Decision.restore_before; ftrun.checkpoint honours it). Only a third same failure
+after that older restore is fatal.
 A failure after a rank of the generation exited 0 is never restarted: the generation's work is
 done (see controller/stall.py), so it ends the job, failed.
 What the evidence is comes from evidence.py; host history (repeated failures on one host →
@@ -118,6 +123,13 @@ class History:
     progressed_since_previous: bool = False
     # The rank that exited 0 in this generation, if one did: its work is done, no restart.
     work_done_by: int | None = None
+    # The step this generation restored, and the one the generation of `previous` restored
+    # (None: no restore reported, or nothing to restore).
+    restored_step: int | None = None
+    previous_restored_step: int | None = None
+
+
+RESTORE_REJECTED = "restore rejected"
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,8 @@ class Decision:
     tier: Tier
     reason: str
     rule: str = ""
+    # A restart whose ranks must restore a checkpoint older than this step (restore rejected).
+    restore_before: int | None = None
 
 
 def classify(
@@ -159,6 +173,22 @@ def classify(
         and not history.progressed_since_previous
         and history.previous.signature() == evidence.signature()
     ):
+        step = history.restored_step
+        if step and step == history.previous_restored_step:
+            if history.restarts_used >= max_restarts:
+                return Decision(
+                    Tier.FATAL,
+                    f"restart budget spent ({max_restarts} restarts): {what}, twice right after "
+                    f"restoring step {step}",
+                    "restart budget",
+                )
+            return Decision(
+                Tier.RESTART_IN_PLACE,
+                f"the same failure twice right after restoring step {step}: {what}; the "
+                f"checkpoint of step {step} is rejected, restarting from an older one",
+                RESTORE_REJECTED,
+                restore_before=step,
+            )
         return Decision(
             Tier.FATAL,
             f"the same failure twice with no progress in between: {what}",

@@ -387,7 +387,7 @@ class Supervisor:
             hosts,
             hang=dataclasses.asdict(hang),
             restarts=self.incidents.relaunches,
-            env=self.plans.rank_env(),
+            env={**self.plans.rank_env(), **self.incidents.rank_env()},
         )
         self.plans.launched()
         return GenWatch(

@@ -116,6 +116,14 @@ def fold(job_dir: Path, events: list[dict[str, Any]]) -> JobView:
                     ev.get("reason"),
                 )
                 inc.rule = ev.get("rule")
+        elif kind == "restore_rejected":
+            inc = incidents.get(ev.get("incident", -1))
+            if inc is not None:
+                inc.restore_rejected = ev.get("step")
+        elif kind == "checkpoint_restored" and ev.get("skipped"):
+            inc = next((i for i in incidents.values() if i.next_generation == ev.get("gen")), None)
+            if inc is not None:
+                inc.restore_skipped = list(ev["skipped"])
         elif kind == "torn_down":
             inc = incidents.get(ev.get("incident", -1))
             if inc is not None:

@@ -53,6 +53,10 @@ class Incident:
     step_resumed: int | None = None
     restored_step: int | None = None  # what the relaunched ranks restored (from their logs)
     restored_tier: str | None = None  # "memory", "storage" or "none"
+    # A restore_rejected incident: the step whose restore was rejected (the relaunch restores
+    # an older checkpoint), and why the relaunch's ranks skipped newer candidates.
+    restore_rejected: int | None = None
+    restore_skipped: list[str] = field(default_factory=list)
 
     @property
     def detected_s(self) -> float | None:
@@ -105,6 +109,8 @@ class Incident:
             "step_resumed": self.step_resumed,
             "restored_step": self.restored_step,
             "restored_tier": self.restored_tier,
+            "restore_rejected": self.restore_rejected,
+            "restore_skipped": self.restore_skipped,
             "exception": self.exception,
             "traceback": self.traceback,
             "traceback_source": self.traceback_source,
