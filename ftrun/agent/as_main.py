@@ -14,7 +14,8 @@ joined, `atexit` handlers, module teardown, `sys.exit` codes and uncaught except
 
 `prepare()` gives the fork the identity a fresh exec would have: stdio on the shim's descriptors
 (unbuffered, as torchrun's `python -u`), environment, cwd, umask, argv, `sys.path[0]`, signal
-dispositions and mask, a reseeded NumPy, and its own command line for `ps`.
+dispositions and mask, a reseeded NumPy, its own command line for `ps` (`ftrun rank R/W
+script.py args`) and its own environment in /proc/PID/environ.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def prepare(request: dict[str, Any]) -> None:
         # use), as early as can be: a hang report may come while we are still starting.
         faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     sys.orig_argv = list(request.get("cmdline") or sys.orig_argv)
-    proctitle.set_title(" ".join(request.get("cmdline") or request["argv"]))
+    proctitle.set_title(_title(request))
+    # /proc/PID/environ shows the environment the rank runs with, as a cold rank's does.
+    proctitle.set_environ(os.environb)
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()  # a fresh interpreter seeds its own; every fork shares the zygote's
@@ -66,6 +69,13 @@ def prepare(request: dict[str, Any]) -> None:
     if threads and threads.isdigit() and "torch" in sys.modules:
         # A fresh interpreter reads OMP_NUM_THREADS when torch loads; this one already has.
         sys.modules["torch"].set_num_threads(int(threads))
+
+
+def _title(request: dict[str, Any]) -> str:
+    """`ftrun rank R/W train.py --lr 3` for a rank; torchrun keeps its own command line."""
+    if request["mode"] == "torchrun":
+        return " ".join(request.get("cmdline") or request["argv"])
+    return proctitle.rank_title(os.environ, request["argv"], module=request["mode"] == "module")
 
 
 def run(request: dict[str, Any]) -> None:

@@ -63,7 +63,8 @@ class WarmInterpreter:
         self.sock_path.unlink(missing_ok=True)
         try:
             self.proc = proc = await asyncio.create_subprocess_exec(
-                # The padding argument is room for each fork's own command line (proctitle.py).
+                # The padding argument and variable are room for each fork's own command line
+                # and environment (proctitle.py).
                 self.boot.python,
                 "-m",
                 "ftrun.agent.zygote",
@@ -73,6 +74,7 @@ class WarmInterpreter:
                 start_new_session=True,
                 env={
                     **os.environ,
+                    **proctitle.env_room(),
                     envcontract.AGENT_ID: self.boot.process_tag,
                     **(
                         {envcontract.ZYGOTE_PRELOAD: self.boot.zygote_preload}
