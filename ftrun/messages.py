@@ -204,6 +204,8 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "gen": opt(GEN),  # the generation running here (a rejoin after an outage)
                 "rejoin": Bool(),
                 "peer_port": opt(PORT),  # where its peer store listens (ftrun/peercopy)
+                "shm_total": opt(Int(0, 1 << 60)),  # /dev/shm's size and free space, bytes
+                "shm_free": opt(Int(0, 1 << 60)),
             },
             required=("agent_id",),
         ),
@@ -269,6 +271,21 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "skipped": opt(ListOf(Str(MAX_LINE), 4)),
             },
             ("gen", "rank"),
+        ),
+        # A rank's checkpoint memory tier stepped down (ftrun/checkpoint/capacity.py); bytes,
+        # -1 where unknown.
+        "checkpoint_tier": Schema(
+            {
+                **AGENT_REPORT,
+                "rank": RANK,
+                "tier": Str(16, choices=("live", "copies", "storage")),
+                "from": Str(16, choices=("live", "copies", "storage")),
+                "why": Str(MAX_LINE),
+                "need": Int(-1, 1 << 60),
+                "free": Int(-1, 1 << 60),
+                "total": Int(-1, 1 << 60),
+            },
+            ("gen", "rank", "tier"),
         ),
         "signalled": Schema(
             {**AGENT_REPORT, "signal": SIGNAL, "ranks": ListOf(RANK, MAX_RANKS)}, ("gen",)

@@ -100,6 +100,22 @@ def checkpoint_restored(step: int, tier: str, seconds: float, skipped: Sequence[
     _send(event)
 
 
+def checkpoint_tier(level: str, before: str, why: str, *, need: int, free: int, total: int) -> None:
+    """Tell the agent that this rank's checkpoint memory tier stepped down (live, copies,
+    storage: ftrun/checkpoint/capacity.py), why, and the figures in bytes (-1: unknown)."""
+    _send(
+        {
+            "e": "tier",
+            "tier": str(level)[:16],
+            "from": str(before)[:16],
+            "why": str(why)[:400],
+            "need": int(need),
+            "free": int(free),
+            "total": int(total),
+        }
+    )
+
+
 def code_done() -> None:
     """Tell the agent this rank's code has returned or raised: what follows is interpreter
     finalization, not training, so step-based hang detection stands down for it. Called by

@@ -33,7 +33,7 @@ import time
 from functools import partial
 from typing import Any
 
-from ftrun.agent import procs, watch, workdir
+from ftrun.agent import procs, tiers, watch, workdir
 from ftrun.agent.genrun import GenerationRun
 from ftrun.agent.lines import LineSplitter, report_lines
 from ftrun.agent.link import ControlLink, watch_stdin
@@ -95,6 +95,8 @@ class Agent:
         loop.set_exception_handler(self._on_loop_exception)
         try:
             self.ranks.open(loop)
+            tiers.sweep(self.tier.parent, keep=self.tier)  # those whose agent was killed
+            tiers.mark(self.tier)
             if self.boot.warm_start:
                 await self._start_warm()
             if not self.boot.local:  # one host has no peer to keep its snapshots

@@ -149,6 +149,13 @@ class GenerationRun:
                 restore_s=event.get("d"),
                 skipped=event.get("x"),
             )
+        elif kind == "tier":  # a rank's checkpoint memory tier stepped down (capacity.py)
+            self.link.send(
+                "checkpoint_tier",
+                gen=self.number,
+                rank=rank,
+                **{k: event.get(k) for k in ("tier", "from", "why", "need", "free", "total")},
+            )
         elif kind == "started":
             self.pgids.add(int(event["pid"]))
             if event.get("shim"):

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ftrun.agent import tiers, workdir
 from ftrun.agent.lines import shrunk
 from ftrun.agent.stallguard import StallGuard
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
@@ -97,6 +98,7 @@ class ControlLink:
             addr=self.chan.writer.get_extra_info("sockname")[0],
             port=port,
             peer_port=self.peer_port,
+            **tiers.space(workdir.SHM),  # the memory tier's room (controller/fleet.py)
             **extra,
         )
         self.last_heard = time.monotonic()

@@ -78,6 +78,7 @@ def redirect_output(path: Path) -> None:
 
 
 def memory_tier(job_id: str) -> Path:
-    """The job's host-memory checkpoint tier (ftrun.checkpoint.memory_tier_dir): the agent owns
-    it and removes it when the job ends. Kept in step with ftrun/checkpoint/config.py."""
-    return SHM / f"ftrun-{job_id}"
+    """The job's host-memory checkpoint tier (ftrun.checkpoint.memory_tier_dir), in this user's
+    private parent: the agent owns it and removes it when the job ends. Kept in step with
+    ftrun/checkpoint/config.py."""
+    return SHM / f"ftrun-{os.geteuid()}" / job_id

@@ -3,8 +3,9 @@
 Where things go:
 - storage: `directory`, else `$FTRUN_JOB_DIR/checkpoints` (set by ftrun for every rank), else
   `./checkpoints`;
-- memory tier: `memory_tier_dir(job_id)/rank<R>/`, enabled when a job id is known (`job_id=` or
-  `$FTRUN_JOB_ID`); without one the snapshot buffers are anonymous memory that dies with the rank;
+- memory tier: `memory_tier_dir(job_id)/rank<R>/` (`/dev/shm/ftrun-<uid>/<job>/rank<R>/`),
+  enabled when a job id is known (`job_id=` or `$FTRUN_JOB_ID`); without one the snapshot
+  buffers are anonymous memory that dies with the rank;
 - the checkpoint key (auth.py): `key=`, else `$FTRUN_CHECKPOINT_KEY`, else the user's key file,
   loaded by the Manager (`with_key()`), not here: resolving a config makes no file;
 - generation fences (fence.py): on when the job is known (`owner`: `job_id=` or `$FTRUN_JOB_ID`,
@@ -37,14 +38,21 @@ AUTO_DUTY = 0.25
 VERIFY_MODES = ("full", "size")
 
 
+def memory_user_dir_name() -> str:
+    """This user's private parent of every memory tier in a root: `ftrun-<uid>` (0700)."""
+    return f"ftrun-{os.geteuid()}"
+
+
 def memory_tier_dir(job_id: str, root: Path | str = DEFAULT_MEMORY_ROOT) -> Path:
-    """The host-memory tier of a job: `/dev/shm/ftrun-<job_id>`. The agent deletes it at job end."""
+    """The host-memory tier of a job: `/dev/shm/ftrun-<uid>/<job_id>`. The agent deletes it at
+    job end, and sweeps those whose agent is gone (ftrun/agent/tiers.py). The per-user parent
+    is 0700: no other user can plant or open anything under it (docs/security.md)."""
     if not _JOB_ID.match(job_id):
         raise CheckpointDirError(
             f"invalid job id for the memory tier: {job_id!r}",
             hint="use letters, digits, '.', '_' or '-' (no '/')",
         )
-    return Path(root) / f"ftrun-{job_id}"
+    return Path(root) / memory_user_dir_name() / job_id
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ftrun import runtime
-from ftrun.checkpoint import dcp_layout, device_copy, live, slots, stale_ranks, storage
+from ftrun.checkpoint import capacity, dcp_layout, device_copy, live, slots, stale_ranks, storage
 from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
@@ -81,19 +81,18 @@ class Manager:
         self._comm = Comm(timeout_s=self.config.collective_timeout)
         rank, world = self._comm.rank, self._comm.world
         nonce: str = self._comm.broadcast(uuid.uuid4().hex[:8])
-        mem = self.config.memory_dir
-        self._tier = slots.MemoryTier(
-            directory=mem / f"rank{rank}" if mem else None,
-            slots=self.config.memory_slots,
-            rank=rank,
-            world_size=world,
-            key=self.config.hmac_key,
-        )
+        # Without a tier (none, refused, no room): anonymous slots, storage only (capacity.py).
+        self._tier = capacity.open_tier(self.config, rank=rank, world=world)
+        mem = self.config.memory_dir if self._tier.persistent else None
         # Claim both directories for this generation before reading either (fence.py): from now
         # on a rank of an older generation, a zombie of a lost host, can publish nothing there.
         owner = self.config.owner
         try:
-            self._memory_fence = self._claim(mem, owner) if mem and owner else None
+            try:
+                self._memory_fence = self._claim(mem, owner) if mem and owner else None
+            except OSError as exc:  # no room for the fence's file: no tier (capacity.py)
+                self._tier = capacity.leave_tier(self._tier, self.config, exc, world=world)
+                self._memory_fence = None
             if owner:
                 self._claim(self.config.directory, owner).close()
             if self._memory_fence is not None and self._tier.directory is not None:
@@ -107,6 +106,13 @@ class Manager:
             raise
         self._cond = threading.Condition()
         self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
+        self._capacity = capacity.Capacity(
+            self._tier,
+            root=self.config.memory_root,
+            copies=self.config.memory_slots,
+            live=self.config.live_snapshot,
+            on_leave=self._leave_level,
+        )
         self._job: SnapshotJob | None = None
         self._last_saved: int | None = None
         self._hooks: dict[int, Any] = {}
@@ -242,6 +248,7 @@ class Manager:
             raise worker_died()
         if self._persister.superseded:  # the worker's commit was refused: we are a zombie
             raise Superseded(self._persister.superseded)
+        self._capacity.check()  # a write into the tier found no room: one level down
         flat = flatten(state, saving=True)
         self.attach(*flat.optimizers())
         keyed = keyed_tensors(flat, self.rank)
@@ -251,6 +258,8 @@ class Manager:
         preempted = self._preempt_pending and flag is not None and flag.exists()
         persist, urgent = self._persister.wanted(step, keyed, sig, preempted=preempted)
         gpus = device_copy.devices(t for _, t in keyed)
+        # Every slot reserved before the state is adopted or copied, or the tier steps down.
+        self._capacity.reserve(size, wait_idle=partial(self.wait_ready, None))
         adopted = not gpus and self._adopt(flat, keyed, entries, size, sig)
         copy_all = (
             persist
@@ -383,7 +392,7 @@ class Manager:
     ) -> bool:
         """Move the state into the live slot (live.py) when it is not there for this layout;
         True if it moved now. Off without the memory tier, and for GPU state."""
-        if not self.config.live_snapshot or self._tier.live is None:
+        if not self.config.live_snapshot or self._tier.live is None or not self._capacity.live:
             return False
         if self._live is not None and self._live.sig == sig and self._live.holds(keyed, entries):
             return False
@@ -400,8 +409,11 @@ class Manager:
                 self._tier, keyed, entries, size, sig, roots, previous
             )
         except CheckpointError as exc:  # e.g. /dev/shm too small for one more copy
-            warn(f"the live snapshot is off, every save copies the state: {exc}")
             self._live = None
+            if slots.is_full(exc):
+                self._capacity.step_down(capacity.Level.COPIES, str(exc))
+            else:
+                warn(f"the live snapshot is off, every save copies the state: {exc}")
         finally:
             self._release_memory_fence()
         if self._live is None:
@@ -510,6 +522,18 @@ class Manager:
             data_size=size,
         )
 
+    def _leave_level(self, level: capacity.Level, drop_slots: bool) -> None:
+        """The tier steps down (capacity.py): below LIVE the tensors go back to the heap; slots
+        that leave the tier root are forgotten, once the worker has let go of them."""
+        if self._live is not None and level < capacity.Level.LIVE:
+            self._tier.invalidate(self._tier.live_index)
+            self._live.give_back()
+            self._live = None
+        if drop_slots:
+            self._persister.wait_idle(self.config.persist_timeout)
+            with self._cond:
+                self._slots.restored([None] * len(self._tier.slots), latest=None)
+
     def _release_memory_fence(self) -> None:
         if self._memory_fence is not None:
             self._memory_fence.release()
@@ -543,6 +567,9 @@ class Manager:
                 )
         if job.error is not None:
             self._job = None
+            what = f"the snapshot of step {job.step}"  # no room in the tier: a level down
+            if job.done.wait(limit) and self._capacity.absorb(job.error, what):
+                return
             if isinstance(job.error, CheckpointError):
                 raise job.error
             raise CheckpointError(
@@ -567,7 +594,7 @@ class Manager:
                 # next are (save() itself costs the same whether it copies or not).
                 gap = statistics.median(self._save_gaps) if self._save_gaps else 0.0
                 self._persister.proposed_full_copy_every = live.full_copy_every(job.held_s, gap)
-            if job.error is not None:
+            if job.error is not None and not self._capacity.absorb(job.error, f"step {job.step}"):
                 raise CheckpointError(
                     f"the snapshot of step {job.step} failed: {job.error!r}"
                 ) from job.error
@@ -648,7 +675,10 @@ class Manager:
                 self._tier.invalidate(index)
             slot = self._tier.slots[index]
             try:
-                slot.ensure(size)
+                try:
+                    slot.ensure(size)
+                except CheckpointError as exc:  # no room: persisted from anonymous memory
+                    self._capacity.rescue(slot, size, exc)
                 slot.populate()
                 assert slot.base is not None and snap.slot.base is not None
                 slot.base[:size].copy_(snap.slot.base[:size])

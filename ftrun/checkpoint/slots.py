@@ -2,12 +2,16 @@
 
 A slot is one shared-memory file holding every tensor of this rank's state back to back (4 KiB
 aligned, so the worker can write to storage with O_DIRECT straight from it). With a job id the
-slots are named files under `/dev/shm/ftrun-<job>/rank<R>/`, each with a JSON manifest, so they outlive the rank process and a restart in place restores from them;
+slots are named files under `/dev/shm/ftrun-<uid>/<job>/rank<R>/`, each with a JSON manifest, so they
+outlive the rank process and a restart in place restores from them;
 without one they are anonymous memfds that die with the rank. Either way the persist worker reads
 them by path, so there is exactly one copy of the state in host memory per slot.
 
 Memory bound: `memory_slots` (2 by default) x this rank's state bytes, allocated up front with
-posix_fallocate (a full /dev/shm is an error at allocation, never a SIGBUS mid-copy).
+posix_fallocate (a full /dev/shm is an error at allocation, never a SIGBUS mid-copy). Running out
+is never fatal (capacity.py): a slot that cannot be reserved in the tier becomes anonymous memory
+(`Slot.go_anonymous`, still a buffer for the persist), and a manifest that cannot be written is
+left unwritten and recorded in `MemoryTier.failed` for the Manager to step the tier down.
 
 Integrity of a memory snapshot rests on ordering, not on a checksum (a CRC32 of 4.5 GiB would cost
 ~1 s of CPU per step): a slot's manifest is deleted before its data is overwritten and written
@@ -15,9 +19,11 @@ Integrity of a memory snapshot rests on ordering, not on a checksum (a CRC32 of 
 complete snapshot with a manifest or none. tmpfs survives the rank process but not the host.
 
 /dev/shm is writable by every user and the tier's name is easy to guess, so the tier trusts only
-what this user made: `/dev/shm/ftrun-<job>/` and `rank<R>/` are made 0700 and refused, with a
-clear error, when they already exist owned by another uid, open to group or others, or as a
-link; the slot files are opened O_NOFOLLOW and refused unless they are regular files of ours with
+what this user made: every job's tier is under one per-user parent, `/dev/shm/ftrun-<uid>/`, made
+0700 (no other user can reach into it, so nothing can be planted under it); the parent,
+`<job>/` and `rank<R>/` are refused, with a clear error, when they already exist owned by another
+uid, open to group or others, or as a link (the Manager then goes on without the tier and says
+why); the slot files are opened O_NOFOLLOW and refused unless they are regular files of ours with
 mode 0600; every manifest carries an HMAC and the objects are a sealed pickle (auth.py), so a
 snapshot that does not verify is skipped with a warning and restore falls back to storage.
 """
@@ -41,7 +47,7 @@ import torch
 
 from ftrun import private
 from ftrun.checkpoint import auth, device_copy, sample_digest, storage
-from ftrun.checkpoint.config import REPLICA_DIR
+from ftrun.checkpoint.config import REPLICA_DIR, memory_user_dir_name
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 
 ALIGN = 4096  # O_DIRECT-friendly: the worker writes straight from the slot
@@ -163,12 +169,32 @@ class Slot:
             os.posix_fallocate(self.fd, 0, nbytes)
         except OSError as exc:
             where = self.directory or "anonymous shared memory"
+            free = "" if self.directory is None else f" ({space(self.directory)})"
             raise CheckpointError(
-                f"cannot reserve {nbytes / 2**30:.2f} GiB for a checkpoint snapshot in {where}: "
-                f"{os.strerror(exc.errno or errno.ENOSPC)}",
+                f"cannot reserve {mib(nbytes)} for a checkpoint snapshot in {where}"
+                f"{free}: {os.strerror(exc.errno or errno.ENOSPC)}",
                 hint="free memory, enlarge /dev/shm, or checkpoint less state per rank",
             ) from exc
         self.size = os.fstat(self.fd).st_size
+        self._map()
+
+    def go_anonymous(self) -> None:
+        """Leave the tier: the data becomes an anonymous memfd (RAM, outside the tier root's
+        size limit) that dies with the rank, and nothing of this slot is written to the tier
+        again (no manifest: a restart restores from storage). The persist worker still reads it
+        by path. Frees the slot's space in the tier at once."""
+        if self.directory is None:
+            return
+        self._unmap()
+        os.close(self.fd)
+        try:
+            os.unlink(self.data_path)
+        except OSError:
+            pass
+        self.directory = None
+        self.fd = os.memfd_create(f"ftrun-ckpt-{self.name}", 0)
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+        self.size = 0
         self._map()
 
     def view(self, entry: TensorEntry) -> torch.Tensor:
@@ -227,11 +253,25 @@ def _refuse_unless_ours(path: Path, st: os.stat_result) -> None:
     )
 
 
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.0f} MiB"
+
+
+def space(path: Path) -> str:
+    """`/dev/shm: 120 MiB free of 512 MiB`, for the messages of a tier that does not fit."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return f"{path}: size unknown"
+    return f"{path}: {mib(st.f_bavail * st.f_frsize)} free of {mib(st.f_blocks * st.f_frsize)}"
+
+
 def ensure_tier_dirs(directory: Path) -> None:
-    """Make the job's tier directory and this rank's in it (0700), refusing any that is not ours
-    alone, and a root where others could swap them (group/other-writable without the sticky
-    bit; /dev/shm has it)."""
-    root = directory.parent.parent
+    """Make this user's private parent (`ftrun-<uid>`, 0700), the job's tier directory in it and
+    this rank's (0700), refusing any that is not ours alone, and a root where others could swap
+    them (group/other-writable without the sticky bit; /dev/shm has it)."""
+    user = next((p for p in directory.parents if p.name == memory_user_dir_name()), None)
+    root = user.parent if user is not None else directory.parent.parent
     try:
         st = os.stat(root)  # the root itself may be a link (/dev/shm -> /run/shm)
     except FileNotFoundError:
@@ -244,7 +284,7 @@ def ensure_tier_dirs(directory: Path) -> None:
                 hint="pass ftrun.checkpoint.Manager(memory_root=...) a directory only you can "
                 "write, or one with the sticky bit like /dev/shm",
             )
-    for path in (directory.parent, directory):
+    for path in ([user] if user is not None else []) + [directory.parent, directory]:
         private.ensure_dir(
             path,
             forbid=private.GROUP_OTHER_ANY,
@@ -282,6 +322,30 @@ class MemoryTier:
         self.slots = [Slot(i, directory) for i in range(slots)]
         self.live = Slot(slots, directory, name="live") if directory is not None else None
         self.states = [SlotState() for _ in range(slots + 1)]
+        # The first write into the tier that failed for want of space (a manifest, an objects
+        # file); the Manager reads it and steps the tier down (capacity.py).
+        self.failed: OSError | None = None
+        self.kept = directory is not None  # snapshots are kept in the tier (False: leave())
+
+    def leave(self) -> None:
+        """Stop keeping snapshots in the tier: every manifest is removed and none is written
+        again (a restart restores from storage). The slots stay buffers for the persist: their
+        files keep their (reserved) space, or are anonymous memory (`drop_slots`)."""
+        self.kept = False
+        for slot in self._all():
+            path = slot.manifest_path
+            if path is not None:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def drop_slots(self) -> None:
+        """Every copy slot becomes anonymous memory (its snapshot is lost: the caller has the
+        slot table forget them), giving its space in the tier back."""
+        for slot in self.slots:
+            self.states[slot.index] = SlotState()
+            slot.go_anonymous()
 
     @property
     def persistent(self) -> bool:
@@ -371,7 +435,35 @@ class MemoryTier:
         data_size: int,
     ) -> None:
         slot = self.slot(index)
-        if slot.manifest_path is not None and slot.objects_path is not None:
+        try:
+            self._write_manifest(slot, step, generation, sig, entries, objects, data_size)
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            # The tier is full (another user's files, a filler): this snapshot is not in memory,
+            # but the copy is in the slot, and the persist goes on from it. The Manager steps
+            # the tier down at its next save (capacity.py).
+            self.failed = self.failed or exc
+            for path in (slot.manifest_path, slot.objects_path):
+                for leftover in (path, path and path.with_name(path.name + ".tmp")):
+                    if leftover is not None:
+                        try:
+                            os.unlink(leftover)
+                        except OSError:
+                            pass
+        self.states[index] = SlotState(step, generation, entries, objects)
+
+    def _write_manifest(
+        self,
+        slot: Slot,
+        step: int,
+        generation: int,
+        sig: str,
+        entries: list[TensorEntry],
+        objects: bytes,
+        data_size: int,
+    ) -> None:
+        if self.kept and slot.manifest_path is not None and slot.objects_path is not None:
             storage.write_file(slot.objects_path, objects, sync=False)
             storage.write_json_atomic(
                 slot.manifest_path,
@@ -395,11 +487,24 @@ class MemoryTier:
                 sync=False,
                 compact=True,
             )
-        self.states[index] = SlotState(step, generation, entries, objects)
 
     def close(self) -> None:
         for slot in self._all():
             slot.close()
+
+
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EIO, errno.EFBIG})
+
+
+def is_full(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what caused it) is the tier running out of space or failing to write:
+    what steps the tier down, never a failed job."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in FULL_ERRNOS:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def entry_view(base: torch.Tensor, entry: TensorEntry) -> torch.Tensor:

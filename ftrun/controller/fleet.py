@@ -20,6 +20,7 @@ from ftrun.controller.rendezvous import Rendezvous
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer
+from ftrun.controller.shm_notes import hello_note
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
@@ -179,9 +180,13 @@ class Fleet:
         if host is None or not self.roster.ready(agent_id):
             return True
         addr = self.rendezvous.connected(agent_id, msg)
+        shm = {k: msg[k] for k in ("shm_total", "shm_free") if msg.get(k) is not None}
         self.journal.record(
-            "agent_connected", host=host, pid=msg.get("pid"), addr=addr, agent=agent_id
+            "agent_connected", host=host, pid=msg.get("pid"), addr=addr, agent=agent_id, **shm
         )
+        note = hello_note(host, msg)  # /dev/shm too small for a memory tier: said once
+        if note is not None and self.roster.slots[host].incarnation <= 1:
+            self.reporter.notice(note, level="warning")
         self._retry_delay.pop(host, None)
         if self.roster.slots[host].incarnation > 1:
             self.reporter.notice(f"{host} is back (ready to join)")

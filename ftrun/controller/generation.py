@@ -18,6 +18,7 @@ from ftrun.controller.evidence import Evidence, Failure
 from ftrun.controller.preemption import Preempted
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
 from ftrun.controller.roster import Roster
+from ftrun.controller.shm_notes import tier_note
 from ftrun.controller.stall import ExitHang, StallWatch
 from ftrun.journal import Journal
 
@@ -208,6 +209,13 @@ class GenWatch:
                 # the candidates skipped before it, and why (a failed check, a rejected step)
                 **({"skipped": msg["skipped"]} if msg.get("skipped") else {}),
             )
+            return True
+        if kind == "checkpoint_tier":  # a rank's memory tier stepped down: once per rank
+            fields = ("rank", "tier", "from", "why", "need", "free", "total")
+            journal.record(
+                "checkpoint_tier", gen=self.number, host=host, **{k: msg.get(k) for k in fields}
+            )
+            self.reporter.notice(tier_note(host, msg), level="warning")
             return True
         if kind == "signalled":
             journal.record(

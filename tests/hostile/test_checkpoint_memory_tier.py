@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftrun import private
 from ftrun.checkpoint import auth, restore, slots, state
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, memory_tier_dir
@@ -28,8 +29,10 @@ OTHER_KEY = bytes([7] * 32)
 
 @pytest.fixture
 def shm():
-    """A job's memory tier directory in the real /dev/shm (not made yet), removed after."""
+    """A job's memory tier directory in the real /dev/shm (not made yet, in this user's private
+    parent), removed after."""
     path = memory_tier_dir(f"hostile-{uuid.uuid4().hex[:10]}")
+    private.make_dirs(path.parent)
     yield path
     if path.is_symlink():
         path.unlink()
@@ -58,6 +61,28 @@ def test_a_tier_directory_another_user_made_first_is_refused(shm):
     assert str(shm) in message and "owned by uid 65534" in message and "drwx------" in message
     assert "remove it" in err.value.hint and "memory_root" in err.value.hint
     assert os.listdir(shm) == []  # nothing of ours went into it
+
+
+def test_every_tier_is_under_a_private_parent_of_this_user(shm):
+    """No other user can reach into it: nothing can be planted in a tier, whatever its name."""
+    assert shm.parent.name == f"ftrun-{os.geteuid()}"
+    tier(shm).close()
+    st = os.lstat(shm.parent)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and mode_of(shm.parent) == 0o700
+
+
+def test_a_private_parent_another_user_made_first_is_refused_naming_it(tmp_path):
+    """The one name left to plant: refused as the root cause, with the directory and why."""
+    root = tmp_path / "root"
+    root.mkdir()
+    os.chmod(root, 0o1777)  # like /dev/shm
+    job = memory_tier_dir("planted", root=root)
+    job.parent.mkdir(mode=0o700)
+    os.chown(job.parent, OTHER_UID, OTHER_UID)
+    with pytest.raises(UnsafePathError) as err:
+        tier(job)
+    assert f"{job.parent} is not safe to use: it is owned by uid 65534" in err.value.message
+    assert os.listdir(job.parent) == []
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o755, 0o750, 0o705])

@@ -134,11 +134,11 @@ def test_prune_keeps_the_newest_k_and_removes_stale_temp_dirs(tmp_path):
 
 
 def test_memory_tier_dir_and_job_id_validation():
-    assert memory_tier_dir("job-1.a_b") == Path("/dev/shm/ftrun-job-1.a_b")
+    assert memory_tier_dir("job-1.a_b") == Path(f"/dev/shm/ftrun-{os.geteuid()}/job-1.a_b")
     from ftrun.agent import workdir  # the agent deletes this directory at job end
 
     assert workdir.memory_tier("job-1.a_b") == memory_tier_dir("job-1.a_b")
-    assert memory_tier_dir("j", root="/x") == Path("/x/ftrun-j")
+    assert memory_tier_dir("j", root="/x") == Path(f"/x/ftrun-{os.geteuid()}/j")
     for bad in ("", "../etc", "a/b", "-x"):
         with pytest.raises(CheckpointDirError):
             memory_tier_dir(bad)
@@ -159,7 +159,7 @@ def test_config_precedence_explicit_then_ftrun_env_then_cwd(tmp_path):
     )
     # Under plain torchrun --max-restarts, its restart count tells the runs apart.
     assert resolve_config(environ={"TORCHELASTIC_RESTART_COUNT": "2"}).generation == 2
-    assert cfg.memory_dir == Path("/dev/shm/ftrun-j1")
+    assert cfg.memory_dir == Path(f"/dev/shm/ftrun-{os.geteuid()}/j1")
     assert resolve_config(tmp_path / "explicit", environ=env).directory == tmp_path / "explicit"
     assert resolve_config(environ={}).directory == Path("checkpoints").absolute()
     assert resolve_config(environ=env, memory=False).job_id is None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ftrun.checkpoint.config import memory_tier_dir
 from ftrun.controller.peer_plan import peer_fields
 from ftrun.errors import ProtocolError
 from ftrun.messages import Role
@@ -36,7 +37,7 @@ def managers(tmp_path):
 
 
 def tier(root: Path, job: str) -> Path:
-    return root / f"ftrun-{job}"
+    return memory_tier_dir(job, root)
 
 
 def trained(managers: Managers, root: Path, steps: int, width: int = 8) -> tuple[Toy, object]:

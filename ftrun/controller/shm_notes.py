@@ -1,0 +1,44 @@
+"""What the user is told about the checkpoint memory tier's room on each host (pure: text only).
+
+Agents send /dev/shm's size and free space with their hello; a rank whose tier stepped down
+(ftrun/checkpoint/capacity.py: live -> copies -> storage only, for want of room) reports it with
+the figures. Both are notes, never refusals: a job whose tier does not fit checkpoints to storage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Below this much free /dev/shm a host is named at launch: the tier takes 3 x each rank's state
+# (the live file and two slots), and 1 GiB holds the tier of one rank with ~340 MiB of state.
+SMALL_SHM_BYTES = 1 << 30
+
+
+def mib(n: Any) -> str:
+    return f"{n / 2**20:,.0f} MiB" if isinstance(n, int) and n >= 0 else "?"
+
+
+def hello_note(host: str, msg: dict[str, Any]) -> str | None:
+    """A note when the host's /dev/shm is small for a memory tier; None otherwise."""
+    free, total = msg.get("shm_free"), msg.get("shm_total")
+    if not isinstance(free, int) or free >= SMALL_SHM_BYTES:
+        return None
+    return (
+        f"{host}: /dev/shm has {mib(free)} free of {mib(total)}; the checkpoint memory tier "
+        "takes 3 x each rank's state (2 x without the live snapshot): a rank whose tier does not "
+        "fit checkpoints to storage only (see the ranks' warnings)"
+    )
+
+
+def tier_note(host: str, msg: dict[str, Any]) -> str:
+    """A rank's tier stepped down: where, to what, with the figures."""
+    need, free, total = msg.get("need"), msg.get("free"), msg.get("total")
+    figures = (
+        f" (needs up to {mib(need)}; /dev/shm has {mib(free)} free of {mib(total)})"
+        if isinstance(need, int) and need > 0
+        else ""
+    )
+    return (
+        f"{host} rank {msg.get('rank')}: the checkpoint memory tier steps down from "
+        f"{msg.get('from')} to {msg.get('tier')}{figures}: {str(msg.get('why'))[:300]}"
+    )
