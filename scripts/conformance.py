@@ -3,9 +3,12 @@ plain torchrun, with and without a rank SIGKILLed mid-run, and reports hangs and
 
     python scripts/conformance.py --trials 20            # every script, killed runs
     python scripts/conformance.py --trials 3 --no-kill ddp_no_destroy uncaught
+    python scripts/conformance.py --trials 30 --no-kill --modes warm ddp_destroy  # exit stalls
 
-Target: 0 hangs and 0 mismatches for ftrun in every row. Plain torchrun's own failures to
-recover a killed run are counted in their own column, not against ftrun.
+Target: 0 hangs, 0 exit stalls and 0 mismatches for ftrun in every row. An exit stall is a rank
+that stayed after another exited 0 until ftrun's exit barrier (--exit-timeout) killed it: the
+job still succeeds, so it is counted apart. Plain torchrun's own failures to recover a killed
+run are counted in their own column, not against ftrun.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ TABLE = Table(
         Column(key="script", header="script", width=24, align="<"),
         Column(key="trials", header="trials"),
         Column(key="hangs", header="hangs", width=10),
+        Column(key="stalls", header="exit stalls", width=12),
         Column(key="mismatches", header="mismatches"),
         Column(key="anchor_failed", header="torchrun failed"),
         *(Column(key=f"s_{m}", header=f"s/run {m}", spec=".1f") for m in MODES),
@@ -46,7 +50,16 @@ def main() -> int:
         help="SIGKILL a rank mid-run (default) or run undisturbed",
     )
     parser.add_argument("--timeout", type=float, default=120, help="seconds before a run is a hang")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="launchers to run, comma-separated (without the reference, torchrun unkilled or "
+        "cold killed, runs are only checked for hangs and exit stalls)",
+    )
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: choose from {', '.join(MODES)}")
     scripts = [s for s in CORPUS if not args.scripts or s.name in args.scripts]
     if not scripts:
         parser.error(f"no such script; the corpus is: {', '.join(s.name for s in CORPUS)}")
@@ -54,23 +67,25 @@ def main() -> int:
     total_bad = 0
     for script in scripts:
         hangs: Counter[str] = Counter()
+        stalls: Counter[str] = Counter()
         mismatches: Counter[str] = Counter()
         anchor_failed = 0
         seconds: Counter[str] = Counter()
         examples: list[str] = []
         for _ in range(args.trials):
-            outcomes = [run_one(m, script, killed=args.kill, timeout_s=args.timeout) for m in MODES]
+            outcomes = [run_one(m, script, killed=args.kill, timeout_s=args.timeout) for m in modes]
             problems, anchor = compare(outcomes, killed=args.kill)
             anchor_failed += bool(anchor)
             for o in outcomes:
                 seconds[o.mode] += o.seconds
                 hangs[o.mode] += o.hung and o.mode != "torchrun"
+                stalls[o.mode] += o.stalled
             for p in problems:
                 mode = p.split(":", 1)[0]
-                if "hung" not in p:
+                if "hung" not in p and "exit stall" not in p:
                     mismatches[mode] += 1
                 examples.append(p[:400])
-        bad = sum(hangs.values()) + sum(mismatches.values())
+        bad = sum(hangs.values()) + sum(stalls.values()) + sum(mismatches.values())
         total_bad += bad
         print(
             TABLE.line(
@@ -78,6 +93,7 @@ def main() -> int:
                     "script": script.name,
                     "trials": args.trials,
                     "hangs": _pair(hangs),
+                    "stalls": _pair(stalls),
                     "mismatches": _pair(mismatches),
                     "anchor_failed": anchor_failed,
                     **{f"s_{m}": seconds[m] / args.trials for m in MODES},
@@ -88,7 +104,7 @@ def main() -> int:
         for example in examples[:3]:
             print(f"    {example}")
     print(
-        f"\nftrun hangs + mismatches over all scripts: {total_bad}"
+        f"\nftrun hangs + exit stalls + mismatches over all scripts: {total_bad}"
         f" ({'killed' if args.kill else 'undisturbed'} runs, {args.trials} trials each)"
     )
     return 1 if total_bad else 0

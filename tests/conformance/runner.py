@@ -29,6 +29,9 @@ HERE = Path(__file__).resolve().parent
 MODES = ("warm", "cold", "torchrun")
 RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 CONF_LINE = re.compile(r"^CONF r(\d+) a(\d+) (.*)$")
+# ftrun's exit barrier: a rank exited 0 and another did not exit within --exit-timeout. The job
+# still succeeds (its work was done), so only this line tells an exit stall from a clean exit.
+EXIT_STALL = re.compile(r"^ftrun: rank \d+ exited 0 but .* did not exit within", re.MULTILINE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +81,12 @@ class Outcome:
     @property
     def hung(self) -> bool:
         return self.exit_code is None
+
+    @property
+    def stalled(self) -> bool:
+        """A rank of ftrun's stayed after the script's work was done, until the exit barrier
+        killed it (plain torchrun has no barrier: a rank that stays there is a hang)."""
+        return self.mode != "torchrun" and bool(EXIT_STALL.search(self.output))
 
     def comparable(self) -> tuple[object, ...]:
         return (self.exit_code, self.conf, self.traceback)
@@ -226,13 +235,16 @@ def compare(outcomes: list[Outcome], *, killed: bool) -> tuple[list[str], list[s
     gloo connect is refused or hangs in some trials), so its killed runs are reported apart,
     as the anchor's own failures, never counted against ftrun."""
     by_mode = {o.mode: o for o in outcomes}
-    reference = by_mode["cold" if killed else "torchrun"]
-    problems: list[str] = []
+    reference = by_mode.get("cold" if killed else "torchrun")  # None: no comparison, only
+    problems: list[str] = []  # hangs and exit stalls (scripts/conformance.py --modes warm)
     for o in outcomes:
+        if o.stalled:
+            problems.append(f"{o.mode}: exit stall (a rank stayed until the exit barrier)")
         if o.hung and (o.mode != "torchrun" or not killed):
             problems.append(f"{o.mode}: hung (no exit within the deadline)")
         elif (
-            o is not reference
+            reference is not None
+            and o is not reference
             and not reference.hung
             and not (killed and o.mode == "torchrun")
             and o.comparable() != reference.comparable()
@@ -246,7 +258,12 @@ def compare(outcomes: list[Outcome], *, killed: bool) -> tuple[list[str], list[s
                     problems.append(f"{o.mode}: {label} {mine!r} != {reference.mode}'s {theirs!r}")
     anchor: list[str] = []
     torchrun = by_mode.get("torchrun")
-    if killed and torchrun is not None and torchrun.comparable() != reference.comparable():
+    if (
+        killed
+        and torchrun is not None
+        and reference is not None
+        and torchrun.comparable() != reference.comparable()
+    ):
         anchor.append(
             "torchrun: hung"
             if torchrun.hung
