@@ -174,3 +174,37 @@ def test_a_tier_name_another_user_can_guess_is_not_the_tier_any_more(tmp_path, a
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert said["LEVEL"] == "live" and said["RESTORED"] == "6 memory same"
     assert [e for e in received(sock) if e.get("e") == "tier"] == []
+
+
+def test_under_ftrun_launch_a_tier_that_does_not_fit_is_journaled_and_said(ftrun, tmp_path, tmpfs):
+    """The rank's step-down reaches the controller (agent datagram -> checkpoint_tier message):
+    journaled with the figures and said by `ftrun launch`; the hello carries /dev/shm's room;
+    the job succeeds (before: it failed at the rank's second save)."""
+    root = tmpfs(STATE_MIB * 1.0)
+    result = ftrun.run(
+        "launch",
+        "--nproc-per-node",
+        "1",
+        str(BIN / "ckpt_tight.py"),
+        "--root",
+        str(root),
+        "--storage",
+        str(tmp_path / "storage"),
+        "--job",
+        "tight-launch",
+        "--state-mib",
+        str(STATE_MIB),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    job = ftrun.only_job()
+    assert job["state"] == "succeeded"
+    events = ftrun.events(job["job_id"])
+    [tier] = [e for e in events if e["kind"] == "checkpoint_tier"]  # the restart's says nothing
+    assert (tier["from"], tier["tier"], tier["rank"]) == ("live", "storage", 0)
+    assert tier["need"] > 0 and tier["total"] == STATE_MIB * 2**20
+    assert "No space left on device" in tier["why"]
+    said = result.stdout + result.stderr
+    assert "rank 0: the checkpoint memory tier steps down from live to storage" in said
+    connected = next(e for e in events if e["kind"] == "agent_connected")
+    assert connected["shm_total"] > 0 and connected["shm_free"] >= 0
