@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import shutil
@@ -42,9 +41,10 @@ def step_times(lines: list[str], start: float, end: float) -> list[float]:
 
 
 def planted_memory_tier(root: Path) -> tuple[attacks.Outcome, str, int]:
-    """Another user made the job's /dev/shm tier before the job (a job id is easy to guess):
-    the ranks must refuse it and the job end with that as its recorded cause, the directory
-    and what is in it left as they were. Needs root (to be "another user")."""
+    """Another user made `/dev/shm/ftrun-<job>` before the job (a job id is easy to guess),
+    where the tier used to be: the tier is now in the user's private parent
+    (`/dev/shm/ftrun-<uid>/<job>`), so the job must not touch the planted directory and finish
+    as usual. Needs root (to be "another user")."""
     job_id = f"hostile-{uuid.uuid4().hex[:8]}"
     tier = Path("/dev/shm") / f"ftrun-{job_id}"
     tier.mkdir(mode=0o700)
@@ -63,20 +63,18 @@ def planted_memory_tier(root: Path) -> tuple[attacks.Outcome, str, int]:
     finally:
         run.close()
     try:
-        intact = planted.read_bytes() == b"theirs" and tier.stat().st_uid == 65534
+        intact = planted.read_bytes() == b"theirs" and sorted(os.listdir(tier)) == ["slot0.data"]
     finally:
         shutil.rmtree(tier, ignore_errors=True)
     job_dir = root / "runs" / job_id
-    last = attacks.events(job_dir)[-1] if (job_dir / "events.jsonl").exists() else {}
-    cause = json.dumps(last.get("root_cause") or {})
-    refused = code not in (0, None) and "not safe to use" in cause and intact
     outside = attacks.written_outside(root, job_dir, began)
+    harmless = code == 0 and intact
     outcome = attacks.Outcome(
-        "another user's memory tier (/dev/shm)",
-        refused,
-        "ranks refused it; job ended with that cause" if refused else f"exit {code}: {cause[:80]}",
+        "another user's /dev/shm/ftrun-<job>, made before the job",
+        harmless,
+        "not the tier any more: untouched, job finished" if harmless else f"exit {code}",
     )
-    return outcome, "ended, cause recorded" if refused else "NO", outside
+    return outcome, "yes" if harmless else "NO", outside
 
 
 def main() -> int:
