@@ -1,6 +1,6 @@
 """Checkpoint benchmark: stall and throughput of torch.save, dcp.save, dcp.async_save and ftrun.
 
-    python scripts/bench_ckpt.py [--state-gib 4.5] [--crash-trials 50]
+    python scripts/bench_ckpt.py [--state-gib 4.5] [--crash-trials 1] [--crash-only] [--crash-all]
 
 One process, one rank, one model (a stack of bias-free Linear layers sized so that parameters +
 AdamW state = --state-gib), measured side by side in one run, under the glibc tunables an ftrun
@@ -19,7 +19,13 @@ agent gives its ranks (benchlib.start_as_ranks_do; --glibc-default for glibc's o
   and persists whenever its worker is free (one in flight, at --persist-bandwidth): the table
   says how many snapshots reached storage. (b) One checkpoint per 10 steps: the window also
   waits for that checkpoint's background work, so nothing is left out.
-- crash trials: tests/bin/ckpt_crash.py (SIGKILL at random moments during saves, then restore).
+- crash corpus (crash_corpus.py): state shapes x kill moments x load (idle, beside `stress-ng
+  --cpu 2`), each a SIGKILL at a chosen moment then a restore in a fresh process, compared bit
+  for bit with an uninterrupted run: wrong restores, steps lost, tier used. By default every
+  shape x moment idle and every shape killed in its forward pass under stress, --crash-trials
+  (1) each (~10 minutes on the 2-core VM); --crash-all: every moment under stress too;
+  --shapes/--moments/--loads narrow it; --crash-only skips the throughput part;
+  --crash-trials 0 skips the corpus.
 
 Prints a table, then as its last line `stall ratio ftrun/torch.save: X`.
 """
@@ -27,17 +33,14 @@ Prints a table, then as its last line `stall ratio ftrun/torch.save: X`.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import benchlib
+import crash_corpus
 import torch
 import torch.distributed.checkpoint as dcp
 from benchlib import Column, Table
@@ -302,41 +305,20 @@ def run(args: argparse.Namespace) -> None:
             f"every step {' '.join(f'{e:.2f}' for e in every1)}, every 10 {every10:.2f}; {note}",
             flush=True,
         )
-    crash = crash_trials(args) if args.crash_trials else None
-    table(rows, state_gib, crash, args)
+    table(rows, state_gib, args)
 
 
-def crash_trials(args: argparse.Namespace) -> dict:
-    """Runs tests/bin/ckpt_crash.py (its own temp directory and memory tier, removed at its end)."""
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tests" / "bin" / "ckpt_crash.py"),
-            "--trials",
-            str(args.crash_trials),
-            "--state-mib",
-            str(args.crash_state_mib),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        env=env,
+def run_corpus(args: argparse.Namespace) -> None:
+    """The crash corpus (crash_corpus.py); prints its table. By default only the forward pass
+    under stress: the full matrix takes ~25 minutes on the 2-core VM."""
+    narrow = not args.crash_all and not args.moments
+    crash_corpus.corpus(
+        trials=args.crash_trials,
+        shapes=args.shapes or list(crash_corpus.SHAPES),
+        moments=args.moments or crash_corpus.MOMENTS,
+        loads=args.loads or crash_corpus.LOADS,
+        stress_moments=("forward",) if narrow else None,
     )
-    lines = out.stdout.strip().splitlines()
-    try:
-        summary = json.loads(lines[-1])
-        assert summary.get("summary")
-    except (IndexError, ValueError, AssertionError):
-        summary = {
-            "trials": args.crash_trials,
-            "failures": "all (the trial runner failed: "
-            f"exit {out.returncode}, {out.stderr.strip()[-300:]!r})",
-            "tiers": {},
-        }
-    summary["rc"] = out.returncode
-    return summary
 
 
 TABLE = Table(
@@ -353,7 +335,7 @@ TABLE = Table(
 )
 
 
-def table(rows: list[dict], state_gib: float, crash: dict | None, args: argparse.Namespace) -> None:
+def table(rows: list[dict], state_gib: float, args: argparse.Namespace) -> None:
     base = statistics.mean(r["base_s"] for r in rows)
     print()
     print(
@@ -365,12 +347,6 @@ def table(rows: list[dict], state_gib: float, crash: dict | None, args: argparse
         "every step, and for one checkpoint alone (every 10); thru = steps/s relative to none"
     )
     print(TABLE.render([{"method": "none", "thru1": 1.0, "thru10": 1.0, "note": ""}, *rows]))
-    if crash is not None:
-        print(
-            f"crash trials: {crash['trials']} SIGKILLs at random moments during saves "
-            f"({args.crash_state_mib:g} MiB state): {crash['failures']} failed (torn, lost or "
-            f"older restores); restores by tier: {crash['tiers']}"
-        )
     by = {r["method"]: r for r in rows}
     ref, ours = by.get("torch.save"), by.get("ftrun")
     if ref and ours:
@@ -389,8 +365,12 @@ def main() -> None:
     p.add_argument("--steps-every1", type=int, default=4, help="steps per every-step window")
     p.add_argument("--rounds", type=int, default=2, help="every-step windows (with baselines)")
     p.add_argument("--methods", nargs="*", default=None)
-    p.add_argument("--crash-trials", type=int, default=50)
-    p.add_argument("--crash-state-mib", type=float, default=64.0)
+    p.add_argument("--crash-trials", type=int, default=1, help="per corpus cell; 0: no corpus")
+    p.add_argument("--crash-only", action="store_true", help="the corpus alone, no throughput")
+    p.add_argument("--crash-all", action="store_true", help="every moment under stress too")
+    p.add_argument("--shapes", nargs="*", choices=list(crash_corpus.SHAPES), default=None)
+    p.add_argument("--moments", nargs="*", choices=crash_corpus.MOMENTS, default=None)
+    p.add_argument("--loads", nargs="*", choices=crash_corpus.LOADS, default=None)
     p.add_argument("--dir", default=None, help="storage for the checkpoints (default: a temp dir)")
     benchlib.add_glibc_default_flag(p)
     args = p.parse_args()
@@ -398,7 +378,10 @@ def main() -> None:
     own = args.dir is None
     args.dir = args.dir or f"/tmp/ftrun-bench-{uuid.uuid4().hex[:8]}"
     try:
-        run(args)
+        if not args.crash_only:
+            run(args)
+        if args.crash_trials:
+            run_corpus(args)
     finally:
         if own:
             shutil.rmtree(args.dir, ignore_errors=True)
