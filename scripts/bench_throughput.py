@@ -7,12 +7,12 @@ at each --state-gib. For each ftrun variant, windows of --steps steps with a sna
 every step alternate with windows without checkpoints (the machine is shared: a ratio is only
 meaningful next to its own baseline). Each variant is one cost added to the one before:
 
-  snapshot only              the snapshot into the memory tier, nothing persisted: the live
-                             snapshot (ftrun/checkpoint/live.py) commits the state where it
-                             lives, with a full copy into a slot as often as 2 % of the time pays
-  snapshot only, no live snapshot
-                             live_snapshot=False: every save is a full copy into a slot (the
-                             only way before 2026-11-26, and still the way for GPU state)
+  snapshot only              the snapshot into the memory tier, nothing persisted: every save
+                             is a full copy into a slot (the default)
+  snapshot only, live snapshot
+                             live_snapshot=True: the live snapshot (ftrun/checkpoint/live.py)
+                             commits the state where it lives, with a full copy into a slot as
+                             often as 2 % of the time pays (opt-in since issue 33)
   + persist, a quarter of the time
                              the defaults: a persist starts no sooner than 4 times the last one's
                              duration after it (persist_interval=None), written at
@@ -53,7 +53,7 @@ import ftrun.checkpoint as ckpt
 
 VARIANTS = {
     "snapshot only": {"persist_every": 10**9},
-    "snapshot only, no live snapshot": {"persist_every": 10**9, "live_snapshot": False},
+    "snapshot only, live snapshot": {"persist_every": 10**9, "live_snapshot": True},
     "+ persist, a quarter of the time": {},  # the defaults
     "+ persist when free": {"persist_interval": 0},
     "+ persist when free, idle": {"persist_interval": 0, "persist_priority": "idle"},

@@ -76,8 +76,10 @@ class CheckpointConfig:
     verify: str = "full"  # restore checks sizes and checksums ("full") or sizes only
     small_tensor_bytes: int = 1 << 16  # tensors up to this size are copied inside save()
     # Keep parameters and optimizer state in the memory tier's file, so that most saves copy
-    # nothing (live.py); needs the memory tier (a job id). False: every save is a full copy.
-    live_snapshot: bool = True
+    # nothing (live.py); needs the memory tier (a job id). Opt-in: it cannot see every change
+    # made outside the optimizer step, and a rank killed inside one restores the last full
+    # copy (docs/checkpoint.md, *Live snapshot*). False: every save is a full copy.
+    live_snapshot: bool = False
     # Under a live snapshot, saves between full copies into a slot (the restore's fallback when
     # a rank dies inside an optimizer step); None: as often as 2 % of the training time pays.
     full_copy_every: int | None = None

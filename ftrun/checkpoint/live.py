@@ -62,10 +62,13 @@ def full_copy_every(held_s: float, save_interval_s: float) -> int:
 Setter = Callable[[torch.Tensor], None]
 
 
-def owners(roots: Iterable[Any], ours: int | None = None) -> dict[int, list[Setter]]:
+Span = tuple[int, int]  # [start, end) addresses of a live file's mapping
+
+
+def owners(roots: Iterable[Any], ours: Span | None = None) -> dict[int, list[Setter]]:
     """Where each adoptable tensor of the TrainStates among `roots` is held, by address: the
     functions that point its holder at a new tensor. Buffers are left out (see above). `ours`:
-    the storage of a live file the tensors may already be in (adoptable())."""
+    the mapping of a live file the tensors may already be in (adoptable())."""
     found: dict[int, list[Setter]] = defaultdict(list)
     for t, point in _holders(roots):
         if adoptable(t, ours):
@@ -94,9 +97,9 @@ def _holders(roots: Iterable[Any]) -> list[tuple[torch.Tensor, Setter]]:
     return found
 
 
-def adoptable(t: torch.Tensor, ours: int | None = None) -> bool:
+def adoptable(t: torch.Tensor, ours: Span | None = None) -> bool:
     """A plain dense CPU tensor that is its storage's only tenant, or one in the live file
-    whose storage is `ours` (a layout that changed moves into a new file)."""
+    mapped at `ours` (a layout that changed moves into a new file)."""
     if not (
         type(t) in (torch.Tensor, torch.nn.Parameter)
         and t.device.type == "cpu"
@@ -106,13 +109,32 @@ def adoptable(t: torch.Tensor, ours: int | None = None) -> bool:
     ):
         return False
     storage = t.untyped_storage()
-    if ours is not None and storage.data_ptr() == ours:
+    if ours is not None and _within(storage.data_ptr(), ours):
         return True
     return (
         t._base is None
         and t.storage_offset() == 0
         and storage.nbytes() == t.numel() * t.element_size()
     )
+
+
+def _within(ptr: int, span: Span) -> bool:
+    return span[0] <= ptr < span[1]
+
+
+def own_view(slot: Slot, entry: TensorEntry) -> torch.Tensor:
+    """The tensor `entry` describes in the slot's file, over a storage of its own that spans its
+    bytes alone: `torch.save` of it (a user's own `state_dict()` export) writes the tensor, not
+    the whole file, which a view of the slot's one storage would."""
+    assert slot.mm is not None
+    raw = torch.frombuffer(slot.mm, dtype=torch.uint8, count=entry.nbytes, offset=entry.offset)
+    dtype = getattr(torch, entry.dtype)
+    stride: list[int] = []
+    n = 1
+    for dim in reversed(entry.shape):
+        stride.insert(0, n)
+        n *= dim
+    return torch.empty(0, dtype=dtype).set_(raw.untyped_storage(), 0, entry.shape, stride)
 
 
 def _param_setter(p: torch.Tensor) -> Setter:
@@ -133,16 +155,32 @@ def _dict_setter(holder: dict[str, Any], key: str) -> Setter:
 class LiveSnapshot:
     """The tensors of one layout (`sig`) adopted into the tier's live slot. `keys` are the
     entries the slot holds live; save() copies the others in. `committed`: the live manifest
-    is on file (set by the snapshot thread, read by the training thread after the job's done)."""
+    is on file (written by save(), on the training thread).
+
+    The guard (issue 33): between a commit and the optimizer's pre-step hook the file must not
+    change. The `_version` counter of every tensor kept live (the parameter objects and the
+    optimizer's state tensors) is recorded at the commit and compared at each forward pass of
+    a TrainState's model (a pre-hook), at the pre-step hook, at the next save and at close():
+    an in-place change through them, or through a view or `detach()` of them (they share the
+    counter), is seen there. Then the manifest is retracted for good (`disabled`) and the
+    Manager's guard (guard.py) copies the state at every save from then on. Not seen: writes
+    through `p.data` (a tensor with a counter of its own), NumPy views, or any other alias of
+    the file's bytes; see docs/checkpoint.md, *Live snapshot*."""
 
     slot: Slot
     sig: str
     keys: frozenset[str]
-    storage: int  # the address of the file's mapping the tensors were moved into
+    span: Span  # the addresses of the file's mapping the tensors were moved into
     roots: list[TrainState]  # whose tensors moved
+    tier: MemoryTier
     committed: bool = False
     # What the live manifest on file says: (step, layout signature, entries, objects, size).
     last: tuple[int, str, list[TensorEntry], bytes, int] | None = field(default=None, repr=False)
+    watched: list[tuple[str, torch.Tensor]] = field(default_factory=list, repr=False)
+    versions: list[int] = field(default_factory=list, repr=False)  # at the last commit
+    disabled: str | None = None  # why the live manifest is no longer used (the guard)
+    hooks: list[Any] = field(default_factory=list, repr=False)
+    on_change: Callable[[str], None] | None = None  # the Manager's guard (guard.py)
 
     @classmethod
     def adopt(
@@ -161,7 +199,7 @@ class LiveSnapshot:
         slot = tier.live
         if slot is None or size < MIN_BYTES:
             return None
-        ours = previous.storage if previous is not None else None
+        ours = previous.span if previous is not None else None
         held = owners(roots, ours)
         chosen: list[tuple[torch.Tensor, TensorEntry, list[Setter]]] = []
         taken: set[int] = set()
@@ -179,36 +217,92 @@ class LiveSnapshot:
         slot.populate()
         slot.lent = True
         assert slot.base is not None
-        storage = slot.base.untyped_storage().data_ptr()
+        start = slot.base.data_ptr()
         for t, entry, setters in chosen:
-            view = slot.view(entry)
+            view = own_view(slot, entry)
             view.copy_(t)
             for point in setters:
                 point(view)
-        return cls(slot, sig, frozenset(e.key for _, e, _ in chosen), storage, roots)
+        snap = cls(
+            slot,
+            sig,
+            frozenset(e.key for _, e, _ in chosen),
+            (start, start + slot.size),
+            roots,
+            tier,
+        )
+        names = {start + e.offset: e.key for _, e, _ in chosen}
+        snap.watched = [
+            (names.get(t.data_ptr(), "?"), t)
+            for t, _ in _holders(roots)
+            if _within(t.data_ptr(), snap.span)
+        ]
+        for obj in roots:  # the first forward pass after a change is the last moment to see it
+            snap.hooks.append(obj.model.register_forward_pre_hook(snap.forward_check))
+        return snap
+
+    def forward_check(self, *_: Any) -> None:
+        self.check()  # (a forward pre-hook that returns something replaces the input)
 
     def holds(self, keyed: list[tuple[str, torch.Tensor]], entries: list[TensorEntry]) -> bool:
         """Whether the tensors kept live are still the slot's: `model.to()`, or an optimizer's
         `load_state_dict`, gives a parameter or a state entry new storage, which then must move
         in again (or the live snapshot would hold their old values)."""
         return all(
-            t.data_ptr() == self.storage + e.offset
+            t.data_ptr() == self.span[0] + e.offset
             for (_, t), e in zip(keyed, entries, strict=True)
             if e.key in self.keys
         )
 
+    def committed_as(
+        self, step: int, sig: str, entries: list[TensorEntry], objects: bytes, size: int
+    ) -> None:
+        """The live manifest of `step` is on file: from now on the tensors must not change."""
+        self.last = (step, sig, entries, objects, size)
+        self.versions = [t._version for _, t in self.watched]
+        self.committed = True
+
+    def check(self) -> bool:
+        """The guard: False once a tensor kept live changed since the commit (see the class
+        doc), after retracting the manifest and turning the live snapshot off."""
+        if self.disabled is not None:
+            return False
+        if not self.committed:
+            return True
+        for (name, t), version in zip(self.watched, self.versions, strict=True):
+            if t._version != version:
+                step = self.last[0] if self.last is not None else None
+                self.disable(
+                    f"{name} changed outside the optimizer step after the save of step {step}"
+                )
+                return False
+        return True
+
+    def disable(self, why: str) -> None:
+        """Retract the live manifest for good: every save copies from now on (on_change)."""
+        self.retract()
+        self.disabled = why
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks.clear()
+        if self.on_change is not None:
+            self.on_change(why)
+
     def give_back(self) -> None:
         """close(): move the tensors out of the file, into the rank's heap again. The file is
         the tier's (deleted at job end), and a later Manager adopts them afresh."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks.clear()
         with torch.no_grad():
             for t, point in _holders(self.roots):
-                if t.untyped_storage().data_ptr() == self.storage:
+                if _within(t.untyped_storage().data_ptr(), self.span):
                     point(t.detach().clone())
         for obj in self.roots:  # its cache holds aliases of the tensors in the file
             obj.forget_cache()
 
-    def retract(self, tier: MemoryTier) -> None:
+    def retract(self) -> None:
         """The state is about to change: the live file no longer holds a snapshot."""
         if self.committed:
             self.committed = False
-            tier.invalidate(tier.live_index)
+            self.tier.invalidate(self.tier.live_index)

@@ -36,7 +36,16 @@ from typing import Any
 import torch
 
 from ftrun import runtime
-from ftrun.checkpoint import capacity, dcp_layout, device_copy, live, slots, stale_ranks, storage
+from ftrun.checkpoint import (
+    capacity,
+    dcp_layout,
+    device_copy,
+    guard,
+    live,
+    slots,
+    stale_ranks,
+    storage,
+)
 from ftrun.checkpoint import restore as restore_mod
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig, resolve_config
@@ -120,6 +129,7 @@ class Manager:
         self._layout: tuple[Any, list[slots.TensorEntry], int, str] | None = None  # the last one
         self._live: live.LiveSnapshot | None = None  # the state adopted into the tier (live.py)
         self._live_refused: str | None = None  # the layout whose adoption found nothing to move
+        self._guard = guard.Guard(rank=rank)  # a change outside the fence seen: copy in save()
         self._saved_at: float | None = None  # the last save (time.perf_counter())
         # The last times between saves: their median is the time per save a full copy is
         # weighed against (a pause for an evaluation does not count).
@@ -196,7 +206,7 @@ class Manager:
         self._check_open()
         self._wait_done()
         if self._live is not None:  # loading into the adopted tensors changes them
-            self._live.retract(self._tier)
+            self._live.retract()
         t0 = time.perf_counter()
         flat = flatten(state)
         self.attach(*flat.optimizers())
@@ -242,8 +252,8 @@ class Manager:
         self._check_open()
         self._time_save(t0)
         self._wait_done()
-        if self._live is not None:  # this save writes into the live slot, or leaves it behind
-            self._live.retract(self._tier)
+        if self._live is not None and self._live.check():  # (the guard, live.py)
+            self._live.retract()  # this save writes into the live slot, or leaves it behind
         if self._slots.worker_gone:
             raise worker_died()
         if self._persister.superseded:  # the worker's commit was refused: we are a zombie
@@ -265,6 +275,7 @@ class Manager:
             persist
             or adopted  # the first full copy: the restore's fallback from then on
             or self._live is None
+            or self._live.disabled is not None
             or self.stats.saves % self._persister.full_copy_every == 0
         )
         if self._memory_fence is not None:
@@ -304,6 +315,7 @@ class Manager:
             s for s in self._tier.slots if s.index != index and (s.size < size or not s.populated)
         ]
         ready = device_copy.mark_ready(gpus) if gpus else None  # after the clones, on each GPU
+        watch = None if gpus else guard.versions((e.key, t) for t, e in copies if e.nbytes > small)
         finish = partial(
             self._snapshot_done,
             step,
@@ -323,8 +335,12 @@ class Manager:
             prepare=others,
             on_failure=partial(self._snapshot_failed, index),
             ready=ready,
+            guard=watch,
+            on_changed=partial(self._torn, step, index),
         )
         self._snapshotter.submit(self._job)
+        if self._guard.tripped:  # the training thread helps: done before anything can change
+            self._wait_snapshot()
         self._saved(step, t0)
         if urgent:
             self._persist_for_preemption(step, persisted=persist)
@@ -349,26 +365,15 @@ class Manager:
     ) -> None:
         """Holding the memory fence: commit the live snapshot of `step` before returning, so a
         rank that dies at any moment after save() restores this step (~1.5 ms for 768 tensors
-        here). What the file does not keep live (buffers: small, as a rule) is copied in first;
-        a large one goes to the snapshot thread, and the manifest follows it there."""
-        small = self.config.small_tensor_bytes
-        rest = [(t, e) for (_, t), e in zip(keyed, entries, strict=True) if e.key not in snap.keys]
-        if any(e.nbytes > small for _, e in rest):
-            self._job = SnapshotJob(
-                step,
-                snap.slot,
-                size,
-                [(t.clone() if e.nbytes <= small else t, e) for t, e in rest],
-                partial(self._live_done, snap, step, sig, entries, objects, size),
-                on_failure=self._release_memory_fence,
-                live=True,
-            )
-            self._snapshotter.submit(self._job)
-            return
+        here). What the file does not keep live (buffers, a channels_last or shared tensor, an
+        EMA module) is copied in first, here: a copy left to the background thread may not be
+        done before the next optimizer step takes the snapshot back (issue 33)."""
         try:
-            for t, e in rest:
-                snap.slot.view(e).copy_(t)
-            self._live_done(snap, step, sig, entries, objects, size)
+            for (_, t), e in zip(keyed, entries, strict=True):
+                if e.key not in snap.keys:
+                    snap.slot.view(e).copy_(t)
+            self._commit(self._tier.live_index, step, sig, entries, objects, size)
+            snap.committed_as(step, sig, entries, objects, size)
         except OSError as exc:  # the commit's files (a full /dev/shm)
             raise CheckpointError(
                 f"the live snapshot of step {step} could not be written: {exc}",
@@ -394,13 +399,16 @@ class Manager:
         True if it moved now. Off without the memory tier, and for GPU state."""
         if not self.config.live_snapshot or self._tier.live is None or not self._capacity.live:
             return False
-        if self._live is not None and self._live.sig == sig and self._live.holds(keyed, entries):
+        if self._live is not None and (
+            self._live.disabled is not None
+            or (self._live.sig == sig and self._live.holds(keyed, entries))
+        ):
             return False
         if self._live_refused == sig:
             return False
         previous, self._live = self._live, None
         if previous is not None:  # the layout or the tensors changed: into a fresh file
-            previous.retract(self._tier)
+            previous.retract()
         if self._memory_fence is not None:  # a zombie must not replace the live file
             self._memory_fence.acquire()
         try:
@@ -419,6 +427,7 @@ class Manager:
         if self._live is None:
             self._live_refused = sig
             return False
+        self._live.on_change = partial(self._guard.trip, before="live")
         return True
 
     def _layout_of(
@@ -477,6 +486,11 @@ class Manager:
         elif plan is not None:  # the worker exited during the copy
             raise worker_died()
 
+    def _torn(self, step: int, index: int, name: str) -> None:
+        """Snapshot thread: `name` changed before its copy was complete: not committed."""
+        self._snapshot_failed(index)
+        self._guard.trip(f"{name} changed while the snapshot of step {step} was copied")
+
     def _snapshot_failed(self, index: int) -> None:
         """Runs on the snapshot thread when the copy into `index` or its commit failed."""
         self._release_memory_fence()
@@ -484,23 +498,6 @@ class Manager:
             if self._slots.phase(index) in COPYING_PHASES:  # not when only the persist send failed
                 self._slots.copy_failed(index)
             self._cond.notify_all()
-
-    def _live_done(
-        self,
-        snap: live.LiveSnapshot,
-        step: int,
-        sig: str,
-        entries: list[slots.TensorEntry],
-        objects: bytes,
-        size: int,
-    ) -> None:
-        """Runs on the snapshot thread once the tensors not kept live are in the live slot."""
-        try:
-            self._commit(self._tier.live_index, step, sig, entries, objects, size)
-            snap.last = (step, sig, entries, objects, size)
-            snap.committed = True
-        finally:
-            self._release_memory_fence()
 
     def _commit(
         self,
@@ -544,19 +541,17 @@ class Manager:
         """Block until the last save's copy is complete (the optimizer pre-step hook calls this):
         from then on the state may change."""
         self._wait_snapshot(timeout)
-        if self._live is not None:  # the state may change from here: not a snapshot any more
-            self._live.retract(self._tier)
+        if self._live is not None and self._live.check():  # (the guard, live.py)
+            self._live.retract()  # the state may change from here: not a snapshot any more
 
     def _wait_snapshot(self, timeout: float | None = None) -> None:
         job = self._job
         if job is None:
             return
         limit = self.config.snapshot_timeout if timeout is None else timeout
-        if not job.copied.is_set() or (job.live and not job.done.is_set()):
+        if not job.copied.is_set():
             t0 = time.perf_counter()
             finished = job.help(limit)  # copy the remaining chunks here rather than idle
-            # A live job's manifest must be on file before it is taken back, below.
-            finished = finished and (not job.live or job.done.wait(limit))
             blocked = time.perf_counter() - t0
             self.stats.blocked_s += blocked
             job.held_s += blocked
@@ -585,8 +580,7 @@ class Manager:
                 raise CheckpointError(f"the snapshot of step {job.step} did not commit in time")
             self._job = None
             if (
-                not job.live
-                and job.slot is not None
+                job.slot is not None
                 and self._live is not None
                 and self.config.full_copy_every is None
             ):
@@ -664,7 +658,7 @@ class Manager:
         does not read and which the state changes under once the hook is gone (training may go
         on after close). Copy it into a slot, the snapshot of that step from now on."""
         snap = self._live
-        if snap is None or not snap.committed or snap.last is None:
+        if snap is None or not snap.check() or not snap.committed or snap.last is None:
             return
         step, sig, entries, objects, size = snap.last
         if self._memory_fence is not None:
@@ -691,7 +685,7 @@ class Manager:
                 self._slots.filled(index, step)
         finally:
             self._release_memory_fence()
-        snap.retract(self._tier)
+        snap.retract()
 
     def _remove_stale_ranks(self) -> None:
         """Holding the tier's fence: set aside the rank directories of older generations, and

@@ -42,7 +42,8 @@ class SnapshotJob:
     or `finish` fails, `on_failure` runs instead (still before `done`). With GPU tensors among
     the copies, `ready` holds the events save() recorded on the training streams; `device` is
     the GPU whose copy engine the slots are page-locked for (by default, ready's first one).
-    A `live` job fills in a live snapshot (live.py): its slot already holds most of the state."""
+    `guard` (guard.py) is asked as the last chunk lands whether a source changed since save():
+    then `on_changed` runs instead of `finish` (the copy may hold a mix: it is not committed)."""
 
     step: int
     slot: Slot | None
@@ -53,7 +54,9 @@ class SnapshotJob:
     on_failure: Callable[[], None] | None = None
     ready: device_copy.Ready | None = None
     device: torch.device | None = None
-    live: bool = False  # into the live slot (live.py): only the tensors not kept there
+    guard: Callable[[], str | None] | None = None
+    on_changed: Callable[[str], None] | None = None
+    changed: str | None = None  # what the guard saw changed before the copy was complete
     held_s: float = 0.0  # how long the training thread waited for it (the optimizer hook)
     copied: threading.Event = field(default_factory=threading.Event)  # all of it is in the slot
     done: threading.Event = field(default_factory=threading.Event)  # finish() ran too
@@ -105,6 +108,8 @@ class SnapshotJob:
 
     def release(self) -> None:
         """Everything is in the slot: drop the references to the live tensors, let state change."""
+        if self.guard is not None:  # before copied: the optimizer step waits for that
+            self.changed = self.guard()
         self.copies.clear()
         self._chunks.clear()
         self.copied.set()
@@ -216,7 +221,9 @@ class Snapshotter:
                             f"the snapshot of step {job.step} did not finish "
                             f"within {self._timeout_s} s"
                         )
-                if job.error is None and job.finish is not None:
+                if job.error is None and job.changed is not None and job.on_changed is not None:
+                    job.on_changed(job.changed)
+                elif job.error is None and job.finish is not None:
                     job.finish()
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 job.fail(exc)

@@ -7,7 +7,8 @@ deterministically like tests/bin/train_toy.py: --fail-at STEP on --fail-rank R, 
 the backward pass (mid-step, while the previous snapshot may still be copying; the other ranks'
 gradients are reduced, so they go on to their optimizer step and save), or with --fail-in
 forward after the forward pass (the other ranks wait in the backward's all-reduce), with
---fail-once MARKER only the first time. --full-copy-every N: ftrun.checkpoint's option.
+--fail-once MARKER only the first time. --full-copy-every N, --live-snapshot: ftrun.checkpoint's
+options.
 
 --record DIR: each rank appends `STEP n <wall time>` to DIR/g<generation>-r<rank>.txt after each
 step, on the shared filesystem, so a test sees what a rank did even when its host is cut off
@@ -73,6 +74,7 @@ def main() -> None:
     p.add_argument("--fail-once", default=None)
     p.add_argument("--fail-in", choices=["forward", "backward"], default="backward")
     p.add_argument("--full-copy-every", type=int, default=None)
+    p.add_argument("--live-snapshot", action="store_true")
     p.add_argument("--persist-every", type=int, default=1)
     p.add_argument(
         "--persist-interval",
@@ -106,6 +108,7 @@ def main() -> None:
         persist_interval=args.persist_interval,
         keep=args.keep,
         full_copy_every=args.full_copy_every,
+        live_snapshot=args.live_snapshot,
         **({} if args.persist_bandwidth is None else {"persist_bandwidth": args.persist_bandwidth}),
     )
     generation = os.environ.get("FTRUN_GENERATION", "0")

@@ -49,7 +49,11 @@ def main() -> None:
     args = p.parse_args()
     toy = Toy(width=1280)  # over the live snapshot's minimum size
     mgr = ckpt.Manager(
-        args.directory, job_id=args.job, persist_every=10**9, full_copy_every=args.full_copy_every
+        args.directory,
+        job_id=args.job,
+        persist_every=10**9,
+        full_copy_every=args.full_copy_every,
+        live_snapshot=True,
     )
     mgr.restore(toy.state)
     for step in range(1, args.steps + 1):

@@ -129,7 +129,7 @@ def test_a_live_snapshot_restores_the_step_every_rank_saved_else_the_last_full_c
     live file, so they restore the last full copy both hold, step 5. Exact either way."""
     common = [
         "launch", "--nproc-per-node", "2", TRAIN, "--steps", "10", "--width", "1280",
-        "--full-copy-every", "4", "--persist-every", "1000",
+        "--full-copy-every", "4", "--persist-every", "1000", "--live-snapshot",
     ]  # fmt: skip
     try:
         clean = ftrun.run(*common, timeout=120)

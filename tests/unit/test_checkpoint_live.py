@@ -157,7 +157,7 @@ def test_training_on_after_close_leaves_the_last_snapshot_intact(managers):
     """close() takes the hooks away: the last live step is copied into a slot first, so an
     optimizer step after close() changes nothing a restore reads."""
     toy = Toy(width=WIDTH)
-    mgr = managers(persist_every=10**9, full_copy_every=1000)
+    mgr = managers(persist_every=10**9, full_copy_every=1000, live_snapshot=True)
     mgr.restore(toy.state)
     for step in range(1, 5):
         toy.step()
@@ -171,7 +171,12 @@ def test_training_on_after_close_leaves_the_last_snapshot_intact(managers):
     assert got.step == 4 and got.tier == "memory" and not got.path.endswith("live.json")
     assert_same(again.tensors(), expected)
     # A later Manager adopts them afresh.
-    later = managers(managers.directory.parent / "later", persist_every=10**9, full_copy_every=1000)
+    later = managers(
+        managers.directory.parent / "later",
+        persist_every=10**9,
+        full_copy_every=1000,
+        live_snapshot=True,
+    )
     later.restore(toy.state)
     for step in range(1, 3):
         toy.step()
@@ -180,7 +185,11 @@ def test_training_on_after_close_leaves_the_last_snapshot_intact(managers):
 
 
 def test_without_the_memory_tier_with_it_off_or_for_a_small_state_every_save_copies(managers):
-    cases = [(WIDTH, {"memory": False}), (WIDTH, {"live_snapshot": False}), (8, {})]
+    cases = [
+        (WIDTH, {"memory": False, "live_snapshot": True}),
+        (WIDTH, {}),  # off by default (issue 33)
+        (8, {"live_snapshot": True}),
+    ]
     for i, (width, options) in enumerate(cases):
         toy = Toy(width=width)
         mgr = managers(managers.directory.parent / f"case{i}", **options)
