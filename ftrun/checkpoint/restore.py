@@ -116,7 +116,7 @@ def restore(
     skipped += invalid
     skipped += [_refused(path, before) for step, path, _ in listed if not allowed(step, before)]
     candidates = [c for c in listed if allowed(c[0], before)]  # newest first
-    corrupt = bool(invalid)
+    corrupt = bool(invalid)  # storage only: a memory tier that fails leaves no error, as before
 
     resharded: list[tuple[int, list[slots.HostSnapshot]]] | None = None  # once memory is spent
     while True:
@@ -142,7 +142,6 @@ def restore(
                     restored = Restored(key[0], MEMORY, path, tuple(skipped))
                     return _done(restored, comm), objects, index
             skipped.append(f"the memory snapshot of step {key[0]} is not used: {reason}")
-            corrupt = True
         elif other is not None and (newest is None or other >= newest):
             assert resharded is not None
             step, snapshots = resharded.pop(0)
@@ -157,7 +156,6 @@ def restore(
                     restored = Restored(step, MEMORY, path, tuple(skipped))
                     return _done(restored, comm), objects, None
             skipped.append(f"the host's snapshot of step {step} is not used: {reason}")
-            corrupt = True
         elif candidates:
             step, path, manifest = candidates.pop(0)
             mine = sorted(manifest["files"])[comm.rank :: comm.world]
@@ -249,11 +247,20 @@ def _resharded_candidates(
 ) -> list[tuple[int, list[slots.HostSnapshot]]]:
     """Collective: for each (step, generation) every rank can serve so, newest first, the
     snapshots of this host that hold each tensor this rank needs (per-rank ones aside: they
-    start fresh); empty when there is no such step."""
+    start fresh); empty when there is no such step. Each snapshot is checked first (its
+    sampled digest), so a damaged one is passed over for another rank's or a replica of the
+    same step."""
     assert tier.directory is not None
     found, rejected = slots.scan_host(tier.directory.parent, key=mac_key)
     for message in rejected:
         warn(f"rank {comm.rank}: {message}")
+    checked = []
+    for snapshot in found:
+        if why := restore_check.host_snapshots([snapshot], mac_key):
+            warn(f"rank {comm.rank}: memory snapshot not used: {why}")
+        else:
+            checked.append(snapshot)
+    found = checked
     by_step: dict[tuple[int, int], list[slots.HostSnapshot]] = {}
     for snapshot in sorted(found, key=lambda s: s.rank):  # each step's by old rank
         by_step.setdefault((snapshot.step, snapshot.generation), []).append(snapshot)
