@@ -31,6 +31,7 @@ def main() -> None:
         persist_interval=0,
         persist_bandwidth=0,
         full_copy_every=1000,  # full copies only where persisted: the live file holds the rest
+        live_snapshot=True,  # opt-in since issue 33
     )
     mgr.restore(toy.state)
     for step in range(1, args.steps + 1):
