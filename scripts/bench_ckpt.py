@@ -24,7 +24,8 @@ agent gives its ranks (benchlib.start_as_ranks_do; --glibc-default for glibc's o
   for bit with an uninterrupted run: wrong restores, steps lost, tier used. By default every
   shape x moment idle and every shape killed in its forward pass under stress, --crash-trials
   (1) each (~10 minutes on the 2-core VM); --crash-all: every moment under stress too;
-  --shapes/--moments/--loads narrow it; --crash-only skips the throughput part;
+  --shapes/--moments/--loads narrow it; --live on|off sets the Manager's live_snapshot (else its
+  default); --crash-only skips the throughput part;
   --crash-trials 0 skips the corpus.
 
 Prints a table, then as its last line `stall ratio ftrun/torch.save: X`.
@@ -318,6 +319,7 @@ def run_corpus(args: argparse.Namespace) -> None:
         moments=args.moments or crash_corpus.MOMENTS,
         loads=args.loads or crash_corpus.LOADS,
         stress_moments=("forward",) if narrow else None,
+        options={} if args.live is None else {"live_snapshot": args.live == "on"},
     )
 
 
@@ -371,6 +373,7 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", choices=list(crash_corpus.SHAPES), default=None)
     p.add_argument("--moments", nargs="*", choices=crash_corpus.MOMENTS, default=None)
     p.add_argument("--loads", nargs="*", choices=crash_corpus.LOADS, default=None)
+    p.add_argument("--live", choices=("on", "off"), default=None, help="the corpus's live_snapshot")
     p.add_argument("--dir", default=None, help="storage for the checkpoints (default: a temp dir)")
     benchlib.add_glibc_default_flag(p)
     args = p.parse_args()

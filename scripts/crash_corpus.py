@@ -1,8 +1,8 @@
 """The crash corpus: is every restore one saved step, bit for bit, and how many steps are lost?
 
-For each state shape (corpus_shapes.py) x kill moment x load, a run trains with the default
-ftrun.checkpoint Manager (memory tier, live snapshot on by default, a persist every 3rd step),
-is SIGKILLed at step 7 at the moment named, and a fresh run (a restart in place: same host,
+For each state shape (corpus_shapes.py) x kill moment x load, a run trains with an
+ftrun.checkpoint Manager (memory tier; the live snapshot as the Manager defaults, or as
+`--live` says; a persist every 3rd step), is SIGKILLed at step 7 at the moment named, and a fresh run (a restart in place: same host,
 same memory tier) restores. The restored state is compared with an uninterrupted run's at the
 step the restore names, every tensor and the step counter, by SHA-256: a mismatch is a *wrong
 restore*. *Steps lost* is the last step whose save() returned (6) minus the step restored.
@@ -210,10 +210,12 @@ def crash_run(name: str, moment: str, job: str, directory: Path) -> Callable[[in
     return rank_main
 
 
-def restore_run(name: str, job: str, directory: Path, out: Path) -> Callable[[int, int], None]:
+def restore_run(
+    name: str, job: str, directory: Path, out: Path, options: dict[str, Any]
+) -> Callable[[int, int], None]:
     def rank_main(rank: int, world: int) -> None:
         shape = SHAPES[name](rank, world)
-        mgr = ckpt.Manager(directory, job_id=job, persist_every=10**9)
+        mgr = ckpt.Manager(directory, job_id=job, persist_every=10**9, **options)
         try:
             step = mgr.restore(shape.state())
             got = mgr.restored
@@ -239,15 +241,19 @@ def tier_label(result: dict[str, Any]) -> str:
     return str(result["tier"])
 
 
-def trial(name: str, moment: str, work: Path, refs: list[list[str]]) -> dict[str, Any]:
+def trial(
+    name: str, moment: str, work: Path, refs: list[list[str]], options: dict[str, Any]
+) -> dict[str, Any]:
     world = corpus_shapes.world_of(name)
     job = f"corpus-{uuid.uuid4().hex[:8]}"
     directory = work / job
     out = work / f"{job}-out"
     out.mkdir()
     try:
-        run_ranks(world, crash_run(name, moment, job, directory), work, f"{job}-crash")
-        statuses = run_ranks(world, restore_run(name, job, directory, out), work, f"{job}-restore")
+        crash = crash_run(name, moment, job, directory, options)
+        run_ranks(world, crash, work, f"{job}-crash")
+        restore = restore_run(name, job, directory, out, options)
+        statuses = run_ranks(world, restore, work, f"{job}-restore")
         results = []
         for rank in range(world):
             path = out / f"restored-r{rank}.json"
@@ -316,10 +322,12 @@ def corpus(
     moments: Sequence[str] = MOMENTS,
     loads: Sequence[str] = LOADS,
     stress_moments: Sequence[str] | None = None,
+    options: dict[str, Any] | None = None,
     keep_logs: bool = False,
 ) -> list[dict[str, Any]]:
     """Run the corpus and print its table; returns the rows. `stress_moments`: the moments
-    under stress, when not all of `moments`."""
+    under stress, when not all of `moments`; `options`: the Manager's (e.g. live_snapshot)."""
+    options = options or {}
     work = Path(tempfile.mkdtemp(prefix="ftrun-corpus-"))
     rows: list[dict[str, Any]] = []
     try:
@@ -335,14 +343,15 @@ def corpus(
                     ]
                     narrow = load == "stress" and stress_moments is not None
                     for moment in stress_moments if narrow else moments:
-                        done = [trial(name, moment, work, refs) for _ in range(trials)]
+                        done = [trial(name, moment, work, refs, options) for _ in range(trials)]
                         row = summarize(name, moment, load, done)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
         print()
         print(
             f"crash corpus: SIGKILL at step {KILL_STEP} (persist: after save({LAST_SAVED})), "
-            f"a persist every {PERSIST_EVERY} steps, default Manager; wrong = the restored "
+            f"a persist every {PERSIST_EVERY} steps, Manager options {options or 'default'}; "
+            "wrong = the restored "
             "state differs from the uninterrupted run's at the step restored; steps lost = "
             f"{LAST_SAVED} - the step restored"
         )
