@@ -7,8 +7,10 @@ what it left, compared bit for bit with an uninterrupted run of the same shape."
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +49,18 @@ def reference(tmp_path: Path, shape: str, step: int) -> dict[str, torch.Tensor]:
 
 
 def run_child(
-    managers: Managers, test_id: str, shape: str, die: str, *, live: bool, steps: int = STEPS
+    managers: Managers,
+    test_id: str,
+    shape: str,
+    die: str,
+    *,
+    live: bool,
+    steps: int = STEPS,
+    agent: Path | None = None,
 ) -> tuple[list[int], str]:
-    """Run tests/bin/shapes_child.py until it kills itself: ([saves, live saves], stderr)."""
+    """Run tests/bin/shapes_child.py until it kills itself: ([saves, live saves], stderr).
+    `agent`: a datagram socket where an agent would be (what the rank tells it)."""
+    to_agent = {"FTRUN_AGENT_SOCK": str(agent), "FTRUN_GENERATION": "0"} if agent else {}
     out = subprocess.run(
         [
             sys.executable, str(BIN / "shapes_child.py"), "--job", managers.job,
@@ -60,7 +71,9 @@ def run_child(
         text=True,
         timeout=120,
         cwd=BIN.parents[1],
-        env={**os.environ, "FTRUN_TEST_ID": test_id, "PYTHONPATH": str(BIN.parents[1])},
+        env={
+            **os.environ, **to_agent, "FTRUN_TEST_ID": test_id, "PYTHONPATH": str(BIN.parents[1])
+        },
     )  # fmt: skip
     assert out.returncode == -9, out.stdout[-2000:] + out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("SAVES "))
@@ -84,11 +97,24 @@ def test_a_change_outside_the_optimizer_step_is_never_restored_as_the_saved_step
     copy before it was complete). The guard sees it at the next forward pass (before the kill)
     or as the copy's last chunk lands, takes the snapshot back, copies at every save from then
     on and says so once: the restore is one whole step, exactly, at most one step behind."""
-    (saves, _), err = run_child(managers, test_id, shape, "forward", live=True)
+    path = tmp_path / "agent.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as agent:
+        agent.bind(str(path))
+        agent.setblocking(False)
+        (saves, _), err = run_child(managers, test_id, shape, "forward", live=True, agent=path)
+        told = []
+        while True:
+            try:
+                told.append(json.loads(agent.recv(65536)))
+            except BlockingIOError:
+                break
     got, run = restored(managers, shape)
     assert got.tier == "memory" and got.step >= STEPS - 1
     assert_same(run.tensors(), reference(tmp_path, shape, got.step))
     assert not got.path.endswith("live.json") and err.count(WARNING) == 1, err[-3000:]
+    events = [e for e in told if e["e"] == "tier"]  # journaled by the controller
+    assert len(events) == 1 and events[0]["tier"] == "copies", told
+    assert events[0]["from"] in ("live", "copies") and "changed" in events[0]["why"]
 
 
 @pytest.mark.parametrize("shape", ["sam", "ema_eval", "manual_nograd", "big_buffer"])
