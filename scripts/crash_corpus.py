@@ -188,10 +188,14 @@ def reference_run(name: str, directory: Path, out: Path) -> Callable[[int, int],
     return rank_main
 
 
-def crash_run(name: str, moment: str, job: str, directory: Path) -> Callable[[int, int], None]:
+def crash_run(
+    name: str, moment: str, job: str, directory: Path, options: dict[str, Any]
+) -> Callable[[int, int], None]:
     def rank_main(rank: int, world: int) -> None:
         shape = SHAPES[name](rank, world)
-        mgr = ckpt.Manager(directory, job_id=job, persist_every=PERSIST_EVERY, persist_interval=0)
+        mgr = ckpt.Manager(
+            directory, job_id=job, persist_every=PERSIST_EVERY, persist_interval=0, **options
+        )
         state = shape.state()
         mgr.restore(state)
         hooks, step = Hooks(), [0]
