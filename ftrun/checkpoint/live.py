@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ftrun.checkpoint import sample_digest
 from ftrun.checkpoint.slots import MemoryTier, Slot, TensorEntry
 from ftrun.checkpoint.state import TrainState
 
@@ -162,10 +163,13 @@ class LiveSnapshot:
     optimizer's state tensors) is recorded at the commit and compared at each forward pass of
     a TrainState's model (a pre-hook), at the pre-step hook, at the next save and at close():
     an in-place change through them, or through a view or `detach()` of them (they share the
-    counter), is seen there. Then the manifest is retracted for good (`disabled`) and the
-    Manager's guard (guard.py) copies the state at every save from then on. Not seen: writes
-    through `p.data` (a tensor with a counter of its own), NumPy views, or any other alias of
-    the file's bytes; see docs/checkpoint.md, *Live snapshot*."""
+    counter), is seen there. A write through `p.data` (a tensor with a counter of its own), a
+    NumPy view or any other alias of the file's bytes is not; for those the same moments compare
+    the sampled digest of the live tensors' bytes (sample_digest.py: the first and last 64-byte
+    row of each, one every 64 KiB between; ~1 ms per GiB) with the commit's, which sees any
+    change of a whole tensor, not one confined to the bytes between the rows. Either way the
+    manifest is retracted for good (`disabled`) and the Manager's guard (guard.py) copies the
+    state at every save from then on; see docs/checkpoint.md, *Live snapshot*."""
 
     slot: Slot
     sig: str
@@ -178,6 +182,8 @@ class LiveSnapshot:
     last: tuple[int, str, list[TensorEntry], bytes, int] | None = field(default=None, repr=False)
     watched: list[tuple[str, torch.Tensor]] = field(default_factory=list, repr=False)
     versions: list[int] = field(default_factory=list, repr=False)  # at the last commit
+    spans: list[tuple[int, int]] = field(default_factory=list, repr=False)  # kept live
+    sample: int = 0  # their sampled digest at the last commit (sample_digest.py)
     disabled: str | None = None  # why the live manifest is no longer used (the guard)
     hooks: list[Any] = field(default_factory=list, repr=False)
     on_change: Callable[[str], None] | None = None  # the Manager's guard (guard.py)
@@ -260,6 +266,8 @@ class LiveSnapshot:
         """The live manifest of `step` is on file: from now on the tensors must not change."""
         self.last = (step, sig, entries, objects, size)
         self.versions = [t._version for _, t in self.watched]
+        self.spans = sample_digest.spans_of(e for e in entries if e.key in self.keys)
+        self.sample = sample_digest.compute(self.slot.base, self.spans)["value"]
         self.committed = True
 
     def check(self) -> bool:
@@ -269,13 +277,18 @@ class LiveSnapshot:
             return False
         if not self.committed:
             return True
+        step = self.last[0] if self.last is not None else None
         for (name, t), version in zip(self.watched, self.versions, strict=True):
             if t._version != version:
-                step = self.last[0] if self.last is not None else None
                 self.disable(
                     f"{name} changed outside the optimizer step after the save of step {step}"
                 )
                 return False
+        if sample_digest.compute(self.slot.base, self.spans)["value"] != self.sample:
+            self.disable(  # not through the tensors: `p.data`, NumPy (see the class doc)
+                f"the live file changed outside the optimizer step after the save of step {step}"
+            )
+            return False
         return True
 
     def disable(self, why: str) -> None:

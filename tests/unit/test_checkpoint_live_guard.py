@@ -88,7 +88,7 @@ def restored(managers: Managers, shape: str) -> tuple[ckpt.Restored, Shape]:
     return mgr.restored, run
 
 
-@pytest.mark.parametrize("shape", ["sam", "ema_eval", "manual_nograd"])
+@pytest.mark.parametrize("shape", ["sam", "ema_eval", "manual_nograd", "ema_eval_data", "manual"])
 def test_a_change_outside_the_optimizer_step_is_never_restored_as_the_saved_step(
     shape, managers, tmp_path, test_id, no_survivors
 ):
