@@ -295,24 +295,25 @@ class LiveSnapshot:
         """Retract the live manifest for good: every save copies from now on (on_change)."""
         self.retract()
         self.disabled = why
-        for handle in self.hooks:
-            handle.remove()
-        self.hooks.clear()
+        self.unhook()
         if self.on_change is not None:
             self.on_change(why)
 
     def give_back(self) -> None:
         """close(): move the tensors out of the file, into the rank's heap again. The file is
         the tier's (deleted at job end), and a later Manager adopts them afresh."""
-        for handle in self.hooks:
-            handle.remove()
-        self.hooks.clear()
+        self.unhook()
         with torch.no_grad():
             for t, point in _holders(self.roots):
                 if _within(t.untyped_storage().data_ptr(), self.span):
                     point(t.detach().clone())
         for obj in self.roots:  # its cache holds aliases of the tensors in the file
             obj.forget_cache()
+
+    def unhook(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks.clear()
 
     def retract(self) -> None:
         """The state is about to change: the live file no longer holds a snapshot."""

@@ -409,6 +409,7 @@ class Manager:
         previous, self._live = self._live, None
         if previous is not None:  # the layout or the tensors changed: into a fresh file
             previous.retract()
+            previous.unhook()  # its forward pre-hooks (live.py) go with it
         if self._memory_fence is not None:  # a zombie must not replace the live file
             self._memory_fence.acquire()
         try:

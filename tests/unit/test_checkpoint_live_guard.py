@@ -181,6 +181,23 @@ def test_a_state_dict_export_costs_the_tensors_size(managers):
     assert "live.data" in Path("/proc/self/maps").read_text()
 
 
+def test_tensors_moved_in_again_leave_one_forward_hook(managers):
+    """SAM's usual second step puts the weights back with `p.data = old_p` (new storage): the
+    live snapshot moves them in again at each save, and its guard's forward pre-hook must not
+    pile up, one per save."""
+    run = Shape("plain")
+    mgr = managers(persist_every=10**9, live_snapshot=True, full_copy_every=1000)
+    mgr.restore(run.state)
+    for step in range(1, 5):
+        run.step()
+        for p in run.model.parameters():
+            p.data = p.data.clone()
+        mgr.save(step, run.state)
+    assert len(run.model._forward_pre_hooks) == 1
+    mgr.close(persist_last=False)
+    assert len(run.model._forward_pre_hooks) == 0
+
+
 @pytest.mark.skipif(
     shutil.which("stress-ng") is None or not os.environ.get("FTRUN_TEST_STRESS"),
     reason="slow (~1 min): FTRUN_TEST_STRESS=1 and stress-ng run it",
