@@ -319,6 +319,10 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             {**AGENT_REPORT, "ranks": opt(ByRank(SECONDS)), "overdue": opt(ByRank(SECONDS))},
             ("gen",),
         ),
+        # every live rank on the host stuck in torch's gloo deadlock at exit (agent/verdict.py)
+        "exit_race": Schema(
+            {**AGENT_REPORT, "ranks": ListOf(RANK, MAX_RANKS), "stacks": ByRank(TEXT)}, ("gen",)
+        ),
         "stacks": Schema(
             {
                 **AGENT_REPORT,

@@ -7,7 +7,9 @@ plain torchrun, with and without a rank SIGKILLed mid-run, and reports hangs and
 
 Target: 0 hangs, 0 exit stalls and 0 mismatches for ftrun in every row. An exit stall is a rank
 that stayed after another exited 0 until ftrun's exit barrier (--exit-timeout) killed it: the
-job still succeeds, so it is counted apart. Plain torchrun's own failures to recover a killed
+job still succeeds, so it is counted apart. "torch exit race cut": a rank stuck in torch's gloo
+destructor deadlock at exit (pytorch#56297), recognised in its native stacks and ended within
+seconds by the exit rules (the job succeeds, as its work was done). Plain torchrun's own failures to recover a killed
 run are counted in their own column, not against ftrun.
 """
 
@@ -32,6 +34,7 @@ TABLE = Table(
         Column(key="trials", header="trials"),
         Column(key="hangs", header="hangs", width=10),
         Column(key="stalls", header="exit stalls", width=12),
+        Column(key="raced", header="torch exit race cut", width=20),
         Column(key="mismatches", header="mismatches"),
         Column(key="anchor_failed", header="torchrun failed"),
         *(Column(key=f"s_{m}", header=f"s/run {m}", spec=".1f") for m in MODES),
@@ -68,6 +71,7 @@ def main() -> int:
     for script in scripts:
         hangs: Counter[str] = Counter()
         stalls: Counter[str] = Counter()
+        raced: Counter[str] = Counter()
         mismatches: Counter[str] = Counter()
         anchor_failed = 0
         seconds: Counter[str] = Counter()
@@ -80,6 +84,7 @@ def main() -> int:
                 seconds[o.mode] += o.seconds
                 hangs[o.mode] += o.hung and o.mode != "torchrun"
                 stalls[o.mode] += o.stalled
+                raced[o.mode] += o.raced
             for p in problems:
                 mode = p.split(":", 1)[0]
                 if "hung" not in p and "exit stall" not in p:
@@ -94,6 +99,7 @@ def main() -> int:
                     "trials": args.trials,
                     "hangs": _pair(hangs),
                     "stalls": _pair(stalls),
+                    "raced": _pair(raced),
                     "mismatches": _pair(mismatches),
                     "anchor_failed": anchor_failed,
                     **{f"s_{m}": seconds[m] / args.trials for m in MODES},

@@ -46,6 +46,7 @@ MAX_UNSENT_BYTES = 8 * 1024 * 1024
 DRAIN_POLLS = 16  # > (BACKLOG_SKIP_BYTES + SKIP_KEEP_BYTES) / READ_CHUNK: enough to catch up
 TORCHRUN_TAIL_LINES = 40  # torchrun's own last lines, for gen_exited
 EVIDENCE_TAIL_LINES = 20  # a rank's last lines, for rank_exited and stacks
+EXIT_RACE_IDLE_S = 2.0  # idle this long at the end of a job: worth a native stack dump
 
 
 class GenerationRun:
@@ -76,6 +77,10 @@ class GenerationRun:
         # detectors stand down, its exit barrier rules.
         self.idle_guard = idle.IdleGuard(float(launch.get("idle_timeout_s") or 0))
         self.stopped_samples: dict[int, int] = {}  # rank → samples in a row it was stopped in
+        # torch's gloo deadlock at exit (verdict.gloo_exit_race): rank → the idle episode (its
+        # start) its native stacks were read in, and whether they showed the deadlock.
+        self.race_checked: dict[int, tuple[float, bool]] = {}
+        self.race_reported = False
         self.last_sample_t = 0.0
         self.finishing = False
         self.proc: asyncio.subprocess.Process | None = None  # torchrun (its shim)
@@ -244,7 +249,9 @@ class GenerationRun:
     def sample_interval(self, now: float) -> float | None:
         """How soon to sample the ranks again: often once a rank is halfway to its allowance
         (the evidence must be fresh when it is due), else at the idle guard's pace (None: off)."""
-        if not self.finishing and not self.hang_reported:
+        if self.finishing:
+            return idle.SUSPECT_INTERVAL_S * 2  # a few ranks left; one may be stuck at exit
+        if not self.hang_reported:
             for p in self.progress.ranks.values():
                 allowance = self.progress.base_allowance(p)
                 if allowance is not None and now - p.since > allowance / 2:
@@ -308,6 +315,7 @@ class GenerationRun:
             if judging
             else None
         )
+        await self._exit_race(now, set(cpu))
         news = None
         if tell:
             waiting_past = {str(o.rank): round(o.allowance_s, 3) for o in late}
@@ -317,6 +325,39 @@ class GenerationRun:
                 "overdue": waiting_past if ranks is not None and waiting_past else None,
             }
         return found, news
+
+    async def _exit_race(self, now: float, live: set[int]) -> None:
+        """Tell the controller once every live rank here is stuck in torch's gloo deadlock at
+        exit (verdict.gloo_exit_race). Looked for only where a rank may be at its exit: the job
+        is finishing (a rank exited 0), or every rank here has been idle for EXIT_RACE_IDLE_S;
+        each rank's native stacks are read once per idle episode (py-spy pauses it briefly)."""
+        tracker = self.idle_guard.tracker
+        since = {r: tracker.idle_since(r) for r in live}
+        idle_long = {r for r, t in since.items() if t is not None and now - t >= EXIT_RACE_IDLE_S}
+        if self.race_reported or not live or not (self.finishing or idle_long == live):
+            return
+        pids = self.live_ranks()
+        dumps: dict[int, str] = {}
+        for rank in sorted(idle_long):
+            episode = since[rank]
+            assert episode is not None
+            if self.race_checked.get(rank, (None, False))[0] == episode:
+                continue
+            text = await stacks.native_dump(pids[rank]) if rank in pids else None
+            matched = text is not None and verdict.gloo_exit_race(text)
+            self.race_checked[rank] = (episode, matched)
+            if text is not None:
+                dumps[rank] = text
+        raced = {r for r in live if self.race_checked.get(r) == (since[r], True) and r in idle_long}
+        if raced and raced == live:
+            self.race_reported = True
+            log.warning("ranks %s are stuck at exit in torch's gloo destructor race", sorted(raced))
+            self.link.send(
+                "exit_race",
+                gen=self.number,
+                ranks=sorted(raced),
+                stacks={str(r): clip(t, STACKS_CHARS // len(raced)) for r, t in dumps.items()},
+            )
 
     async def report_hang(self, found: verdict.Found, *, detected_t: float) -> None:
         """Capture the stacks of the live ranks, then report the hang. The controller tears

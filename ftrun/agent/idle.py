@@ -93,6 +93,11 @@ class IdleTracker:
         """The ranks seen busy at their last sample."""
         return {rank for rank, r in self.ranks.items() if r.since == r.t}
 
+    def idle_since(self, rank: int) -> float | None:
+        """When the rank was last seen busy (or first seen); None for a rank not sampled."""
+        r = self.ranks.get(rank)
+        return None if r is None else r.since
+
     def forget(self, rank: int) -> None:
         self.ranks.pop(rank, None)
 

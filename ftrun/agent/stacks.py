@@ -146,9 +146,16 @@ def _new_lines(logs: GenerationLogs, rank: int, mark: int) -> list[str]:
     return list(log.last_lines)[-fresh:] if fresh > 0 else []
 
 
-async def _py_spy(path: str, pid: int, *, stopped: bool) -> str | None:
+async def native_dump(pid: int) -> str | None:
+    """`py-spy dump --native` of one process (it pauses the process for a moment): C++ frames
+    too, which is where a deadlock at exit shows. None without py-spy or on failure."""
+    path = py_spy()
+    return await _py_spy(path, pid, stopped=False, native=True) if path else None
+
+
+async def _py_spy(path: str, pid: int, *, stopped: bool, native: bool = False) -> str | None:
     # py-spy cannot suspend a process that is already stopped; it can read it as it is.
-    mode = ["--nonblocking"] if stopped else []
+    mode = ["--nonblocking"] if stopped else ["--native"] if native else []
     try:
         proc = await asyncio.create_subprocess_exec(
             path,

@@ -16,6 +16,13 @@ A rank past its allowance (hang.py) is only suspected. What it is doing decides:
               deadlock. This host says so (an `idle` report with `overdue`); the controller
               decides once every host has (controller/stall.py).
 
+At exit, one known deadlock in torch (2.13, gloo; pytorch#56297): the main thread frees DDP's
+Reducer while holding the GIL, and ProcessGroupGloo's destructor joins a gloo worker that waits
+for the GIL to drop a Python object its finished work holds. The process never exits; its code
+is done. `gloo_exit_race` reads it off a native stack dump (py-spy --native): a rank idle at the
+end of a job whose dump shows both halves is ended by the exit rules at once, not after the
+exit barrier's full timeout.
+
 And once the stacks are in, a rank in teardown (destroy_process_group, interpreter exit) is no
 hang to restart for: it belongs to the exit rules (`in_teardown`).
 """
@@ -73,6 +80,15 @@ def local_verdict(
         if o.rank in busy and now - o.last_progress_t > max(o.allowance_s, policy.busy_floor_s):
             return Found(o, "spinning", overdue)
     return None
+
+
+def gloo_exit_race(native_stacks: str) -> bool:
+    """Both halves of torch's gloo destructor deadlock in one process's native dump: a thread
+    joining in ~ProcessGroupGloo, and a thread waiting for the GIL in ~ThreadLocalState."""
+    return all(
+        marker in native_stacks
+        for marker in ("~ProcessGroupGloo", "join", "gil_scoped_acquire", "~ThreadLocalState")
+    )
 
 
 def in_teardown(stacks: Mapping[str, str] | Mapping[int, str]) -> list[str]:

@@ -104,6 +104,7 @@ class ExitHang:
     tails: dict[str, list[str]]
     unanswered: frozenset[str]  # agents that did not send stacks in time
     teardown: bool = False  # the barrier started from stacks in teardown, not from an exit 0
+    raced: bool = False  # ended early: every live rank stuck in torch's gloo exit deadlock
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ class StallWatch:
         self.stacks_timeout_s = stacks_timeout_s
         self.confirm_s = confirm_s
         self.teardown = False  # the barrier runs because the stacks showed teardown
+        self.raced: set[str] = set()  # agents whose every live rank is stuck at exit (gloo)
         self.clean: tuple[int, str] | None = None  # (rank, host) of the first exit 0
         self.clean_t: float | None = None
         self.deadline: float | None = None
@@ -177,6 +179,19 @@ class StallWatch:
         """The stacks showed teardown: the barrier starts now, as on a clean exit."""
         if self.on_clean_exit(rank, host, now):
             self.teardown = True
+
+    def on_exit_race(self, agent_id: str, rank: int, host: str, now: float) -> bool:
+        """Every live rank of this agent is stuck in torch's gloo deadlock at exit: their code
+        is done. The barrier starts if it had not (as for teardown); once every agent that
+        holds live ranks says so, it is due now, not after its full timeout. True when the
+        barrier started here."""
+        self.raced.add(agent_id)
+        started = self.on_clean_exit(rank, host, now)
+        if started:
+            self.teardown = True
+        if self.deadline is not None and self.agents - self.exited <= self.raced:
+            self.deadline = min(self.deadline, now)
+        return started
 
     def on_progress(self, now: float) -> None:
         """A step reported while finishing: the ranks still work; the barrier counts from now."""
@@ -288,6 +303,7 @@ class StallWatch:
                 tails=req.tails,
                 unanswered=frozenset(req.waiting),
                 teardown=self.teardown,
+                raced=bool(self.raced) and self.agents - self.exited <= self.raced,
             )
         torn = _all_in_teardown(req.stacks)
         if torn:

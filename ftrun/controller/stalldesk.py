@@ -94,6 +94,24 @@ class StallDesk:
         if kind == "stacks":
             stall.on_stacks(agent_id, msg)
             return True
+        if kind == "exit_race":
+            ranks = [int(r) for r in msg.get("ranks") or []]
+            self.journal.record(
+                "exit_race_seen",
+                gen=watch.number,
+                host=host,
+                ranks=ranks,
+                stacks=msg.get("stacks"),
+            )
+            log.warning(
+                "ranks %s on %s are stuck at exit in torch's gloo destructor race (their code "
+                "is done): ended by the exit rules",
+                ranks,
+                host,
+            )
+            if stall.on_exit_race(agent_id, min(ranks, default=0), host, now):
+                self._finishing(watch)
+            return True
         return False
 
     def _finishing(self, watch: GenWatch) -> None:
@@ -145,10 +163,17 @@ class StallDesk:
             f"rank {r} on {hosts.get(a, a)}" for r, a in hang.hung.items()
         ) or "the ranks on " + ", ".join(sorted(hosts.get(a, a) for a in hang.unanswered))
         done = "was in teardown" if hang.teardown else "exited 0"
-        reason = (
-            f"rank {hang.clean_rank} {done} but {who} did not exit within "
-            f"{hang.timeout_s:g} s; stacks taken, killed. The work was done: succeeded"
-        )
+        if hang.raced:
+            reason = (
+                f"{who} stuck at exit in torch's gloo destructor deadlock (pytorch#56297: "
+                "~ProcessGroupGloo joins a worker that waits for the GIL) after the script's "
+                "code was done; stacks taken, killed. The work was done: succeeded"
+            )
+        else:
+            reason = (
+                f"rank {hang.clean_rank} {done} but {who} did not exit within "
+                f"{hang.timeout_s:g} s; stacks taken, killed. The work was done: succeeded"
+            )
         self.journal.record(
             "fault_detected",
             incident=incident,
@@ -163,6 +188,7 @@ class StallDesk:
             past_allowance_s=round(hang.waited_s - hang.timeout_s, 3),
             clean_rank=hang.clean_rank,
             clean_host=hang.clean_host,
+            exit_race=hang.raced,
             hung_ranks=sorted(hang.hung),
             stacks=hang.stacks,
             states=hang.states,

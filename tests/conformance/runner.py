@@ -32,6 +32,9 @@ CONF_LINE = re.compile(r"^CONF r(\d+) a(\d+) (.*)$")
 # ftrun's exit barrier: a rank exited 0 and another did not exit within --exit-timeout. The job
 # still succeeds (its work was done), so only this line tells an exit stall from a clean exit.
 EXIT_STALL = re.compile(r"^ftrun: rank \d+ exited 0 but .* did not exit within", re.MULTILINE)
+# torch's gloo deadlock at exit, read off the stuck rank's native stacks and ended at once by the
+# exit rules (agent/verdict.py): counted apart, it costs seconds, not the barrier's timeout.
+EXIT_RACE = re.compile(r"^ftrun: .* stuck at exit in torch's gloo destructor", re.MULTILINE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +90,11 @@ class Outcome:
         """A rank of ftrun's stayed after the script's work was done, until the exit barrier
         killed it (plain torchrun has no barrier: a rank that stays there is a hang)."""
         return self.mode != "torchrun" and bool(EXIT_STALL.search(self.output))
+
+    @property
+    def raced(self) -> bool:
+        """A rank of ftrun's met torch's gloo deadlock at exit and was ended by evidence."""
+        return self.mode != "torchrun" and bool(EXIT_RACE.search(self.output))
 
     def comparable(self) -> tuple[object, ...]:
         return (self.exit_code, self.conf, self.traceback)

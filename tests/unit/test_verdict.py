@@ -4,11 +4,13 @@ allowance is only suspected; what the ranks are doing decides."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.idle import IdleGuard
-from ftrun.agent.verdict import in_teardown, local_verdict
+from ftrun.agent.verdict import gloo_exit_race, in_teardown, local_verdict
 from ftrun.controller.stall import AskStacks, Idle, StallWatch, Teardown
 
 POLICY = HangPolicy(floor_s=2.0, factor=5.0, busy_floor_s=60.0, confirm_s=1.0)
@@ -149,3 +151,33 @@ def test_one_rank_in_teardown_and_one_in_training_is_a_hang():
 )
 def test_teardown_is_read_from_the_frames(text, torn):
     assert bool(in_teardown({"0": text})) is torn
+
+
+RACE_DUMP = Path(__file__).resolve().parent.parent / "data" / "gloo_exit_race.pyspy.txt"
+
+
+def test_torchs_gloo_exit_deadlock_is_read_off_a_real_native_dump():
+    """A `py-spy dump --native` of a warm rank stuck at exit (torch 2.13, this machine): the
+    main thread joins in ~ProcessGroupGloo, a gloo worker waits for the GIL in
+    ~ThreadLocalState. Either half alone is an ordinary wait."""
+    text = RACE_DUMP.read_text()
+    assert gloo_exit_race(text)
+    main_only = text.split("Thread", 2)[0] + "Thread" + text.split("Thread", 2)[1]
+    assert not gloo_exit_race(main_only)
+    assert not gloo_exit_race(text.replace("~ProcessGroupGloo", "allreduce"))
+
+
+def test_every_host_stuck_in_the_exit_race_ends_the_barrier_at_once():
+    w = stall()
+    assert w.on_clean_exit(0, "host-a", 100.0)  # rank 0 exited 0: 60 s barrier
+    w.on_agent_done(A)
+    assert not w.on_exit_race(B, 1, "host-b", 103.0)
+    assert w.deadline == 103.0 and isinstance(w.poll(103.0), AskStacks)
+
+
+def test_the_exit_race_on_one_host_leaves_the_others_their_barrier():
+    w = stall()
+    assert w.on_exit_race(A, 0, "host-a", 100.0)  # nobody exited 0 yet: the barrier starts
+    assert w.finishing and w.deadline == pytest.approx(160.0)
+    w.on_exit_race(B, 1, "host-b", 101.0)
+    assert w.deadline == 101.0
