@@ -1,9 +1,9 @@
 """Prints the torchrun contract as this rank sees it, as one `CONTRACT {json}` line. With
 --fail-once MARKER, rank 1 SIGKILLs itself the first time (so that a generation 2 exists);
 --names adds variables to print (what --env and --env-file forward), --exec-names variables as
-this process image started with them (/proc/self/environ: what the interpreter and the dynamic
-loader read, a warm rank's being its zygote's); --wait-for FILE keeps the
-rank alive until FILE exists (at most 180 s), for a test to look at the running processes."""
+/proc/self/environ shows them (what the interpreter and the dynamic loader read; a warm rank's
+rewritten to its own, though the glibc tunables came from the zygote's start); --wait-for FILE
+keeps the rank alive until FILE exists (at most 180 s), for a test to look at the running processes."""
 
 import argparse
 import json
