@@ -90,7 +90,9 @@ def memory_files(managers: Managers) -> list[Path]:
     return [m.with_suffix(".data") for m in manifests]
 
 
-def test_a_damaged_memory_snapshot_is_skipped_for_storage(managers, tmp_path, test_id):
+def test_a_damaged_memory_snapshot_is_skipped_for_storage(
+    managers, tmp_path, test_id, no_survivors
+):
     train_and_die(managers, test_id)
     for data in memory_files(managers):  # the live file and every full copy
         scribble(data)
@@ -101,7 +103,7 @@ def test_a_damaged_memory_snapshot_is_skipped_for_storage(managers, tmp_path, te
 
 
 def test_a_damaged_newest_storage_commit_falls_back_to_the_previous_one(
-    managers, tmp_path, test_id
+    managers, tmp_path, test_id, no_survivors
 ):
     train_and_die(managers, test_id)
     for data in memory_files(managers):
