@@ -339,8 +339,8 @@ class Manager:
             on_changed=partial(self._torn, step, index),
         )
         self._snapshotter.submit(self._job)
-        if self._guard.tripped:  # the training thread helps: done before anything can change
-            self._wait_snapshot()
+        if self._guard.tripped:  # copied (the training thread helps) and committed on return
+            self._wait_done()
         self._saved(step, t0)
         if urgent:
             self._persist_for_preemption(step, persisted=persist)
