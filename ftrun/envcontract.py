@@ -36,6 +36,7 @@ RANK_LOG_DIR = "FTRUN_RANK_LOG_DIR"
 PREEMPT_FILE = "FTRUN_PREEMPT_FILE"
 ZYGOTE_SOCK = "FTRUN_ZYGOTE_SOCK"
 ZYGOTE_PRELOAD = "FTRUN_ZYGOTE_PRELOAD"
+ENV_ROOM = "FTRUN_ENV_ROOM"
 RESTART_COUNT = "FTRUN_TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS = "FTRUN_TORCHELASTIC_MAX_RESTARTS"
 PLAN = "FTRUN_PLAN"
@@ -85,6 +86,13 @@ CONTRACT: tuple[EnvVar, ...] = (
         "launcher (LaunchConfig.zygote_preload)",
         "zygote",
         "modules the warm interpreter imports ahead of the first rank",
+    ),
+    EnvVar(
+        ENV_ROOM,
+        "agent (agent/proctitle.py, the zygote's start)",
+        "nobody: its bytes are room",
+        "blank room in the zygote's environment block, that a warm rank rewrites with its own "
+        "environment so /proc/PID/environ shows it",
     ),
     EnvVar(
         RESTART_COUNT,

@@ -27,12 +27,14 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Mapping
 
+from ftrun import envcontract
+
 ROOM_BYTES = 4096
 # A rank's environment is the agent's plus torchrun's and ftrun's variables (a few KiB); the
 # padding variable adds this much room on top of the zygote's own block. A single variable may
 # not exceed 128 KiB (MAX_ARG_STRLEN).
 ENV_ROOM_BYTES = 32 * 1024
-ENV_ROOM_NAME = "FTRUN_ENV_ROOM"
+ENV_ROOM_NAME = envcontract.ENV_ROOM
 
 
 def title_room() -> str:
