@@ -67,7 +67,7 @@ def test_a_pickle_planted_in_the_newest_checkpoint_never_runs(managers, tmp_path
         mgr = managers(memory=False, verify=verify)
         assert mgr.restore(Toy().state) == 2  # the previous good one
         err = capfd.readouterr().err
-        assert f"step-0000000003 is corrupt ({name} is not authenticated" in err
+        assert f"step-0000000003 is corrupt (rank 0: {name} is not authenticated" in err
         mgr.close(persist_last=False)
     assert not marker.exists()
 
