@@ -316,7 +316,12 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         # overdue: the ranks here past their hang allowance (rank → allowance), when every
         # rank here has been waiting together: a suspected deadlock (agent/verdict.py).
         "idle": Schema(
-            {**AGENT_REPORT, "ranks": opt(ByRank(SECONDS)), "overdue": opt(ByRank(SECONDS))},
+            {
+                **AGENT_REPORT,
+                "ranks": opt(ByRank(SECONDS)),
+                "overdue": opt(ByRank(SECONDS)),
+                "overdue_at": opt(ByRank(WALL_T)),  # when each one's allowance ran out
+            },
             ("gen",),
         ),
         # every live rank on the host stuck in torch's gloo deadlock at exit (agent/verdict.py)

@@ -319,10 +319,14 @@ class GenerationRun:
         news = None
         if tell:
             waiting_past = {str(o.rank): round(o.allowance_s, 3) for o in late}
+            wall = time.time() - time.monotonic()
             news = {
                 "gen": self.number,
                 "ranks": None if ranks is None else {str(r): round(s, 3) for r, s in ranks.items()},
                 "overdue": waiting_past if ranks is not None and waiting_past else None,
+                "overdue_at": {str(o.rank): round(o.deadline + wall, 3) for o in late}
+                if ranks is not None and waiting_past
+                else None,
             }
         return found, news
 

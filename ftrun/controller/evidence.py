@@ -196,6 +196,11 @@ def idle(found: Idle, hosts: dict[str, str], step: int | None, detected_t: float
             "idle_ranks": {str(r): round(s, 3) for r, s in found.ranks.items()},
             "overdue_ranks": sorted(found.overdue),
             "allowance_s": found.overdue.get(rank) if rank is not None else None,
+            "past_allowance_s": (
+                round(detected_t - found.overdue_at[rank], 3)
+                if rank is not None and rank in found.overdue_at
+                else None
+            ),
             "stacks_missing_from": sorted(hosts.get(a, a) for a in found.unanswered),
             "tail": tail,
         },

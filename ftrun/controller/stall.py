@@ -128,6 +128,7 @@ class Idle:
     tails: dict[str, list[str]]
     unanswered: frozenset[str]
     overdue: dict[int, float] = field(default_factory=dict)  # a deadlock: rank → allowance
+    overdue_at: dict[int, float] = field(default_factory=dict)  # rank → allowance ran out (wall)
     detected_wall_t: float | None = None  # when every host was found idle (wall clock)
 
 
@@ -156,6 +157,7 @@ class StallWatch:
         self.exited: set[str] = set()  # agents whose torchrun exited 0
         self.idle: dict[str, dict[int, float]] = {}  # agent → rank → idle since (our clock)
         self.overdue: dict[str, dict[int, float]] = {}  # agent → rank → allowance it is past
+        self.overdue_at: dict[int, float] = {}  # rank → when its allowance ran out (wall clock)
         self.request: StackRequest | None = None
 
     # ---- events -----------------------------------------------------------------------------
@@ -212,6 +214,7 @@ class StallWatch:
         ranks: dict[int, float] | None,
         now: float,
         overdue: dict[int, float] | None = None,
+        overdue_at: dict[int, float] | None = None,
     ) -> None:
         """An agent's report: seconds each of its live ranks has been idle, or None (busy); and
         the ranks there past their hang allowance, if any."""
@@ -222,6 +225,7 @@ class StallWatch:
             self.idle[agent_id] = {int(r): now - float(s) for r, s in ranks.items()}
             if overdue:
                 self.overdue[agent_id] = {int(r): float(a) for r, a in overdue.items()}
+                self.overdue_at.update({int(r): float(t) for r, t in (overdue_at or {}).items()})
             else:
                 self.overdue.pop(agent_id, None)
 
@@ -318,6 +322,7 @@ class StallWatch:
             tails=req.tails,
             unanswered=frozenset(req.waiting),
             overdue=dict(sorted(req.overdue.items())),
+            overdue_at={r: self.overdue_at[r] for r in req.overdue if r in self.overdue_at},
             detected_wall_t=req.asked_wall_t or None,
         )
 

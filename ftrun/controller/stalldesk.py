@@ -81,7 +81,7 @@ class StallDesk:
             )
             return True
         if kind == "idle":
-            ranks, overdue = msg.get("ranks"), msg.get("overdue")
+            ranks, overdue, at = msg.get("ranks"), msg.get("overdue"), msg.get("overdue_at")
             stall.on_idle(
                 agent_id,
                 {int(r): float(s) for r, s in ranks.items()} if isinstance(ranks, dict) else None,
@@ -89,6 +89,7 @@ class StallDesk:
                 {int(r): float(a) for r, a in overdue.items()}
                 if isinstance(overdue, dict)
                 else None,
+                {int(r): float(t) for r, t in at.items()} if isinstance(at, dict) else None,
             )
             return True
         if kind == "stacks":
