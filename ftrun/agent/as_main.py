@@ -30,7 +30,7 @@ import sys
 import types
 from typing import Any
 
-from ftrun.agent import proctitle
+from ftrun.agent import gloo_quiesce, proctitle
 
 # agent/stacks.py's STACKS_SIGNAL, not imported from there: a rank must not load the agent's
 # modules (psutil, asyncio) just for a number.
@@ -65,6 +65,8 @@ def prepare(request: dict[str, Any]) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()  # a fresh interpreter seeds its own; every fork shares the zygote's
+    if request["mode"] != "torchrun":
+        gloo_quiesce.install()  # torch's gloo exit deadlock, made unlikely by a busy machine
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads and threads.isdigit() and "torch" in sys.modules:
         # A fresh interpreter reads OMP_NUM_THREADS when torch loads; this one already has.
