@@ -5,6 +5,9 @@ The tier has three levels, each needing less of the tier root (`/dev/shm`) than 
     level     in the tier root                          a restart restores from
     LIVE      the live file + `memory_slots` slots       memory (this step, or the last full copy)
     COPIES    `memory_slots` slots                        memory (the last save)
+
+(`memory_slots` is 3 by default: a third slot the tier has no room for is retired first, with
+a warning, and the rank keeps its level with two.)
     STORAGE   nothing (the slots are anonymous memory)    storage
 
 A level is used only once everything it needs is reserved (posix_fallocate: on tmpfs the pages
@@ -60,11 +63,14 @@ class Capacity:
         copies: int,
         live: bool,
         on_leave: Callable[[Level, bool], None],
+        on_retire: Callable[[int], bool] = lambda index: False,
     ) -> None:
         self._tier = tier
         self._root = root
         self._copies = copies
         self._on_leave = on_leave
+        self._on_retire = on_retire  # the slot table lets a slot go (SlotTable.retire)
+        self.retired: set[int] = set()
         if not tier.persistent:
             self.level = Level.STORAGE
         else:
@@ -80,18 +86,40 @@ class Capacity:
         the rank steps down to STORAGE (anonymous slots). `wait_idle` waits for the snapshot
         thread, which may be growing the slots in the background."""
         self.needed = max(self.needed, size)
-        if all(s.size >= size for s in self._tier.slots):
+        if all(s.size >= size for s in self._usable()):
             return
         wait_idle()
         try:
-            for slot in self._tier.slots:
-                slot.ensure(size)
+            for slot in self._usable():
+                try:
+                    slot.ensure(size)
+                except CheckpointError as exc:
+                    if not (slots.is_full(exc) and self._retire(slot, exc)):
+                        raise
         except CheckpointError as exc:
-            if not slots.is_full(exc) or all(s.directory is None for s in self._tier.slots):
+            if not slots.is_full(exc) or all(s.directory is None for s in self._usable()):
                 raise  # anonymous memory itself: the host is out of memory
             self.step_down(Level.STORAGE, str(exc), drop_slots=True)
-            for slot in self._tier.slots:
+            for slot in self._usable():
                 slot.ensure(size)
+
+    def _usable(self) -> list[slots.Slot]:
+        return [s for s in self._tier.slots if s.index not in self.retired]
+
+    def _retire(self, slot: slots.Slot, exc: CheckpointError) -> bool:
+        """No room for a third copy: keep two, with one warning (a kill during a save that
+        overlaps a persist may then go back to the persisted step, not the one before)."""
+        if slot.index != len(self._tier.slots) - 1:  # not even two fit: step down
+            return False
+        if not self._on_retire(slot.index):
+            return False
+        self.retired.add(slot.index)
+        slot.give_back()
+        warn(
+            f"checkpoint snapshots keep 2 copies, not {len(self._tier.slots)}: {exc}; a rank "
+            "killed during a save that overlaps a persist restores the persisted step"
+        )
+        return True
 
     def check(self) -> None:
         """A write into the tier failed for want of space since the last call: one level down."""

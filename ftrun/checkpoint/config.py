@@ -64,7 +64,11 @@ class CheckpointConfig:
     job_id: str | None = None  # memory tier on iff set
     owner: str | None = None  # the job whose generations fence each other; fences on iff set
     memory_root: Path = DEFAULT_MEMORY_ROOT
-    memory_slots: int = 2  # snapshot buffers: the memory bound is slots x state size
+    # Snapshot buffers; the memory bound is slots x state size. 3: a save never writes over the
+    # newest snapshot, even while a persist reads another, so a kill loses at most one step; a
+    # tier without room for the third keeps 2 (capacity.py), and a kill during a save that
+    # overlaps a persist may then go back to the persisted step.
+    memory_slots: int = 3
     generation: int = 0
     persist_every: int = 1  # persist saves whose step is a multiple of this
     # Seconds from the start of one persist to the start of the next; 0: whenever the worker is

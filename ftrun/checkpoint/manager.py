@@ -121,6 +121,7 @@ class Manager:
             copies=self.config.memory_slots,
             live=self.config.live_snapshot,
             on_leave=self._leave_level,
+            on_retire=self._retire_slot,
         )
         self._job: SnapshotJob | None = None
         self._last_saved: int | None = None
@@ -531,6 +532,11 @@ class Manager:
             self._persister.wait_idle(self.config.persist_timeout)
             with self._cond:
                 self._slots.restored([None] * len(self._tier.slots), latest=None)
+
+    def _retire_slot(self, index: int) -> bool:
+        """The tier has no room for slot `index` (capacity.py): saves stop using it."""
+        with self._cond:
+            return self._slots.retire(index)
 
     def _release_memory_fence(self) -> None:
         if self._memory_fence is not None:

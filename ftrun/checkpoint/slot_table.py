@@ -4,7 +4,8 @@ Pure: no I/O, no torch, no threads. The Manager owns the locking and the side ef
 manifests, the copy, the worker's pipe) and drives this table, so the rules that keep a snapshot
 from being overwritten while it is read live in one place and are tested without processes.
 
-A rank has 2 or 3 slots. Each is in one `SlotPhase`; "pinned" means the persist worker reads it
+A rank has 2 or 3 slots (3 by default; one the tier has no room for is retired, `retire`, and never
+written). Each is in one `SlotPhase`; "pinned" means the persist worker reads it
 (or will, once its copy is complete), so no save may write into it.
 
     phase            event            next phase       when
@@ -148,6 +149,7 @@ class SlotTable:
         self._steps: list[int | None] = [None] * slots  # the step of a HELD or PINNED snapshot
         self._latest: int | None = None
         self._persist = PersistPhase.IDLE
+        self._retired: set[int] = set()  # slots the tier had no room for: never written
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -195,7 +197,9 @@ class SlotTable:
         free = [
             i
             for i, phase in enumerate(self._phases)
-            if i != self._latest and phase in (SlotPhase.EMPTY, SlotPhase.HELD)
+            if i != self._latest
+            and i not in self._retired
+            and phase in (SlotPhase.EMPTY, SlotPhase.HELD)
         ]
         if free:
             index = min(free, key=self._age)
@@ -209,6 +213,22 @@ class SlotTable:
         if self._latest == index:
             self._latest = None
         return index
+
+    def retire(self, index: int) -> bool:
+        """The tier has no room for slot `index`: no save writes into it again. Only an empty
+        slot can go (False otherwise: it holds a snapshot or is being written), and never the
+        last two, which the rules above need."""
+        if self._phases[index] is not SlotPhase.EMPTY or index == self._latest:
+            return False
+        if len(self._phases) - len(self._retired) <= 2:
+            return False
+        self._retired.add(index)
+        return True
+
+    @property
+    def usable(self) -> int:
+        """How many slots saves write into."""
+        return len(self._phases) - len(self._retired)
 
     def filled(self, index: int, step: int) -> bool:
         """The copy into `index` is complete: it is the latest. True: send its persist now."""

@@ -7,7 +7,7 @@ outlive the rank process and a restart in place restores from them;
 without one they are anonymous memfds that die with the rank. Either way the persist worker reads
 them by path, so there is exactly one copy of the state in host memory per slot.
 
-Memory bound: `memory_slots` (2 by default) x this rank's state bytes, allocated up front with
+Memory bound: `memory_slots` (3 by default, 2 where the tier has no room for 3) x this rank's state bytes, allocated up front with
 posix_fallocate (a full /dev/shm is an error at allocation, never a SIGBUS mid-copy). Running out
 is never fatal (capacity.py): a slot that cannot be reserved in the tier becomes anonymous memory
 (`Slot.go_anonymous`, still a buffer for the persist), and a manifest that cannot be written is
@@ -196,6 +196,13 @@ class Slot:
         self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
         self.size = 0
         self._map()
+
+    def give_back(self) -> None:
+        """A retired slot (capacity.py): out of the tier, and no memory held at all."""
+        self.go_anonymous()
+        self._unmap()
+        os.ftruncate(self.fd, 0)
+        self.size = 0
 
     def view(self, entry: TensorEntry) -> torch.Tensor:
         assert self.base is not None

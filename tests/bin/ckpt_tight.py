@@ -71,6 +71,7 @@ def main() -> None:
             fill(Path(args.root))
             print(f"FILLED after step {step}", flush=True)
     level = getattr(mgr, "_capacity", None)  # what the test checks
+    print(f"SLOTS {mgr._slots.usable}", flush=True)  # copies kept (3, or 2 in a tight tier)
     mgr.close()
     print(f"LEVEL {level.level.name.lower() if level else 'unknown'}", flush=True)
     print(f"CLOSED {mgr.stats.last_persisted_step}", flush=True)

@@ -77,20 +77,24 @@ def run_rank(tmp_path, root, agent, *args: str) -> tuple[subprocess.CompletedPro
     return out, said
 
 
-# tier root's size / the state, live snapshot on?, the level it ends at, where a restart finds it
+# tier root's size / the state, live snapshot on?, the level it ends at, where a restart finds
+# it, copies kept in the tier. Three copies by default, two where the third does not fit; the
+# live file takes one more state.
 CASES = [
-    (0.5, True, "storage", "storage"),
-    (1.0, True, "storage", "storage"),
-    (2.5, True, "copies", "memory"),
-    (4.0, True, "live", "memory"),
-    (1.0, False, "storage", "storage"),
-    (2.5, False, "copies", "memory"),
+    (0.5, True, "storage", "storage", 0),
+    (1.0, True, "storage", "storage", 0),
+    (2.5, True, "copies", "memory", 2),
+    (4.0, True, "copies", "memory", 3),
+    (5.0, True, "live", "memory", 3),
+    (1.0, False, "storage", "storage", 0),
+    (2.5, False, "copies", "memory", 2),
+    (3.5, False, "copies", "memory", 3),
 ]
 
 
-@pytest.mark.parametrize(("times", "live", "level", "restored"), CASES)
+@pytest.mark.parametrize(("times", "live", "level", "restored", "copies"), CASES)
 def test_a_tier_root_of_any_size_never_fails_the_job(
-    tmp_path, tmpfs, agent_socket, times, live, level, restored
+    tmp_path, tmpfs, agent_socket, times, live, level, restored, copies
 ):
     root = tmpfs(STATE_MIB * times)
     sock, path = agent_socket
@@ -99,6 +103,10 @@ def test_a_tier_root_of_any_size_never_fails_the_job(
     assert said["LEVEL"] == level
     assert said["CLOSED"] == "6"  # close() persisted the last step
     assert said["RESTORED"] == f"6 {restored} same"
+    kept_two = [line for line in out.stderr.splitlines() if "keep 2 copies, not 3" in line]
+    assert len(kept_two) == (copies == 2), out.stderr
+    if copies:
+        assert said["SLOTS"] == str(copies)
     warnings = [line for line in out.stderr.splitlines() if "steps down" in line]
     events = [e for e in received(sock) if e.get("e") == "tier"]
     start = "live" if live else "copies"

@@ -138,6 +138,34 @@ def test_with_the_other_slot_pinned_a_save_writes_over_the_latest():
     check_invariants(table)
 
 
+def test_with_three_slots_a_save_beside_a_persist_never_writes_over_the_latest():
+    """Three slots (the default): a kill during any copy finds the step before it (issue 33:
+    with two, a save beside a persist wrote over the latest and the tier fell back to the
+    persisted step, up to three saves old)."""
+    table = SlotTable(3)
+    saved(table, 1, persist=True)  # slot 0: the worker reads it for a while
+    for step in range(2, 8):
+        index = table.start_snapshot(persist=False)
+        assert index != table.latest and table.latest is not None  # step - 1 stays whole
+        assert table.step(table.latest) == step - 1
+        table.filled(index, step)
+        check_invariants(table)
+
+
+def test_a_retired_slot_is_never_written_and_two_always_stay():
+    table = SlotTable(3)
+    assert table.retire(2) is True and table.usable == 2
+    assert [saved(table, step) for step in range(1, 5)] == [0, 1, 0, 1]
+    assert table.retire(1) is False  # it holds a snapshot, and two must stay
+    assert table.retire(0) is False and table.usable == 2
+    held = SlotTable(3)
+    saved(held, 1)
+    assert held.retire(0) is False  # the latest snapshot is not given up
+    copying = SlotTable(3)
+    copying.start_snapshot(persist=False)
+    assert copying.retire(0) is False and copying.usable == 3
+
+
 def test_a_failed_copy_leaves_its_slot_empty_and_cancels_its_persist():
     table = SlotTable(2)
     saved(table, 1)
