@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 # Below this much free /dev/shm a host is named at launch: the tier takes 3 x each rank's state
-# (the live file and two slots), and 1 GiB holds the tier of one rank with ~340 MiB of state.
+# (three slots; the live snapshot adds one more), and 1 GiB holds the tier of one rank with ~340
+# MiB of state.
 SMALL_SHM_BYTES = 1 << 30
 
 
@@ -25,8 +26,8 @@ def hello_note(host: str, msg: dict[str, Any]) -> str | None:
         return None
     return (
         f"{host}: /dev/shm has {mib(free)} free of {mib(total)}; the checkpoint memory tier "
-        "takes 3 x each rank's state (2 x without the live snapshot): a rank whose tier does not "
-        "fit checkpoints to storage only (see the ranks' warnings)"
+        "takes 3 x each rank's state (4 x with the live snapshot, 2 x with memory_slots=2): a "
+        "rank whose tier does not fit checkpoints to storage only (see the ranks' warnings)"
     )
 
 
