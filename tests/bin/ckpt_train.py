@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=1)
     p.add_argument("--ckpt-dir", default=None, help="default: $FTRUN_JOB_DIR/checkpoints")
     p.add_argument("--no-memory", action="store_true", help="storage tier only")
-    p.add_argument("--memory-slots", type=int, default=2)
+    p.add_argument("--memory-slots", type=int, default=None)  # None: the Manager's default
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--fail-at", type=int, default=None)
     p.add_argument("--fail-rank", type=int, default=0)
@@ -103,13 +103,13 @@ def main() -> None:
     mgr = ckpt.Manager(
         args.ckpt_dir,
         memory=False if args.no_memory else None,
-        memory_slots=args.memory_slots,
         persist_every=args.persist_every,
         persist_interval=args.persist_interval,
         keep=args.keep,
         full_copy_every=args.full_copy_every,
         live_snapshot=args.live_snapshot,
         **({} if args.persist_bandwidth is None else {"persist_bandwidth": args.persist_bandwidth}),
+        **({} if args.memory_slots is None else {"memory_slots": args.memory_slots}),
     )
     generation = os.environ.get("FTRUN_GENERATION", "0")
 
