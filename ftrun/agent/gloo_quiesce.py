@@ -106,10 +106,11 @@ def install() -> None:
     dist = sys.modules.get("torch.distributed")
     if FUTEX is None or c10d is None or dist is None:
         return
-    original = c10d.destroy_process_group
+    name = "destroy_process_group"  # set by name: the modules are typed, ours is a wrapper
+    original = getattr(c10d, name)
     if getattr(original, "__ftrun_guarded__", False):
         return
     wrapped = guarded(original)
-    c10d.destroy_process_group = wrapped
-    if getattr(dist, "destroy_process_group", None) is original:
-        dist.destroy_process_group = wrapped
+    setattr(c10d, name, wrapped)
+    if getattr(dist, name, None) is original:
+        setattr(dist, name, wrapped)
