@@ -128,10 +128,10 @@ gloo_quiesce.install()  # twice: wrapped once
 assert dist.destroy_process_group.__ftrun_guarded__
 assert dist.distributed_c10d.destroy_process_group is dist.destroy_process_group
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
-names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 model = DDP(torch.nn.Linear(8, 1))
 model(torch.randn(4, 8)).sum().backward()
 assert gloo_quiesce.wait_parked(limit=10)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 print("workers", names.count(gloo_quiesce.WORKER_NAME))
 dist.destroy_process_group()
 del model
