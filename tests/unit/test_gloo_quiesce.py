@@ -2,14 +2,11 @@
 
 A thread of this process takes the gloo worker's name and blocks the way each case does: a
 condition wait with no deadline (a parked worker), a wait with one (CPython's take_gil), a
-sleep, a spin. Then a real gloo process group: its workers park once a backward's collectives
-are done, and a warm rank's destroy_process_group is the guarded one."""
+sleep, a spin. (A real gloo group's workers: tests/integration/test_gloo_quiesce_real.py.)"""
 
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -117,37 +114,3 @@ def test_syscall_lines_read_as_parked_only_for_a_condition_wait_without_deadline
     assert on("running") is None
     assert on("230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ff 0x7f") is None  # nanosleep
     assert on("") is None
-
-
-GLOO = """
-import os, sys, torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-from ftrun.agent import gloo_quiesce
-gloo_quiesce.install()
-gloo_quiesce.install()  # twice: wrapped once
-assert dist.destroy_process_group.__ftrun_guarded__
-assert dist.distributed_c10d.destroy_process_group is dist.destroy_process_group
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
-model = DDP(torch.nn.Linear(8, 1))
-model(torch.randn(4, 8)).sum().backward()
-assert gloo_quiesce.wait_parked(limit=10)
-names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print("workers", names.count(gloo_quiesce.WORKER_NAME))
-dist.destroy_process_group()
-del model
-print("destroyed")
-"""
-
-
-def test_a_real_gloo_groups_workers_park_and_the_guarded_destroy_still_destroys():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    done = subprocess.run(
-        [sys.executable, "-c", GLOO, str(port)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.split("\n")
-    assert int(lines[0].split()[1]) >= 1 and lines[1] == "destroyed"
