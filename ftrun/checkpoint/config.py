@@ -16,13 +16,12 @@ Where things go:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ftrun import envcontract
+from ftrun import envcontract, jobid
 from ftrun.checkpoint import auth
 from ftrun.checkpoint.errors import CheckpointDirError
 
@@ -30,7 +29,6 @@ DEFAULT_MEMORY_ROOT = Path("/dev/shm")
 # In a job's memory tier: where a host keeps the peer copy's replicas of other hosts' ranks
 # (`replica/rank<R>/`, docs/peercopy.md), beside its own ranks' `rank<R>/`.
 REPLICA_DIR = "replica"
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PRIORITIES = ("low", "idle", "normal")
 # With persist_interval=None, a persist starts no sooner than its predecessor's duration / this
 # after the predecessor started: the worker writes at most this fraction of the time.
@@ -47,10 +45,9 @@ def memory_tier_dir(job_id: str, root: Path | str = DEFAULT_MEMORY_ROOT) -> Path
     """The host-memory tier of a job: `/dev/shm/ftrun-<uid>/<job_id>`. The agent deletes it at
     job end, and sweeps those whose agent is gone (ftrun/agent/tiers.py). The per-user parent
     is 0700: no other user can plant or open anything under it (docs/security.md)."""
-    if not _JOB_ID.match(job_id):
+    if not jobid.valid(job_id):
         raise CheckpointDirError(
-            f"invalid job id for the memory tier: {job_id!r}",
-            hint="use letters, digits, '.', '_' or '-' (no '/')",
+            f"invalid job id for the memory tier: {job_id!r}", hint=f"use {jobid.WHAT}"
         )
     return Path(root) / memory_user_dir_name() / job_id
 

@@ -12,13 +12,12 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import shutil
 import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ftrun import filemodes
+from ftrun import filemodes, jobid
 from ftrun.agent import procs
 from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
@@ -31,8 +30,6 @@ from ftrun.planner import Profile, parse_size
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.timeouts import ControlTimeouts
 from ftrun.transport.slurm_allocation import Allocation, read_allocation
-
-JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +131,8 @@ def resume_point(
     run (preemption by SIGTERM, its batch node lost) resumes even though it ended stopped."""
     if job_id is None:
         return None
-    if not JOB_ID.match(job_id):
-        problems.append(f"--job-id {job_id!r} is not a job id (letters, digits, - _ . only)")
+    if not jobid.valid(job_id):
+        problems.append(f"--job-id {job_id!r} is not a job id ({jobid.WHAT})")
         return None
     try:
         events = read_events(run_dir / job_id)
