@@ -7,6 +7,7 @@ An explicit value beats an FTRUN_* environment variable beats the default, resol
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import secrets
@@ -47,6 +48,26 @@ def new_job_id(name: str, *, suffix: str | None = None) -> str:
     job is requeued, so the requeued job finds its directory."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:40] or "job"
     return f"{slug}-{suffix or secrets.token_hex(3)}"
+
+
+# A float field's flag, where it is not `--` + the field's name less its unit.
+FLAG_OF = {"peer_copy_mbps": "--peer-copy-rate", "preempt_grace_s": "--preempt-grace"}
+
+
+def flag_of(field_name: str) -> str:
+    if field_name in FLAG_OF:
+        return FLAG_OF[field_name]
+    return "--" + field_name.removesuffix("_s").replace("_", "-")
+
+
+def not_numbers(config: Any) -> list[str]:
+    """One problem per float field of a dataclass that is NaN or infinite: `--hang-floor nan`
+    turned hang detection off, `--term-timeout inf` waited for ever (issue 34)."""
+    return [
+        f"{flag_of(f.name)} must be a finite number (got {value})"
+        for f in dataclasses.fields(config)
+        if isinstance(value := getattr(config, f.name), float) and not math.isfinite(value)
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +167,7 @@ class LaunchConfig:
     control_tls: bool = True
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = not_numbers(self)  # NaN passes every bound below, inf most of them
         if self.nproc_per_node < 1:
             problems.append(f"--nproc-per-node must be at least 1 (got {self.nproc_per_node})")
         if self.max_restarts < 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 import os
 import shutil
 import socket
@@ -232,7 +233,9 @@ def fault_policy(
         ("--hang-floor", hang_floor),
         ("--hang-factor", hang_factor),
     ):
-        if value is not None and value < 0:
+        if value is not None and not math.isfinite(value):
+            problems.append(f"{name} must be a finite number (got {value})")
+        elif value is not None and value < 0:
             problems.append(f"{name} must be 0 or more (got {value:g})")
     if startup_timeout is not None:
         hang = dataclasses.replace(hang, startup_timeout_s=startup_timeout, expect_progress=True)

@@ -121,3 +121,23 @@ def test_a_job_id_in_use_on_this_machine_under_another_run_dir_is_refused(ftrun,
     finally:
         first.send_signal(signal.SIGINT)
         assert first.wait(timeout=60) == 130
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--hang-floor", "nan"),  # turned hang detection off
+        ("--host-lost-timeout", "nan"),
+        ("--fence-timeout", "nan"),
+        ("--term-timeout", "inf"),  # waited for ever
+        ("--controller-grace", "nan"),
+        ("--idle-timeout", "nan"),
+        ("--peer-copy-rate", "nan"),
+        ("--replan-horizon", "inf"),
+    ],
+)
+def test_numbers_that_are_not_numbers_are_refused(ftrun, flag, value):
+    """NaN passes every bound (`nan < 0` is false): each flag says so itself (issue 34)."""
+    assert_clean_usage_error(
+        ftrun.run("launch", flag, value, TOY), f"{flag} must be a finite number (got {value})"
+    )
