@@ -105,5 +105,7 @@ def _put(
         )
     elif value is None and name not in environ:
         problems.append(f"{where}: {name} is not set here, so there is no value to forward")
+    elif value is not None and "\0" in value:  # no environment can hold it: execve refuses
+        problems.append(f"{where}: the value of {name} holds a NUL byte, which no environment can")
     else:
         values[name] = environ[name] if value is None else value

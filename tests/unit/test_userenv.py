@@ -57,3 +57,15 @@ def test_every_problem_at_once_and_never_a_value(tmp_path: Path):
     assert "--env ALSO_NOT_HERE: ALSO_NOT_HERE is not set here" in text
     assert "secret-value" not in text
     assert dict(pairs) == {"GOOD": "1"}
+
+
+def test_a_nul_byte_in_a_value_is_refused_by_line_not_carried_to_the_agent(tmp_path: Path):
+    """It killed the agent with a traceback (issue 34): no environment can hold it."""
+    path = tmp_path / "env"
+    path.write_bytes(b"A=1\nSECRET=ab\x00cd\n")
+    values, problems = user_env([path], [], {})
+    assert dict(values) == {"A": "1"}
+    assert problems == [
+        f"--env-file {path}, line 2: the value of SECRET holds a NUL byte, which no environment can"
+    ]
+    assert "ab" not in problems[0]
