@@ -27,6 +27,7 @@ PREEMPT_MARGIN_S = 15
 MAX_SIGNAL_SECONDS = 0xFFFF
 TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,26 @@ class BatchScript:
         ]
         return out
 
+    def line_breakers(self) -> list[str]:
+        """What the user gave that holds a line break or another control character, each named
+        as the user knows it. In the #SBATCH block a newline ends the quoted line, and the next
+        line of the script would run as a command (issue 34): such a script is never written."""
+        given = {
+            "--job-name": [self.job_name],
+            "--partition": [self.partition or ""],
+            "--time": [self.time or ""],
+            "--sbatch-arg": list(self.sbatch_args),
+            "the current directory's path": [self.cwd],
+            "the run directory's path": [str(self.run_dir)],
+            "SCRIPT": [self.script],
+            "the script's arguments": list(self.script_args),
+            "the launch options": list(self.launch_args),
+        }
+        return [what for what, texts in given.items() if any(_CONTROL.search(t) for t in texts)]
+
     def render(self) -> str:
+        if self.line_breakers():  # the CLI refused it first, with the names
+            raise ValueError(f"control characters in {', '.join(self.line_breakers())}")
         lines = [
             "#!/bin/bash",
             f"# Written by `ftrun sbatch` for ftrun job {self.job_id}.",

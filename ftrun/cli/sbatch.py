@@ -138,6 +138,13 @@ def sbatch(
         sbatch_args=tuple(sbatch_arg or ()),
         launch_args=tuple(opts.argv(launch_values)),
     )
+    broken = batch.line_breakers()
+    if broken:
+        raise UsageError(
+            f"{', '.join(broken)}: a line break or another control character, which would end "
+            "its line of the batch script and run the rest as a command",
+            hint="remove it; run `ftrun sbatch` from a directory whose path has none",
+        )
     if dry_run:
         sys.stdout.write(batch.render())
         err_console.print(

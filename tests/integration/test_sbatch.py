@@ -115,3 +115,26 @@ def test_launch_options_reach_the_step(ftrun, tmp_path):
         assert part in step
     assert "#SBATCH --signal=B:USR1@300" in result.stdout
     assert step.rstrip().endswith(f"-- {TOY}")
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (("--job-name", "x\ntouch /tmp/ftrun-pwned"), "--job-name"),
+        (("--partition", "gpu\ntouch /tmp/ftrun-pwned"), "--partition"),
+    ],
+)
+def test_a_line_break_in_what_the_batch_script_quotes_is_refused(ftrun, given, named):
+    """In the #SBATCH block a newline ended the quoted line and the next one ran as a command
+    (issue 34): nothing is printed or written."""
+    result = ftrun.run("sbatch", *given, "--dry-run", TOY)
+    assert_clean_usage_error(result, f"{named}: a line break")
+    assert "#SBATCH" not in result.stdout
+
+
+def test_a_line_break_in_the_current_directory_is_refused(ftrun, tmp_path):
+    here = tmp_path / "runs\ntouch pwned"
+    here.mkdir()
+    result = ftrun.run("sbatch", "--dry-run", TOY, cwd=str(here))
+    assert_clean_usage_error(result, "the current directory's path: a line break")
+    assert "#SBATCH" not in result.stdout
