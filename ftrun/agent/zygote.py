@@ -41,35 +41,12 @@ from ftrun.agent import as_main, proctitle
 
 PR_SET_PDEATHSIG = 1
 MAX_MESSAGE = 1 << 20
-# What a DDP script imports before its first step, less torch._dynamo itself. DDP imports
-# torch._dynamo on first use (~1 s here, 800 modules); the modules below are ~0.65 s of that,
-# and none of them imports torch._dynamo. torch._dynamo must not be imported before the
-# script's init_process_group(): then torch 2.13's gloo exit deadlock (docs/architecture.md,
-# "Known residual") met 2 of 12 fresh interpreters and 5 of 10 warm ranks of ddp_destroy.py,
-# and 0 of 14 (0 of 30 warm) when it came after, as it does under torchrun. The rest of it
-# (~0.35 s, torch._dynamo's own modules) is paid where the script would pay it.
-DEFAULT_PRELOAD = ",".join(
-    (
-        "torch",
-        "torch.distributed",
-        "torch.nn.parallel",
-        "torch.distributed.run",
-        "torch.fx.experimental.symbolic_shapes",  # with sympy
-        "torch.distributed.fsdp",
-        "torch.distributed.tensor",
-        "torch.onnx",
-        "numpy.random",
-        "numpy.fft",
-        "torch._functorch.config",
-        "torch.nn.utils._expanded_weights",
-        "torch._functorch._aot_autograd.collect_metadata_analysis",
-        "torch._functorch._aot_autograd.graph_capture_wrappers",
-        "torch._higher_order_ops.triton_kernel_wrap",
-        "torch._functorch.make_functional",
-    )
-)
-# Imported ahead of the script's init_process_group(), this one makes the race above likely.
-LATE_ONLY = "torch._dynamo"
+# torch._dynamo is what DistributedDataParallel imports on first use (~1 s here, 800 modules).
+# Imported ahead of the script's init_process_group() it makes torch 2.13's gloo exit deadlock
+# likely (5 of 10 warm ddp_destroy.py runs; docs/architecture.md, "A torch race"); a warm rank's
+# destroy_process_group() waits for parked gloo workers (gloo_quiesce.py), which took that to 0
+# of 30 with it preloaded, on a loaded machine, so the restart keeps its second.
+DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch.distributed.run,torch._dynamo"
 # Variables a fresh interpreter reads before its first line (sys.path, flags, hashing, the
 # dynamic loader, glibc's tunables and malloc settings): a fork of a zygote started with other
 # values could not honour them.
@@ -89,25 +66,13 @@ class Zygote:
         self.pid = os.getpid()
 
     def preload(self, modules: str) -> None:
-        """Import each module in turn. One that cannot be imported is skipped (the default list
-        names private modules of one torch release); preloading stops, with one line, at one that brought in
-        LATE_ONLY without being asked to (another torch's module layout)."""
+        """Import each module in turn; one that cannot be imported is named and skipped (the
+        warm start goes on without it: the script imports it when it needs it)."""
         for name in filter(None, (m.strip() for m in modules.split(","))):
             try:
                 importlib.import_module(name)
             except ImportError as e:
-                if name not in DEFAULT_PRELOAD.split(","):  # the user's own list: say so
-                    print(f"ftrun: warm start: cannot preload {name}: {e}", file=sys.stderr)
-                continue
-            if name != LATE_ONLY and LATE_ONLY in sys.modules:
-                print(
-                    f"ftrun: warm start: importing {name} imported {LATE_ONLY}, which makes "
-                    "torch's gloo exit deadlock likely in DDP scripts; preloading stopped there "
-                    f"(set {envcontract.ZYGOTE_PRELOAD} to choose the modules)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return
+                print(f"ftrun: warm start: cannot preload {name}: {e}", file=sys.stderr)
 
     def serve(self) -> dict[str, Any]:
         """Serve start requests until the agent goes. Returns only in a forked child: the
