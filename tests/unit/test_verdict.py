@@ -181,3 +181,15 @@ def test_the_exit_race_on_one_host_leaves_the_others_their_barrier():
     assert w.finishing and w.deadline == pytest.approx(160.0)
     w.on_exit_race(B, 1, "host-b", 101.0)
     assert w.deadline == 101.0
+
+
+def test_with_no_busy_floor_a_spin_is_caught_at_its_learned_allowance():
+    """`busy_floor_s = 0` (docs/policy.md): a rank computing past the allowance its job's rhythm
+    taught (1.5 x a 6 s evaluation = 9 s) is a hang there, not at 60 s."""
+    eager = HangPolicy(floor_s=2.0, factor=5.0, busy_floor_s=0.0, confirm_s=1.0)
+    learned, last = tracker_with_steps([0.1] * 10 + [6.0] + [0.1] * 10)
+    assert learned.overdue(last + 8.5) == []
+    late = learned.overdue(last + 9.5)
+    found = local_verdict(late, late, stopped=set(), busy={0}, now=last + 9.5, policy=eager)
+    assert found is not None and (found.culprit.rank, found.why) == (0, "spinning")
+    assert local_verdict(late, late, stopped=set(), busy={0}, now=last + 9.5, policy=POLICY) is None
