@@ -110,7 +110,7 @@ def test_a_joining_host_fetches_the_newest_snapshot_from_a_hosts_own_memory_as_a
     old_host, joining = tmp_path / "a", tmp_path / "d"
     toy, mgr = trained(managers, old_host, steps=3)
     held = [s.step for s in files.snapshots(files.rank_dir(tier(old_host, managers.job), 0), 0)]
-    assert len(held) == 2 and held[0] == 3, held  # two to choose from
+    assert len(held) >= 2 and held[0] == 3, held  # more than one to choose from
     secret, job = new_secret(), managers.job
 
     async def scenario() -> dict:
