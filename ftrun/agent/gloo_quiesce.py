@@ -15,9 +15,8 @@ later cannot deadlock. The wait reads each worker's blocking system call from
 /proc/self/task/TID/syscall: a parked worker waits on a condition variable with no deadline
 (futex FUTEX_WAIT_BITSET, no timeout), beside the group's other workers on the same address; one
 waiting for the GIL waits with a deadline (CPython's take_gil), and one still working is not in
-futex at all. The wait is bounded (`LIMIT_S`); past
-it destroy goes on as torch's would, and the agent's exit-race net (verdict.gloo_exit_race)
-remains. Linux on x86-64 and arm64 only (the futex number); elsewhere it does nothing.
+futex at all. The wait is bounded (`LIMIT_S`); past it destroy goes on as torch's would, and
+the agent's exit-race net (verdict.gloo_exit_race) remains. Linux on x86-64 and arm64 only (the futex number); elsewhere it does nothing.
 """
 
 from __future__ import annotations

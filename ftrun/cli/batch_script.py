@@ -202,8 +202,8 @@ class BatchScript:
         return [what for what, texts in given.items() if any(_CONTROL.search(t) for t in texts)]
 
     def render(self) -> str:
-        if self.line_breakers():  # the CLI refused it first, with the names
-            raise ValueError(f"control characters in {', '.join(self.line_breakers())}")
+        if broken := self.line_breakers():  # the CLI refused it first, with the names
+            raise ValueError(f"control characters in {', '.join(broken)}")
         lines = [
             "#!/bin/bash",
             f"# Written by `ftrun sbatch` for ftrun job {self.job_id}.",
