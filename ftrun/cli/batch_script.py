@@ -195,6 +195,7 @@ class BatchScript:
             "--sbatch-arg": list(self.sbatch_args),
             "the current directory's path": [self.cwd],
             "the run directory's path": [str(self.run_dir)],
+            "the Python interpreter's path": [self.python],
             "SCRIPT": [self.script],
             "the script's arguments": list(self.script_args),
             "the launch options": list(self.launch_args),

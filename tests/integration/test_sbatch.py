@@ -122,6 +122,7 @@ def test_launch_options_reach_the_step(ftrun, tmp_path):
     [
         (("--job-name", "x\ntouch /tmp/ftrun-pwned"), "--job-name"),
         (("--partition", "gpu\ntouch /tmp/ftrun-pwned"), "--partition"),
+        (("--run-dir", "/tmp/runs\ntouch /tmp/ftrun-pwned"), "the run directory's path"),
     ],
 )
 def test_a_line_break_in_what_the_batch_script_quotes_is_refused(ftrun, given, named):
@@ -129,6 +130,20 @@ def test_a_line_break_in_what_the_batch_script_quotes_is_refused(ftrun, given, n
     (issue 34): nothing is printed or written."""
     result = ftrun.run("sbatch", *given, "--dry-run", TOY)
     assert_clean_usage_error(result, f"{named}: a line break")
+    assert "#SBATCH" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (("--time", "1:00:00\ntouch /tmp/ftrun-pwned"), "--time must be"),
+        (("--sbatch-arg", "--qos=high\ntouch /tmp/ftrun-pwned"), "--sbatch-arg takes one"),
+    ],
+)
+def test_a_line_break_in_a_checked_value_fails_its_own_check(ftrun, given, named):
+    """--time and --sbatch-arg have a form of their own, and a line break breaks it."""
+    result = ftrun.run("sbatch", *given, "--dry-run", TOY)
+    assert_clean_usage_error(result, named)
     assert "#SBATCH" not in result.stdout
 
 

@@ -8,6 +8,7 @@ Regenerate the golden files after an intended change, then read the diff:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import subprocess
@@ -246,3 +247,29 @@ def test_docs_show_the_basic_script_as_it_is_rendered() -> None:
     section = doc.split("## The generated script", 1)[1]
     shown = section.split("```bash\n", 1)[1].split("```", 1)[0]
     assert shown == (GOLDEN / "sbatch_basic.sh").read_text()
+
+
+# Every value the script quotes, each made hostile in turn: a line break would end its #SBATCH
+# line or the step's command, and the rest would run as a command (issue 34). NUL cannot come
+# through argv, but can through a file (an env file, a resumed config): it is refused the same.
+HOSTILE_FIELDS = {
+    "--job-name": {"job_name": "x\ntouch /tmp/pwned"},
+    "--partition": {"partition": "gpu\rtouch /tmp/pwned"},
+    "--time": {"time": "1:00:00\ntouch /tmp/pwned"},
+    "--sbatch-arg": {"sbatch_args": ("--qos=high\ntouch /tmp/pwned",)},
+    "the current directory's path": {"cwd": "/home/ada/p\nroj"},
+    "the run directory's path": {"run_dir": Path("/runs\x00/x")},
+    "the Python interpreter's path": {"python": "/venv/bin/python\n"},
+    "SCRIPT": {"script": "train.py\nrm -rf ~"},
+    "the script's arguments": {"script_args": ("--lr", "3e-4\x00")},
+    "the launch options": {"launch_args": ("--env", "A=1\nB=2")},
+}
+
+
+@pytest.mark.parametrize("named", sorted(HOSTILE_FIELDS))
+def test_a_hostile_value_is_named_and_never_rendered(named: str) -> None:
+    batch = dataclasses.replace(CASES["sbatch_basic.sh"], **HOSTILE_FIELDS[named])
+    assert batch.line_breakers() == [named]
+    with pytest.raises(ValueError, match="control characters"):
+        batch.render()
+    assert CASES["sbatch_basic.sh"].line_breakers() == []  # the golden cases are all clean
