@@ -7,7 +7,6 @@ An explicit value beats an FTRUN_* environment variable beats the default, resol
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import secrets
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftrun import envcontract, filemodes
+from ftrun import envcontract, filemodes, numbers
 from ftrun.errors import UsageError
 from ftrun.timeouts import ControlTimeouts
 
@@ -64,9 +63,10 @@ def not_numbers(config: Any) -> list[str]:
     """One problem per float field of a dataclass that is NaN or infinite: `--hang-floor nan`
     turned hang detection off, `--term-timeout inf` waited for ever (issue 34)."""
     return [
-        f"{flag_of(f.name)} must be a finite number (got {value})"
+        problem
         for f in dataclasses.fields(config)
-        if isinstance(value := getattr(config, f.name), float) and not math.isfinite(value)
+        if isinstance(value := getattr(config, f.name), float)
+        and (problem := numbers.problem(flag_of(f.name), value))
     ]
 
 

@@ -22,6 +22,7 @@ from ftrun.cli import (
     simulate,
     status,
 )
+from ftrun.cli.finite import finite_floats
 from ftrun.cli.launch_options import VERSION
 from ftrun.cli.safetext import clean, make_console, plain
 from ftrun.errors import FtrunError
@@ -67,7 +68,7 @@ def main() -> None:
     _register()
     try:
         # Standalone mode: typer reports its own usage errors (unknown option...) with exit 2.
-        app()
+        finite_floats(typer.main.get_command(app))(prog_name="ftrun")
     except FtrunError as e:
         report_error(e)
         sys.exit(e.exit_code)

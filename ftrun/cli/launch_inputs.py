@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import math
 import os
 import shutil
 import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ftrun import filemodes, jobid
+from ftrun import filemodes, jobid, numbers
 from ftrun.agent import procs
 from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
@@ -233,10 +232,8 @@ def fault_policy(
         ("--hang-floor", hang_floor),
         ("--hang-factor", hang_factor),
     ):
-        if value is not None and not math.isfinite(value):
-            problems.append(f"{name} must be a finite number (got {value})")
-        elif value is not None and value < 0:
-            problems.append(f"{name} must be 0 or more (got {value:g})")
+        if value is not None and (problem := numbers.problem(name, value, minimum=0)):
+            problems.append(problem)
     if startup_timeout is not None:
         hang = dataclasses.replace(hang, startup_timeout_s=startup_timeout, expect_progress=True)
     if hang_floor is not None:

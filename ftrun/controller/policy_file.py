@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftrun import numbers
 from ftrun.agent.hang import HangPolicy
 from ftrun.controller.evidence import KINDS
 from ftrun.controller.host_health import QuarantinePolicy
@@ -148,10 +149,6 @@ def _expected(key: str, expected: str, got: Any) -> str:
     return f"{key}: expected {expected}, got {_describe(got)}"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _timeouts(raw: Any, problems: list[str]) -> dict[str, float]:
     if not isinstance(raw, dict):
         problems.append(_expected("[timeouts]", "a table like " + EXAMPLES["timeouts"], raw))
@@ -165,7 +162,7 @@ def _timeouts(raw: Any, problems: list[str]) -> dict[str, float]:
     for key in TIMEOUT_KEYS:
         if key in raw:
             value = raw[key]
-            if not _is_number(value) or not 0 <= value < float("inf"):
+            if not numbers.is_number(value) or not 0 <= value < float("inf"):
                 problems.append(
                     _expected(
                         f"[timeouts].{key}", "a non-negative number of seconds like 1.0", value
@@ -264,7 +261,7 @@ def _section(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
         ok = (
             (isinstance(value, int) and not isinstance(value, bool))
             if integer
-            else (_is_number(value) and value < float("inf"))
+            else (numbers.is_number(value) and value < float("inf"))
         )
         if ok and value >= 0:
             values[key] = value
