@@ -16,6 +16,7 @@ schedule order of layout.SCHEDULES. Slots per host may differ: only their sum co
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from ftrun.errors import UsageError
@@ -24,6 +25,12 @@ from ftrun.planner.layout import SCHEDULES, STAGES_PER_RANK, Layout
 from ftrun.planner.profile import Profile
 from ftrun.planner.split import Stages, balanced_split
 from ftrun.units import format_bytes
+
+# Bounds that keep `ftrun plan` to seconds: layouts are ranked over every divisor of the batch
+# per replica (trial division to its square root) and every DP degree the slots allow. 16 Mi
+# samples a step and 64 Ki devices are past any job today; `--global-batch 10**16` ran for ever.
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_SLOTS = 1 << 16
 
 _HINT_MEMORY = (
     "more slots (a deeper pipeline spreads the layers thinner), a larger --device-memory, "
@@ -221,8 +228,10 @@ def _check(
     problems = []
     if not slots or any(n < 0 for n in slots) or sum(slots) < 1:
         problems.append(f"slots {list(slots)} must be counts >= 0 per host, at least one slot")
-    if global_batch < 1:
-        problems.append(f"the global batch {global_batch} must be at least 1")
+    if not 1 <= global_batch <= MAX_GLOBAL_BATCH:
+        problems.append(f"the global batch {global_batch} must be 1 to {MAX_GLOBAL_BATCH:,}")
+    if sum(slots) > MAX_SLOTS:
+        problems.append(f"{sum(slots):,} slots: the planner ranks layouts of {MAX_SLOTS:,} at most")
     if budget is not None and budget < 1:
         problems.append(f"the device memory {budget} must be a positive number of bytes")
     if granularity < 1:
@@ -234,6 +243,7 @@ def _check(
         raise UsageError("; ".join(problems), hint="see `ftrun plan --help`")
 
 
+@functools.cache  # asked once per DP degree and schedule, for the same few batches
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))

@@ -18,6 +18,7 @@ from ftrun.planner import (
     place_ranks,
     rank_layouts,
 )
+from ftrun.planner.rank import MAX_GLOBAL_BATCH
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json"
 GiB = 1024**3
@@ -194,3 +195,35 @@ def test_bad_arguments_are_named_together() -> None:
             schedules=["ZeroBubble"],
         )
     assert caught.value.message.count(";") == 3
+
+
+@pytest.mark.parametrize(
+    ("slots", "batch", "needle"),
+    [
+        ([8, 8], 10**16, "the global batch 10000000000000000 must be 1 to 16,777,216"),
+        ([8] * 9000, 1024, "72,000 slots: the planner ranks layouts of 65,536 at most"),
+    ],
+)
+def test_inputs_past_the_bounds_are_refused_at_once(slots, batch, needle) -> None:
+    """`ftrun plan --global-batch 10**16` ran for ever, dividing the batch by trial (issue 34)."""
+    with pytest.raises(UsageError, match=needle):
+        rank_layouts(
+            uniform(2),
+            slots=slots,
+            global_batch=batch,
+            device_memory_bytes=None,
+            granularity=1,
+            schedules=["1F1B"],
+        )
+
+
+def test_the_largest_batch_and_fleet_are_ranked() -> None:
+    ranked = rank_layouts(
+        uniform(2),
+        slots=[8] * 8192,
+        global_batch=MAX_GLOBAL_BATCH,
+        device_memory_bytes=None,
+        granularity=8,
+        schedules=["1F1B"],
+    )
+    assert ranked and ranked[0].global_batch == MAX_GLOBAL_BATCH
