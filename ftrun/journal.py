@@ -35,6 +35,7 @@ from typing import IO, Any
 
 from ftrun import filemodes
 from ftrun.errors import UsageError
+from ftrun.jobfiles import JobDir
 
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.json"
@@ -63,31 +64,32 @@ class Journal:
         create gets the mode `umask` allows (0700 by default), whatever the process umask."""
         self.job_dir = job_dir
         self.clock = clock  # wall time; `ftrun simulate` journals in simulated time
+        # Held open, checked (not another user's, not open to their writes: ftrun/jobfiles.py);
+        # every file here is opened through it, never through a link.
+        self.files = JobDir.open(job_dir, exist_ok=existing, umask=umask)
         try:
-            filemodes.make_dir(job_dir, umask, parents=True, exist_ok=existing)
-            self._events_fd = os.open(
-                job_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666 & ~umask
-            )
+            self._events_fd = self.files.open_append(EVENTS_FILE, 0o666 & ~umask)
             if (
                 existing
                 and os.fstat(self._events_fd).st_size > 0
-                and not _ends_with_newline(job_dir)
+                and not _ends_with_newline(self.files)
             ):
                 os.write(self._events_fd, b"\n")  # a killed controller's torn last line stays apart
         except OSError as e:
+            self.files.close()
             raise UsageError(
                 f"cannot create the job directory {job_dir}: {e.strerror or e}",
                 hint="pass a writable --run-dir or set FTRUN_RUN_DIR",
             ) from None
         self._pending: deque[bytes] = deque()
-        self._reserve: Path | None = _make_reserve(job_dir)
+        self._reserve = _make_reserve(self.files)
         self._logs: dict[tuple[int, str], IO[str]] = {}
         self._log_failures: dict[str, int] = {}  # errno name → lines dropped
         self._logs_stopped = False
 
     def write_config(self, config: dict[str, Any]) -> None:
-        path = self.job_dir / CONFIG_FILE
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        data = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+        self.files.replace(CONFIG_FILE, data, mode=0o666 & ~self.files.umask)
 
     def record(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one event. Never raises for the disk's sake: an event that cannot be written
@@ -117,13 +119,13 @@ class Journal:
     def _free_reserve(self) -> bool:
         """The disk is full: give the events the room held for them, and stop rank logs from
         taking it back. False when it was already given."""
-        if self._reserve is None:
+        if not self._reserve:
             return False
         try:
-            self._reserve.unlink()
+            self.files.unlink(RESERVE_FILE)
         except OSError:
             pass
-        self._reserve = None
+        self._reserve = False
         self._stop_logs("the disk is full (ENOSPC)")
         return True
 
@@ -136,10 +138,8 @@ class Journal:
         self.record("logs_stopped", reason=why)
 
     def log_path(self, generation: int, stream: str) -> Path:
-        """Where a stream's lines go. The stream's name (a rank, a host) is made a plain file
-        name here, whatever it holds: no separators, no leading dot."""
-        name = _UNSAFE_IN_NAME.sub("_", stream).lstrip(".") or "_"
-        return self.job_dir / "logs" / f"g{int(generation)}" / f"{name[:200]}.log"
+        """Where a stream's lines go (_log_name)."""
+        return self.job_dir / _log_name(generation, stream)
 
     def append_log(self, generation: int, stream: str, lines: Iterable[str]) -> None:
         """Append a stream's lines. Lines that cannot be written (no file descriptor left, no
@@ -152,9 +152,8 @@ class Journal:
         try:
             handle = self._logs.get(key)
             if handle is None:
-                path = self.log_path(generation, stream)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                handle = self._logs[key] = open(path, "a", encoding="utf-8", errors="replace")
+                fd = self.files.open_append(_log_name(generation, stream))
+                handle = self._logs[key] = open(fd, "a", encoding="utf-8", errors="replace")
             handle.writelines(line + "\n" for line in lines)
             handle.flush()
         except OSError as e:
@@ -206,34 +205,45 @@ class Journal:
             log.error("cannot sync the journal: %s", e)
         os.close(self._events_fd)
         self._events_fd = -1
-        if self._reserve is not None:
+        if self._reserve:
             try:
-                self._reserve.unlink()
+                self.files.unlink(RESERVE_FILE)
             except OSError:
                 pass
-            self._reserve = None
+            self._reserve = False
+        self.files.close()
 
 
-def _make_reserve(job_dir: Path) -> Path | None:
+def _log_name(generation: int, stream: str) -> str:
+    """A stream's log in the job directory. Its name (a rank, a host) is made a plain file
+    name, whatever it holds: no separators, no leading dot."""
+    name = _UNSAFE_IN_NAME.sub("_", stream).lstrip(".") or "_"
+    return f"logs/g{int(generation)}/{name[:200]}.log"
+
+
+def _make_reserve(files: JobDir) -> bool:
     """RESERVE_BYTES of real blocks (written, not sparse) that the journal frees when the disk
-    fills up; None when even that cannot be had (then there is nothing to give back)."""
-    path = job_dir / RESERVE_FILE
+    fills up; False when even that cannot be had (then there is nothing to give back)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        files.unlink(RESERVE_FILE)  # a killed controller's
+        fd = files.create_new(RESERVE_FILE, 0o600)
         try:
             os.write(fd, bytes(RESERVE_BYTES))
         finally:
             os.close(fd)
     except OSError:
         try:
-            path.unlink()
+            files.unlink(RESERVE_FILE)
         except OSError:
             pass
-        return None
-    return path
+        return False
+    return True
 
 
-def _ends_with_newline(job_dir: Path) -> bool:
-    with open(job_dir / EVENTS_FILE, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+def _ends_with_newline(files: JobDir) -> bool:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(EVENTS_FILE, flags, dir_fd=files.fd)
+    try:
+        return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
+    finally:
+        os.close(fd)

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import typer
@@ -280,8 +279,11 @@ def _run(
     journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
     if config.profile is not None and not (config.job_dir / PROFILE_FILE).exists():
         # The job's own copy: a requeued or resumed job plans from it, never re-profiles.
-        shutil.copyfile(config.profile, config.job_dir / PROFILE_FILE)
-    handler = logging.FileHandler(config.job_dir / "controller.log")
+        profile = Path(config.profile).read_bytes()
+        journal.files.replace(PROFILE_FILE, profile, mode=0o666 & ~config.umask)
+    # Through the job directory's descriptor, never a link (ftrun/jobfiles.py).
+    log_file = open(journal.files.open_append("controller.log"), "a", encoding="utf-8")
+    handler = logging.StreamHandler(log_file)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("ftrun").addHandler(handler)
     logging.getLogger("ftrun").setLevel(logging.INFO)
@@ -323,6 +325,7 @@ def _run(
         journal.close()
         logging.getLogger("ftrun").removeHandler(handler)
         handler.close()
+        log_file.close()
     level = {"succeeded": "info", "stopped": "warning"}.get(outcome.state, "error")
     reporter.notice(f"job {config.job_id} {outcome.state}: {outcome.reason}", level=level)
     print_root_cause(console, outcome.root_cause)

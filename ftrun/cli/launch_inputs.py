@@ -17,7 +17,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ftrun import filemodes, jobid, numbers
+from ftrun import filemodes, jobfiles, jobid, numbers
 from ftrun.agent import procs
 from ftrun.config import new_job_id, signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
@@ -313,19 +313,11 @@ def port_busy(port: int) -> bool:
 
 
 def check_run_dir(run_dir: Path, umask: int = filemodes.PRIVATE_UMASK) -> None:
-    """The run directory is writable; one we create (and its missing parents) gets the mode
-    `umask` allows, an existing one is left as the user made it."""
+    """The run directory is writable, and no other user can change what is in it
+    (ftrun/jobfiles.py); one we create (and its missing parents) gets the mode `umask`
+    allows, an existing one is left as the user made it."""
     check_run_dir_path(run_dir)
-    try:
-        filemodes.make_dir(run_dir, umask, parents=True, exist_ok=True)
-        probe = run_dir / f".ftrun-write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(
-            f"the run directory {run_dir} is not writable: {e.strerror or e}",
-            hint="pass a writable --run-dir or set FTRUN_RUN_DIR",
-        ) from None
+    jobfiles.check_run_dir(run_dir, umask)
 
 
 POLICY_PROBLEMS = ("the policy file ", "no policy file ", "cannot read the policy file ")

@@ -20,7 +20,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from ftrun import filemodes
+from ftrun import filemodes, jobfiles
 from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
 from ftrun.cli.batch_script import BatchScript, parse_signal, parse_time
@@ -164,8 +164,9 @@ def sbatch(
     umask = filemodes.umask_for(group_readable)
     os.umask(umask)  # the batch script and the job directory are the user's (ftrun/filemodes.py)
     inputs.check_run_dir(resolved_run_dir, umask)
-    filemodes.make_dir(batch.job_dir, umask)
-    batch.path.write_text(batch.render())
+    with jobfiles.JobDir.open(batch.job_dir, umask=umask) as files:  # new, 0700: ours alone
+        with open(files.create_new(batch.path.name), "w", encoding="utf-8") as f:
+            f.write(batch.render())
     slurm_job_id = submit(executable, batch.path)
     report(batch, slurm_job_id, as_json=as_json)
 

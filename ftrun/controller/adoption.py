@@ -22,6 +22,7 @@ from typing import Any
 
 from ftrun import tls
 from ftrun.config import LaunchConfig
+from ftrun.jobfiles import JobDir
 from ftrun.journal_read import ResumePoint
 
 CONTROL_FILE = "control.json"
@@ -107,12 +108,11 @@ def adoption_of(
     )
 
 
-def save_identity(job_dir: Path, identity: tls.Identity) -> None:
+def save_identity(files: JobDir, identity: tls.Identity) -> None:
     """Keep the controller's TLS key and certificate for a resumed controller (agents trust
-    this certificate only). 0600, like control.json and its secret."""
-    fd = os.open(job_dir / TLS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"cert": identity.cert_pem, "key": identity.key_pem}, f)
+    this certificate only). 0600, like control.json and its secret; never through a link."""
+    body = {"cert": identity.cert_pem, "key": identity.key_pem}
+    files.replace(TLS_FILE, json.dumps(body).encode(), mode=0o600)
 
 
 def load_identity(job_dir: Path) -> tls.Identity | None:

@@ -101,9 +101,9 @@ class Fleet:
             umask=cfg.umask,
         )
         try:
-            self.handles[agent_id] = await self.transport.start_agent(
-                boot, log_path=self.journal.job_dir / "agents" / f"{_safe(host)}.log"
-            )
+            fd = self.journal.files.open_append(f"agents/{_safe(host)}.log")
+            with open(fd, "ab") as log:  # never through a link (ftrun/jobfiles.py)
+                self.handles[agent_id] = await self.transport.start_agent(boot, log=log)
         except FtrunError as e:
             self.server.expected.discard(agent_id)
             self.roster.lost(host)

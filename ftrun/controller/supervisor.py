@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import ssl
 import time
 from collections.abc import Callable
@@ -167,7 +166,7 @@ class Supervisor:
         if encrypted:
             adopted = self.adoption.identity if self.adoption is not None else None
             identity = adopted or tls.new_identity()
-            save_identity(self.journal.job_dir, identity)
+            save_identity(self.journal.files, identity)
         context = tls.server_context(identity, self.journal.job_dir) if identity else None
         port = await self._listen(bind, context)
         self.fleet.controller_cert = identity.cert_pem if identity else ""
@@ -205,7 +204,7 @@ class Supervisor:
             self.signals.remove()
             await self.fleet.stop_all()
             await self.server.close()
-            (self.journal.job_dir / CONTROL_FILE).unlink(missing_ok=True)
+            self.journal.files.unlink(CONTROL_FILE)
         self.journal.record(
             "job_finished",
             state=outcome.state.value,
@@ -260,19 +259,10 @@ class Supervisor:
 
     def _write_control_file(self, host: str, port: int) -> None:
         """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:
-        readable by the owner only."""
-        path = self.journal.job_dir / CONTROL_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(
-                {
-                    "host": host,
-                    "port": port,
-                    "secret": self.secret,
-                    "cert": self.fleet.controller_cert,
-                },
-                f,
-            )
+        readable by the owner only; written whole and renamed in, never through a link."""
+        control = {"host": host, "port": port, "secret": self.secret}
+        control["cert"] = self.fleet.controller_cert
+        self.journal.files.replace(CONTROL_FILE, json.dumps(control).encode(), mode=0o600)
 
     # ---- generations ------------------------------------------------------------------------
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from ftrun.bootstrap import Bootstrap
 
@@ -26,7 +25,9 @@ class Transport(Protocol):
     def bind_address(self) -> str:
         """Where the controller listens so that agents started by this transport reach it."""
 
-    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> AgentHandle:
-        """Start the agent for boot.host; the bootstrap (with the job secret) goes on stdin.
+    async def start_agent(self, boot: Bootstrap, *, log: IO[bytes]) -> AgentHandle:
+        """Start the agent for boot.host; the bootstrap (with the job secret) goes on stdin, its
+        output (or the transport's) into `log`, which stays the caller's: a transport keeps a
+        duplicate of it, never opens the log by its path (ftrun/jobfiles.py).
         The transport fills in boot.controller_host: the address that host dials.
         Raises FtrunError (with the transport's own error) when the host cannot be reached."""

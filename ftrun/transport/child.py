@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from typing import IO
 
 from ftrun import envcontract
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
@@ -24,27 +24,25 @@ async def spawn(
     argv: Sequence[str],
     boot: Bootstrap,
     *,
-    log_path: Path,
+    log: IO[bytes],
     fail: Callable[[str], HostUnreachable],
     tagged: bool = True,
 ) -> asyncio.subprocess.Process:
-    """`argv` in a session of its own, output into `log_path`, stdin a pipe, tagged with the
+    """`argv` in a session of its own, output into `log`, stdin a pipe, tagged with the
     agent's process tag unless `tagged` is False (a launcher that runs the agent elsewhere, and
     must not be taken for one of its processes); `fail(why)` is the error when it cannot be
     started."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        try:
-            return await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                env=_environment(boot.process_tag if tagged else None),
-            )
-        except OSError as e:  # the program is missing or not executable
-            raise fail(str(e.strerror or e)) from None
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=_environment(boot.process_tag if tagged else None),
+        )
+    except OSError as e:  # the program is missing or not executable
+        raise fail(str(e.strerror or e)) from None
 
 
 def _environment(tag: str | None) -> dict[str, str]:

@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import signal
 import sys
-from pathlib import Path
+from typing import IO
 
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
@@ -63,12 +63,12 @@ class LocalTransport:
     def bind_address(self) -> str:
         return "127.0.0.1"
 
-    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> LocalAgent:
+    async def start_agent(self, boot: Bootstrap, *, log: IO[bytes]) -> LocalAgent:
         boot = dataclasses.replace(boot, controller_host="127.0.0.1", local=True)
         proc = await child.spawn(
             [self.python, "-m", "ftrun.agent"],
             boot,
-            log_path=log_path,
+            log=log,
             fail=lambda why: HostUnreachable(
                 boot.host,
                 f"could not start the agent with {self.python}: {why}",

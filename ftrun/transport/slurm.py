@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import shutil
 import signal
-from pathlib import Path
+from typing import IO
 
 from ftrun import envcontract
 from ftrun.agent import procs
@@ -148,7 +148,7 @@ class SrunTransport:
         # them (every message is authenticated).
         return "0.0.0.0"
 
-    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SrunAgent:
+    async def start_agent(self, boot: Bootstrap, *, log: IO[bytes]) -> SrunAgent:
         if shutil.which("srun") is None:
             raise unreachable(boot.host, "srun not found on PATH")
         await self._check_node(boot.host)
@@ -163,7 +163,7 @@ class SrunTransport:
             [*srun_argv(boot.host, f"ftrun-agent-{boot.job_id}"), export, boot.python, "-m",
              "ftrun.agent"],
             boot,
-            log_path=log_path,
+            log=log,
             fail=lambda why: unreachable(boot.host, f"could not run srun: {why}"),
             tagged=False,
         )  # fmt: skip

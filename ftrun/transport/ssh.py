@@ -20,11 +20,11 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import shlex
 import socket
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
@@ -169,7 +169,7 @@ class SshTransport:
         # listen on every interface (every message is authenticated anyway).
         return "0.0.0.0"
 
-    async def start_agent(self, boot: Bootstrap, *, log_path: Path) -> SshAgent:
+    async def start_agent(self, boot: Bootstrap, *, log: IO[bytes]) -> SshAgent:
         try:
             conn, local_addr = await asyncio.wait_for(
                 in_thread(self._connect, boot.host), START_TIMEOUT_S
@@ -187,8 +187,7 @@ class SshTransport:
             )
         boot = dataclasses.replace(boot, controller_host=dial)
         env_prefix = _env_prefix(boot)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "ab")
+        log_file = open(os.dup(log.fileno()), "ab")  # ours for the agent's life
         try:
             chan = await asyncio.wait_for(
                 in_thread(self._exec, conn, boot, env_prefix), START_TIMEOUT_S

@@ -182,7 +182,8 @@ async def start(
     boot = dataclasses.replace(
         boot, controller_port=await server.start(case.transport.bind_address())
     )
-    handle = await case.transport.start_agent(boot, log_path=tmp_path / "agent.log")
+    with open(tmp_path / "agent.log", "ab") as log:
+        handle = await case.transport.start_agent(boot, log=log)
     try:
         agent_id, hello = await asyncio.wait_for(server.inbox.get(), HELLO_TIMEOUT_S)
     except BaseException:
@@ -258,7 +259,8 @@ def test_a_host_it_cannot_start_on_is_an_ftrun_error(case: Case, tmp_path: Path)
 
     async def scenario() -> FtrunError:
         with pytest.raises(FtrunError) as caught:
-            await transport.start_agent(boot, log_path=tmp_path / "agent.log")
+            with open(tmp_path / "agent.log", "ab") as log:
+                await transport.start_agent(boot, log=log)
         return caught.value
 
     error = run(scenario())

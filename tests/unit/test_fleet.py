@@ -42,7 +42,7 @@ class StandInTransport:
     def bind_address(self) -> str:
         return "127.0.0.1"
 
-    async def start_agent(self, boot, *, log_path: Path) -> Handle:
+    async def start_agent(self, boot, *, log) -> Handle:
         await asyncio.sleep(self.delay_s)
         if boot.host in self.unreachable:
             raise FtrunError(f"cannot reach {boot.host} over ssh: No route to host")
