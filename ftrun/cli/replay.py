@@ -82,6 +82,8 @@ def replay(
     if problems:
         raise UsageError("; ".join(problems), hint="see `ftrun replay --help`")
     events = read_trace(trace).scaled(time_scale)
+    if too_long := events.span_problem(tail * time_scale):
+        raise UsageError(too_long, hint="give a shorter trace or a smaller --time-scale")
     hosts = [mapping.get(n, n) for n in events.up_at(0.0)]
     if not hosts:
         raise UsageError(f"{trace} has no host up at its start", hint="replay starts the job then")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -108,6 +109,8 @@ def simulate_cmd(
     if model is not None and (global_batch or model.global_batch) is None:
         raise UsageError(f"{profile} gives no global_batch", hint="pass --global-batch")
     the_trace = read_trace(trace).scaled(time_scale)
+    if too_long := the_trace.span_problem(tail * time_scale):
+        raise UsageError(too_long, hint="give a shorter trace or a smaller --time-scale")
     costs = _costs(costs_from, run_dir)
     every = baseline_checkpoint_every or young_daly_interval_s(
         baseline_checkpoint_stall, the_trace.mean_time_between_changes_s()
@@ -130,15 +133,22 @@ def simulate_cmd(
         ),
     )
     work = Path(tempfile.mkdtemp(prefix="ftrun-simulate-")) if keep is None else keep
+    # SIGTERM (a timeout, a scheduler) unwinds like Ctrl-C: the temporary journals go with us.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         outcomes = simulate(the_trace, setup, work_dir=work)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
     if as_json:
         print(json.dumps(_json(the_trace, setup, outcomes), indent=2))
         return
     _render(the_trace, setup, outcomes, keep)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _costs(job: str | None, run_dir: Path | None) -> Costs:

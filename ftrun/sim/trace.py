@@ -16,6 +16,11 @@ from ftrun.errors import UsageError
 
 MAX_TRACE_BYTES = 64 << 20  # a 10-hour trace is a few KiB; more is not a trace
 MAX_PROBLEMS_SHOWN = 10
+# What a trace may span and hold, once scaled and with the job's tail: the public traces span
+# hours and hold hundreds of events. A time in the far future made `ftrun simulate` journal a
+# simulated job's progress without end (issue 34); 100,000 events simulate in about 40 s.
+MAX_SPAN_S = 31 * 86400.0
+MAX_EVENTS = 100_000
 ACTIONS = ("add", "remove")
 
 
@@ -64,6 +69,17 @@ class Trace:
         """The same trace with its times multiplied by `factor` (0.1: ten times faster)."""
         events = tuple(TraceEvent(e.t_s * factor, e.action, e.node) for e in self.events)
         return Trace(self.path, events)
+
+    def span_problem(self, tail_s: float = 0.0) -> str | None:
+        """Why this (scaled) trace is too long to follow, tail included; None when it is not."""
+        if len(self.events) > MAX_EVENTS:
+            return f"{self.path} has {len(self.events):,} events: at most {MAX_EVENTS:,}"
+        if self.duration_s + tail_s > MAX_SPAN_S:
+            return (
+                f"{self.path} spans {(self.duration_s + tail_s) / 86400:,.1f} days with its tail: "
+                f"at most {MAX_SPAN_S / 86400:.0f} (a time in the far future?)"
+            )
+        return None
 
     def mean_time_between_changes_s(self) -> float:
         changes = max(1, sum(1 for e in self.events if e.t_s > 0))

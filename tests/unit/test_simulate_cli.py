@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,46 @@ def test_a_file_that_is_not_a_trace(ftrun: Ftrun, tmp_path: Path) -> None:
     out = ftrun.run("simulate", str(bad))
     assert out.returncode == 2
     assert "line 2: action 'launch'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_time_in_the_far_future_is_refused(ftrun: Ftrun, tmp_path: Path) -> None:
+    """It simulated without end, journaling ~375 MB a minute (issue 34)."""
+    far = tmp_path / "far.csv"
+    far.write_text("0,add,a\n0,add,b\n999999999999999,remove,a\n")
+    out = ftrun.run("simulate", str(far), timeout=30)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "days with its tail: at most 31 (a time in the far future?)" in out.stderr
+    # The same trace compressed into an hour is fine: the bound is on the span simulated.
+    squeezed = ftrun.run("simulate", str(far), "--time-scale", "3e-12", "--json", timeout=60)
+    assert squeezed.returncode == 0, squeezed.stderr
+
+
+def churn(path: Path, events: int) -> Path:
+    lines = ["0,add,n0", "0,add,n1", "0,add,n2", "0,add,n3"]
+    t = 60_000
+    for i in range(events // 2):
+        lines += [f"{t},remove,n{i % 4}", f"{t + 15_000},add,n{i % 4}"]
+        t += 30_000
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_sigterm_takes_the_temporary_journals_with_it(ftrun: Ftrun, tmp_path: Path) -> None:
+    """A timeout or a scheduler's SIGTERM left the temp journals behind (issue 34)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    ftrun.env["TMPDIR"] = str(scratch)
+    proc = ftrun.start("simulate", str(churn(tmp_path / "long.csv", 90_000)))
+    try:
+        deadline = time.monotonic() + 30
+        while not list(scratch.glob("ftrun-simulate-*/*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.05)
+        assert list(scratch.glob("ftrun-simulate-*/*")), "the simulation never began journaling"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert list(scratch.iterdir()) == []
