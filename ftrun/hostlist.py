@@ -19,8 +19,8 @@ from ftrun.errors import UsageError
 
 LOCALHOST = "localhost"
 _TARGET = re.compile(
-    r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)"
-    r"(?::(?P<port>\d+))?$"
+    r"(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)"
+    r"(?::(?P<port>\d+))?"
 )
 
 
@@ -39,7 +39,7 @@ class SshTarget:
 
 def split_target(target: str) -> SshTarget:
     """`user@host:port` → its parts (IPv6 literals in brackets: `[fe80::1]:22`)."""
-    match = _TARGET.match(target)
+    match = _TARGET.fullmatch(target)
     if match is None:
         raise UsageError(
             f"{target!r} is not a host (expected host, user@host or user@host:port)",
@@ -129,7 +129,7 @@ def uniform_slots(entries: list[HostEntry]) -> int | None:
 def _add(
     entries: list[HostEntry], problems: list[str], target: str, slots: int | None, where: str
 ) -> None:
-    match = _TARGET.match(target)
+    match = _TARGET.fullmatch(target)
     if match is None:
         problems.append(
             f"{where}: {target!r} is not a host (expected host, user@host or user@host:port)"

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set for each rank by torchrun (torch/distributed/run.py, local_elastic_agent.py) or by ftrun.
 PER_RANK_NAMES = frozenset(
     {
@@ -94,7 +94,7 @@ def _put(
     values: dict[str, str],
     problems: list[str],
 ) -> None:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         problems.append(
             f"{where}: not NAME=VALUE or NAME (a name is letters, digits and _, "
             f"not starting with a digit)"

@@ -83,8 +83,8 @@ def _cpu_count() -> int:
 
 # torchrun's std streams flags (torch.distributed.elastic.multiprocessing.api.Std): 0 none,
 # 1 stdout, 2 stderr, 3 both; one value for every local rank or `local_rank:value,...`.
-_STD_ONE = re.compile(r"^[0-3]$")
-_STD_MAP = re.compile(r"^(\d:[0-3],)*(\d:[0-3])$")
+_STD_ONE = re.compile(r"[0-3]")
+_STD_MAP = re.compile(r"(\d:[0-3],)*(\d:[0-3])")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +102,9 @@ class Std:
 
 
 def parse_std(flag: str, text: str, problems: list[str]) -> Std:
-    if _STD_ONE.match(text):
+    if _STD_ONE.fullmatch(text):
         return Std(every=int(text))
-    if _STD_MAP.match(text):
+    if _STD_MAP.fullmatch(text):
         return Std(
             ranks=tuple((int(r), int(v)) for r, v in (m.split(":") for m in text.split(",")))
         )

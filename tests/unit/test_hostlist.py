@@ -67,3 +67,10 @@ def test_roles_and_slots_are_checked():
     with pytest.raises(UsageError, match="different slots"):
         uniform_slots([HostEntry("a", 2), HostEntry("b", 4)])
     assert uniform_slots([HostEntry("a"), HostEntry("b")]) is None
+
+
+@pytest.mark.parametrize("text", ["node1\n", "alice@node1:22\n", "node1\nnode2"])
+def test_a_trailing_line_break_is_not_part_of_a_host(text):
+    """`$` matches before a final newline: the whole text must be the host (issue 34)."""
+    with pytest.raises(UsageError, match="is not a host"):
+        split_target(text)

@@ -69,3 +69,10 @@ def test_a_nul_byte_in_a_value_is_refused_by_line_not_carried_to_the_agent(tmp_p
         f"--env-file {path}, line 2: the value of SECRET holds a NUL byte, which no environment can"
     ]
     assert "ab" not in problems[0]
+
+
+def test_a_name_with_a_trailing_line_break_is_not_a_name():
+    """`$` matches before a final newline; the whole name must match (issue 34)."""
+    pairs, problems = user_env([], ["NAME\n=1", "OK=1"], HERE)
+    assert dict(pairs) == {"OK": "1"}
+    assert len(problems) == 1 and "not NAME=VALUE" in problems[0]
