@@ -171,7 +171,8 @@ class JobDir:
 
     @contextlib.contextmanager
     def _parent(self, name: str, *, make: bool) -> Iterator[tuple[int, str]]:
-        """(descriptor of the directory that holds `name`, its last component)."""
+        """(descriptor of the directory that holds `name`, its last component); an OSError in
+        the block names the whole path."""
         *dirs, leaf = name.split("/")
         fd = os.dup(self.fd)
         try:
@@ -185,6 +186,9 @@ class JobDir:
                 if os.fstat(fd).st_uid != os.geteuid():
                     raise OSError(errno.EPERM, f"{part} is not ours", str(self.path / name))
             yield fd, leaf
+        except OSError as e:
+            e.filename = str(self.path / name)
+            raise
         finally:
             os.close(fd)
 
@@ -222,7 +226,12 @@ class JobDir:
         """The bytes of `name`, once check_file has passed on what was opened (not followed)."""
         with self._parent(name, make=False) as (parent, leaf):
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(leaf, flags, dir_fd=parent)
+            try:
+                fd = os.open(leaf, flags, dir_fd=parent)
+            except OSError as e:
+                if e.errno == errno.ELOOP:  # a link: say so, as for any file not ours alone
+                    check_file(self.path / name, os.lstat(leaf, dir_fd=parent), what=what)
+                raise
         try:
             check_file(self.path / name, os.fstat(fd), what=what)
             chunks: list[bytes] = []

@@ -25,14 +25,15 @@ from typing import Any
 
 import typer
 
-from ftrun import envcontract
-from ftrun.cli import job_options, launch
+from ftrun import envcontract, jobfiles
+from ftrun.cli import job_options, launch, saved_launch
 from ftrun.config import LaunchConfig, resolve_run_dir
 from ftrun.controller.adoption import adoption_of
 from ftrun.controller.policy_file import policy_from_dict
 from ftrun.errors import UsageError
+from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import controller_alive
-from ftrun.journal import CONFIG_FILE
+from ftrun.journal import CONFIG_FILE, EVENTS_FILE
 from ftrun.journal_read import find_job_dir, read_events, resume_point
 from ftrun.transport.slurm_allocation import in_allocation
 
@@ -47,6 +48,12 @@ def resume(
     """Start a new controller for a job whose controller died: it goes on from its freshest
     checkpoint, with the settings it was launched with."""
     job_dir = find_job_dir(resolve_run_dir(run_dir), job)
+    # Another user's directory, or files they could have written, would run their script as
+    # you: checked before anything in them is read (ftrun/jobfiles.py).
+    with JobDir.open(job_dir, create=False) as files:
+        what = "the job's journal"
+        jobfiles.check_file(job_dir / EVENTS_FILE, files.lstat(EVENTS_FILE), what=what)
+        saved = _saved_launch(files)
     events = read_events(job_dir)
     point = resume_point(events)
     pid = point.controller[0]
@@ -61,7 +68,6 @@ def resume(
             hint="start a new job with `ftrun launch`; it may restore from this job's "
             f"checkpoints (--ckpt-dir {job_dir / 'checkpoints'}, as your script takes it)",
         )
-    saved = _saved_launch(job_dir)
     config = config_from_saved(saved, job_dir, os.environ)
     if config.transport == "slurm" and not in_allocation():
         raise UsageError(
@@ -77,17 +83,23 @@ def resume(
         raise typer.Exit(code)
 
 
-def _saved_launch(job_dir: Path) -> dict[str, Any]:
-    path = job_dir / CONFIG_FILE
+def _saved_launch(files: JobDir) -> dict[str, Any]:
+    path = files.path / CONFIG_FILE
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = json.loads(files.read(CONFIG_FILE, what="the job's settings").decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise UsageError(
-            f"cannot read the job's settings {path}: {e}",
+            f"cannot read the job's settings {path}: {getattr(e, 'strerror', None) or e}",
             hint="without them the job cannot be resumed; launch it again with its flags",
         ) from None
     if not isinstance(saved, dict):
         raise UsageError(f"{path} is not the job's settings", hint="launch the job again")
+    wrong = saved_launch.problems(saved)
+    if wrong:
+        raise UsageError(
+            f"{path} does not hold a launch's settings: " + "; ".join(wrong),
+            hint="launch the job again with its flags",
+        )
     return saved
 
 
