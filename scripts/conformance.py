@@ -9,8 +9,11 @@ Target: 0 hangs, 0 exit stalls and 0 mismatches for ftrun in every row. An exit 
 that stayed after another exited 0 until ftrun's exit barrier (--exit-timeout) killed it: the
 job still succeeds, so it is counted apart. "torch exit race cut": a rank stuck in torch's gloo
 destructor deadlock at exit (pytorch#56297), recognised in its native stacks and ended within
-seconds by the exit rules (the job succeeds, as its work was done). Plain torchrun's own failures to recover a killed
-run are counted in their own column, not against ftrun.
+seconds by the exit rules (the job succeeds, as its work was done). "torch abort at exit": a
+rank that did its work and was then aborted by torch at interpreter exit (pytorch#179291),
+counted in every mode, plain torchrun's included (w/c/t), and still counted as a mismatch
+where the exit codes then differ. Plain torchrun's own failures to recover a killed run are
+counted in their own column, not against ftrun.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ TABLE = Table(
         Column(key="hangs", header="hangs", width=10),
         Column(key="stalls", header="exit stalls", width=12),
         Column(key="raced", header="torch exit race cut", width=20),
+        Column(key="aborted", header="torch abort at exit", width=20),
         Column(key="mismatches", header="mismatches"),
         Column(key="anchor_failed", header="torchrun failed"),
         *(Column(key=f"s_{m}", header=f"s/run {m}", spec=".1f") for m in MODES),
@@ -72,6 +76,7 @@ def main() -> int:
         hangs: Counter[str] = Counter()
         stalls: Counter[str] = Counter()
         raced: Counter[str] = Counter()
+        aborted: Counter[str] = Counter()
         mismatches: Counter[str] = Counter()
         anchor_failed = 0
         seconds: Counter[str] = Counter()
@@ -85,6 +90,7 @@ def main() -> int:
                 hangs[o.mode] += o.hung and o.mode != "torchrun"
                 stalls[o.mode] += o.stalled
                 raced[o.mode] += o.raced
+                aborted[o.mode] += o.finalization_abort
             for p in problems:
                 mode = p.split(":", 1)[0]
                 if "hung" not in p and "exit stall" not in p:
@@ -100,6 +106,7 @@ def main() -> int:
                     "hangs": _pair(hangs),
                     "stalls": _pair(stalls),
                     "raced": _pair(raced),
+                    "aborted": _pair(aborted) + f"/t{aborted['torchrun']}",
                     "mismatches": _pair(mismatches),
                     "anchor_failed": anchor_failed,
                     **{f"s_{m}": seconds[m] / args.trials for m in MODES},

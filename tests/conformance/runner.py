@@ -34,6 +34,11 @@ CONF_LINE = re.compile(r"^CONF r(\d+) a(\d+) (.*)$")
 EXIT_STALL = re.compile(r"^ftrun: rank \d+ exited 0 but .* did not exit within", re.MULTILINE)
 # torch's gloo deadlock at exit, read off the stuck rank's native stacks and ended at once by the
 # exit rules (agent/verdict.py): counted apart, it costs seconds, not the barrier's timeout.
+# torch's own abort at interpreter exit (pytorch/pytorch#179291): a gloo worker still holding a
+# tensor with a Python reference takes the GIL while the interpreter is torn down, and C++
+# aborts. A DDP model outliving destroy_process_group() keeps its group alive until then.
+# Plain torchrun's ranks meet it as often as ftrun's cold ones: nothing of ftrun runs in them.
+FINALIZATION_ABORT = "terminate called without an active exception"
 EXIT_RACE = re.compile(r"^ftrun: .* stuck at exit in torch's gloo destructor", re.MULTILINE)
 
 
@@ -95,6 +100,12 @@ class Outcome:
     def raced(self) -> bool:
         """A rank of ftrun's met torch's gloo deadlock at exit and was ended by evidence."""
         return self.mode != "torchrun" and bool(EXIT_RACE.search(self.output))
+
+    @property
+    def finalization_abort(self) -> bool:
+        """A rank did all its work (its last CONF line is out) and then met torch's abort at
+        interpreter exit (FINALIZATION_ABORT)."""
+        return self.exit_code not in (0, None) and FINALIZATION_ABORT in self.output
 
     def comparable(self) -> tuple[object, ...]:
         return (self.exit_code, self.conf, self.traceback)
