@@ -24,6 +24,7 @@ from ftrun.jobview import Generation, Incident, JobView, load_job
 from ftrun.jobview.goodput import GoodputReport, job_goodput
 from ftrun.jobview.timeline import build_timeline
 from ftrun.journal_read import find_job_dir
+from ftrun.outputs import write_output
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -94,7 +95,7 @@ def draw_timeline(
 
 def _write(flag: str, path: Path, data: bytes) -> Path:
     try:
-        path.write_bytes(data)
+        write_output(path, data, flag=flag)  # temp + rename: never through a planted link
     except OSError as e:
         if isinstance(e, IsADirectoryError):
             hint = f"{flag} takes a file name, e.g. {flag} {path / ('timeline.' + flag[2:])}"

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from ftrun import envcontract
 from ftrun.cli.render import make_console
 from ftrun.errors import FtrunError, UsageError
 from ftrun.netutil import LOOPBACK, free_port
+from ftrun.outputs import write_output
 
 console = make_console()
 
@@ -46,9 +49,11 @@ def profile(
     path = Path(script)
     if not path.is_file():
         raise UsageError(f"no such script: {script}")
-    out = out.resolve()
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
+    out = Path(os.path.abspath(out))
+    # The script writes into a directory of ours alone; `out` gets the checked bytes, renamed
+    # into place (ftrun/outputs.py): its directory may be one that other users can write.
+    work = Path(tempfile.mkdtemp(prefix="ftrun-profile-"))
+    tmp = work / "profile.json"
     by_hand = (
         f"{envcontract.PROFILE_OUT}={shlex.quote(str(out))} python {shlex.join([script, *args])}"
     )
@@ -68,9 +73,15 @@ def profile(
                 "recipes/gpt_pipeline.py); it profiles when $FTRUN_PROFILE_OUT is set",
             )
         doc = _check(tmp)
-        tmp.replace(out)
+        try:
+            write_output(out, tmp.read_bytes(), flag="--out")
+        except OSError as e:
+            raise UsageError(
+                f"cannot write --out {out}: {e.strerror or e}",
+                hint="pick a file in a directory you can write, e.g. --out ./profile.json",
+            ) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
     console.print(_table(doc))
     console.print(
         f"wrote {out} ({len(doc['layers'])} layers, global batch {doc.get('global_batch')}, "

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ftrun.outputs import write_output
+
 Samples = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -179,8 +181,6 @@ def write_profile(
         "layers": [{"name": name, **fig} for (name, _), fig in zip(children, figures, strict=True)],
         "links": {},
     }
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(target)
+    # temp + rename, never through a link planted at the name (ftrun/outputs.py)
+    write_output(Path(path), (json.dumps(doc, indent=2) + "\n").encode(), flag="the profile")
     return doc
