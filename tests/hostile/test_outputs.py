@@ -94,3 +94,18 @@ def test_write_output_refusals_and_the_system_errors(tmp_path: Path):
     assert write_output(tmp_path / "new.json", b"{}") == tmp_path / "new.json"
     assert (tmp_path / "new.json").read_bytes() == b"{}"
     assert leftovers(tmp_path) == []
+
+
+def test_simulate_keep_into_a_directory_others_can_write_is_refused(tmp_path: Path):
+    from tests.unit.test_sim import SMALL_4
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(SMALL_4)
+    with shared_tree() as shared:
+        open_dir = shared / "open"
+        open_dir.mkdir()
+        os.chmod(open_dir, 0o777)  # not sticky: anyone could swap the journals kept here
+        run = ftrun_cli(["simulate", str(trace), "--keep", str(open_dir)])
+        assert run.code == 2 and run.clean, run.output
+        assert f"the run directory {open_dir} is not safe to use" in run.stderr
+        assert list(open_dir.iterdir()) == []
