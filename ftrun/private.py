@@ -131,7 +131,13 @@ def parse_key(text: str, *, source: str, hint: str, error: ErrorType = UsageErro
 
 
 def key_file(
-    path: Path, *, dir_forbid: int, what: str, hint: str, error: ErrorType = UsageError
+    path: Path,
+    *,
+    dir_forbid: int,
+    what: str,
+    hint: str,
+    error: ErrorType = UsageError,
+    dir_fd: int | None = None,
 ) -> bytes:
     """The key in `path`, made (32 random bytes, mode 0600) if there is none yet.
 
@@ -139,18 +145,25 @@ def key_file(
     the `dir_forbid` bits); the file is refused unless it is a regular file of ours with mode
     0600 or stricter. A new key is written whole to a temporary file (O_EXCL | O_NOFOLLOW, 0600)
     and linked into place: of processes that race to make it, exactly one key wins, and nobody
-    ever reads a half-written one."""
-    ensure_dir(
-        path.parent, forbid=dir_forbid, what=f"the directory of {what}", hint=hint, error=error
-    )
+    ever reads a half-written one. With `dir_fd` (a descriptor of a directory already checked,
+    ftrun/jobfiles.py) every name is opened relative to it, never by its path."""
+    if dir_fd is None:
+        ensure_dir(
+            path.parent, forbid=dir_forbid, what=f"the directory of {what}", hint=hint, error=error
+        )
     try:
-        return _read_key(path, what=what, hint=hint, error=error)
+        return _read_key(path, what=what, hint=hint, error=error, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    name = path.name if dir_fd is not None else path
+    tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = tmp if dir_fd is not None else str(path.with_name(tmp))
     try:
         fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
         )
         try:
             os.write(fd, (secrets.token_hex(KEY_BYTES) + "\n").encode())
@@ -158,25 +171,30 @@ def key_file(
         finally:
             os.close(fd)
         try:
-            os.link(tmp, path)
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except FileExistsError:  # another process made it first: its key is the one
             pass
     except OSError as exc:
         raise error(f"cannot create {what} {path}: {exc.strerror or exc}", hint=hint) from None
     finally:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
-    return _read_key(path, what=what, hint=hint, error=error)
+    return _read_key(path, what=what, hint=hint, error=error, dir_fd=dir_fd)
 
 
-def _read_key(path: Path, *, what: str, hint: str, error: ErrorType) -> bytes:
+def _read_key(
+    path: Path, *, what: str, hint: str, error: ErrorType, dir_fd: int | None = None
+) -> bytes:
+    name = path.name if dir_fd is not None else path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            st = os.lstat(path)
+            st = os.lstat(name, dir_fd=dir_fd)
             refuse_unless_ours(
                 path, st, directory=False, forbid=GROUP_OTHER_ANY, what=what, hint=hint, error=error
             )

@@ -248,7 +248,7 @@ def main(argv: list[str]) -> None:
     if log_dir:
         log_fd = os.open(
             os.path.join(log_dir, f"rank{_rank()}.log"),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
             0o644,
         )
     request = warm_request("rank", argv) if zygote else None

@@ -69,7 +69,7 @@ def remove_memory_tier(job_id: str, *, newest_gen: int) -> bool:
 def redirect_output(path: Path) -> None:
     """Point stdout and stderr at a file of ours: the pipe or ssh channel they were is gone,
     and a write into it would fail (EPIPE) in the middle of whatever logs."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)

@@ -54,7 +54,7 @@ class Fleet:
         self.secret = secret
         # --env, --env-file: the user's say beats what the launcher's environment forwards
         self.env = {**dict(config.forward_env), **dict(config.env)}
-        self.checkpoint_key = job_checkpoint_key(journal.job_dir, self.env)
+        self.checkpoint_key = job_checkpoint_key(journal.files, self.env)
         self.roster = Roster(
             config.hosts, config.spares, min_nodes=config.min_nodes, max_nodes=config.max_nodes
         )

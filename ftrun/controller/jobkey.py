@@ -16,9 +16,9 @@ FTRUN_CHECKPOINT_KEY before `ftrun launch`: that key is the job's, and no file i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from ftrun import envcontract, private
+from ftrun.jobfiles import JobDir
 
 KEY_FILE = "checkpoint.key"  # the same name as ftrun/checkpoint/auth.py's per-user key
 HINT = (
@@ -27,7 +27,7 @@ HINT = (
 )
 
 
-def job_checkpoint_key(job_dir: Path, launcher_env: Mapping[str, str]) -> str:
+def job_checkpoint_key(files: JobDir, launcher_env: Mapping[str, str]) -> str:
     """The job's checkpoint key as hex: the launcher's FTRUN_CHECKPOINT_KEY when it has one,
     else `<job dir>/checkpoint.key`, made if missing. UsageError when either is not safe or no
     key."""
@@ -36,9 +36,10 @@ def job_checkpoint_key(job_dir: Path, launcher_env: Mapping[str, str]) -> str:
         source = f"${envcontract.CHECKPOINT_KEY}"
         return private.parse_key(given, source=source, hint=HINT).hex()
     key = private.key_file(
-        job_dir / KEY_FILE,
+        files.path / KEY_FILE,
         dir_forbid=private.GROUP_OTHER_WRITE,
         what="the job's checkpoint key",
         hint=HINT,
+        dir_fd=files.fd,  # the job directory, checked and held open (ftrun/jobfiles.py)
     )
     return key.hex()

@@ -17,6 +17,7 @@ from ftrun.agent.torchrun_cmd import torchrun_command
 from ftrun.bootstrap import Bootstrap
 from ftrun.controller.jobkey import KEY_FILE, job_checkpoint_key
 from ftrun.errors import UsageError
+from ftrun.jobfiles import JobDir
 from tests.hostile.planted import OTHER_UID
 
 LAUNCH = {
@@ -30,20 +31,26 @@ LAUNCH = {
 }
 
 
+def key_of(job_dir: Path, env: dict[str, str]) -> str:
+    """The key as the controller gets it: through the job directory, checked and held open."""
+    with JobDir.open(job_dir, exist_ok=True) as files:
+        return job_checkpoint_key(files, env)
+
+
 def test_made_once_per_job_and_the_same_after_a_restart(tmp_path):
-    key = job_checkpoint_key(tmp_path, {})
+    key = key_of(tmp_path, {})
     path = tmp_path / KEY_FILE
     assert len(bytes.fromhex(key)) == 32 and path.read_text().strip() == key
     assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
-    assert job_checkpoint_key(tmp_path, {}) == key  # a restarted controller, a requeued job
+    assert key_of(tmp_path, {}) == key  # a restarted controller, a requeued job
 
 
 def test_the_launchers_own_key_wins_and_no_file_is_made(tmp_path):
     given = "ab" * 32
-    assert job_checkpoint_key(tmp_path, {envcontract.CHECKPOINT_KEY: given}) == given
+    assert key_of(tmp_path, {envcontract.CHECKPOINT_KEY: given}) == given
     assert not (tmp_path / KEY_FILE).exists()
     with pytest.raises(UsageError, match="FTRUN_CHECKPOINT_KEY is not a key"):
-        job_checkpoint_key(tmp_path, {envcontract.CHECKPOINT_KEY: "no"})
+        key_of(tmp_path, {envcontract.CHECKPOINT_KEY: "no"})
 
 
 @pytest.mark.parametrize("plant", ["a link", "another owner", "mode 0640", "job dir 0777"])
@@ -62,12 +69,15 @@ def test_a_key_file_someone_else_could_have_planted_is_refused(tmp_path, plant):
         else:
             os.chmod(tmp_path, 0o777)
     with pytest.raises(UsageError, match="is not safe to use") as err:
-        job_checkpoint_key(tmp_path, {})
-    assert "remove checkpoint.key" in err.value.hint
+        key_of(tmp_path, {})
+    if plant == "job dir 0777":  # refused before the key is even looked at
+        assert f"the job directory {tmp_path} is not safe" in err.value.message
+    else:
+        assert "remove checkpoint.key" in err.value.hint
 
 
 def test_the_key_reaches_each_rank_in_its_environment_not_its_argv(tmp_path: Path):
-    key = job_checkpoint_key(tmp_path, {})
+    key = key_of(tmp_path, {})
     boot = Bootstrap(
         controller_host="h",
         controller_port=1,
