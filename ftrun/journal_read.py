@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,55 +50,106 @@ def read_events(job_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_journal(job_dir: Path) -> JournalRead:
+    parser = JournalParser()
+    events = list(stream_journal(job_dir, parser))
+    bad, problems = parser.counts()
+    return JournalRead(events, bad, problems)
+
+
+def stream_journal(
+    job_dir: Path, parser: JournalParser, *, offset: int = 0
+) -> Iterator[dict[str, Any]]:
+    """The journal's events from byte `offset` on (a line start), one at a time, so a journal
+    of any length is read in the memory of one line; `parser` counts the bad ones and ends at
+    the byte after the last whole line (`parser.offset`), where a later read goes on."""
     try:
-        with open(job_dir / EVENTS_FILE, "rb") as f:
-            return _parse(f)
+        f = open(job_dir / EVENTS_FILE, "rb")
     except FileNotFoundError:
-        return JournalRead([])
+        return
     except OSError as e:  # not a directory, not readable
         raise UsageError(
             f"cannot read the journal of {job_dir}: {e.strerror or e}",
             hint="check the run directory (--run-dir) and its permissions",
         ) from None
+    with f:
+        if offset:
+            f.seek(offset)
+        parser.offset = offset
+        yield from parser.lines(f)
 
 
-def _parse(f: IO[bytes]) -> JournalRead:
-    events: list[dict[str, Any]] = []
-    bad = 0
-    problems: list[str] = []
-    number = 0
-    torn: str | None = None  # a bad line held back: a torn line closed by a resume is not damage
-    while True:
-        line = f.readline(MAX_EVENT_BYTES)
-        if not line:
-            break
-        number += 1
-        if not line.strip():
-            continue
-        problem: str | None
-        if len(line) == MAX_EVENT_BYTES and not line.endswith(b"\n"):
-            while (more := f.readline(MAX_EVENT_BYTES)) and not more.endswith(b"\n"):
-                pass  # the rest of an oversized line, read and dropped a piece at a time
-            problem = f"longer than {MAX_EVENT_BYTES >> 20} MiB"
-        else:
-            event, problem = _event(line)
-            if event is not None:
-                if torn is not None and event.get("kind") != "job_started":
-                    bad, problems = _count(bad, problems, torn)
-                torn = None  # a line a killed writer tore, closed by the controller resuming
-                events.append(event)
+class JournalParser:
+    """Events from a journal's lines, the bad ones counted (read_journal). Kept between reads
+    of a growing journal: a torn last line is left where it is (`offset` stays before it) until
+    the writer ends it, and a torn line inside is damage unless a resumed controller closed it.
+    Its state is plain data (`to_json`), so a summary can carry it (jobview/summary.py)."""
+
+    def __init__(self) -> None:
+        self.bad = 0
+        self.problems: list[str] = []
+        self.number = 0  # lines read
+        self.offset = 0  # the byte after the last whole line read
+        self.torn: str | None = None  # a bad line held back: closed by a resume, not damage
+        self.raw = b""  # the last event's line as read (inspect --json copies it out)
+
+    def counts(self) -> tuple[int, tuple[str, ...]]:
+        """Bad lines so far, and the first reasons; a torn line held back counts (until a
+        resumed controller closes it)."""
+        if self.torn is None:
+            return self.bad, tuple(self.problems)
+        bad, problems = _count(self.bad, self.problems, self.torn)
+        return bad, tuple(problems)
+
+    @property
+    def damage(self) -> str | None:
+        bad, problems = self.counts()
+        return JournalRead([], bad, problems).damage
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bad": self.bad, "problems": self.problems, "number": self.number,
+                "offset": self.offset, "torn": self.torn}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, state: dict[str, Any]) -> JournalParser:
+        parser = cls()
+        parser.bad, parser.number, parser.offset = (
+            int(state["bad"]),
+            int(state["number"]),
+            int(state["offset"]),
+        )
+        parser.problems = [str(p) for p in state["problems"]][:3]
+        parser.torn = None if state["torn"] is None else str(state["torn"])
+        return parser
+
+    def lines(self, f: IO[bytes]) -> Iterator[dict[str, Any]]:
+        while line := f.readline(MAX_EVENT_BYTES):
+            if len(line) == MAX_EVENT_BYTES and not line.endswith(b"\n"):
+                size = len(line)
+                while (more := f.readline(MAX_EVENT_BYTES)) and not more.endswith(b"\n"):
+                    size += len(more)  # the rest of an oversized line, dropped a piece at a time
+                self.offset += size + len(more)
+                self.number += 1
+                self._bad(f"line {self.number}: longer than {MAX_EVENT_BYTES >> 20} MiB")
                 continue
-            if problem in ("torn", "not UTF-8") and not line.endswith(b"\n"):
-                continue  # a torn last line (the only one without a newline): a killed writer
-            if problem in ("torn", "not UTF-8") and torn is None:
-                torn = f"line {number}: {'not JSON' if problem == 'torn' else problem}"
-                continue  # damage, unless a resumed controller's job_started comes next
-            if problem == "torn":
-                problem = "not JSON"
-        bad, problems = _count(bad, problems, f"line {number}: {problem}")
-    if torn is not None:
-        bad, problems = _count(bad, problems, torn)
-    return JournalRead(events, bad, tuple(problems))
+            ended = line.endswith(b"\n")
+            event, problem = _event(line) if line.strip() else (None, None)
+            if not ended and event is None:
+                return  # a torn last line (a killed writer, or one being written): not damage
+            self.offset += len(line)
+            self.number += 1
+            if event is not None:
+                if self.torn is not None and event.get("kind") != "job_started":
+                    self._bad(self.torn)
+                self.torn = None  # a line a killed writer tore, closed by the controller resuming
+                self.raw = line
+                yield event
+            elif problem in ("torn", "not UTF-8") and self.torn is None:
+                self.torn = f"line {self.number}: {'not JSON' if problem == 'torn' else problem}"
+            elif problem is not None:
+                self._bad(f"line {self.number}: {'not JSON' if problem == 'torn' else problem}")
+
+    def _bad(self, problem: str) -> None:
+        self.bad, self.problems = _count(self.bad, self.problems, problem)
 
 
 def _count(bad: int, problems: list[str], problem: str) -> tuple[int, list[str]]:
@@ -110,7 +162,7 @@ def _event(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     except UnicodeDecodeError:
         return None, "not UTF-8"
     try:
-        event = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        event = _DECODER.decode(text)
     except (ValueError, RecursionError):
         return None, "torn"
     problem = event_problem(event)
@@ -126,6 +178,10 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{text} is out of range")
     return value
+
+
+# One decoder for every line (json.loads with hooks would build one per line).
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,19 @@ MAX_TIME = 1e11
 _NUMBER = (int, float)
 
 
+# Parsed JSON holds exactly int, float, str, list, dict, bool and None (no subclasses), so a
+# type test is exact; `type(v) is int` also leaves out bool, and it is what makes a check cost
+# little on the journal's millions of lines.
 def _is_time(v: Any) -> bool:
-    return isinstance(v, _NUMBER) and not isinstance(v, bool) and 0 <= v < MAX_TIME
+    return (type(v) is float or type(v) is int) and 0 <= v < MAX_TIME
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return type(v) is int or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _int_or_none(v: Any) -> bool:
+    return v is None or type(v) is int or (isinstance(v, int) and not isinstance(v, bool))
 
 
 def _is_number(v: Any) -> bool:
@@ -58,10 +65,10 @@ def _fields(names: str, check: Any, expected: str) -> None:
 
 _fields("t", _is_time, "a time in seconds since the epoch")
 _fields("fault_t detected_t controller_create_time", _or_none(_is_time), "a time or null")
-_fields("gen incident rank step exit_code clean_rank run", _or_none(_is_int), "an integer or null")
+_fields("gen incident rank step exit_code clean_rank run", _int_or_none, "an integer or null")
 _fields(
     "world_size slurm_restart_count controller_pid max_nodes nproc_per_node",
-    _or_none(_is_int),
+    _int_or_none,
     "an integer or null",
 )
 _fields(

@@ -8,8 +8,10 @@ or written, so a missing matplotlib or an unwritable path fails the command clea
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.text import Text
@@ -23,7 +25,7 @@ from ftrun.errors import UsageError
 from ftrun.jobview import Generation, Incident, JobView, load_job
 from ftrun.jobview.goodput import GoodputReport, job_goodput
 from ftrun.jobview.timeline import build_timeline
-from ftrun.journal_read import find_job_dir
+from ftrun.journal_read import JournalParser, find_job_dir, stream_journal
 from ftrun.outputs import write_output
 
 console = make_console()
@@ -50,19 +52,36 @@ def inspect(
     ),
 ) -> None:
     """Show what happened: generations, incidents and their phases, the root cause, the logs."""
-    view = load_job(find_job_dir(resolve_run_dir(run_dir), job))
+    job_dir = find_job_dir(resolve_run_dir(run_dir), job)
+    view = load_job(job_dir)
     now = time.time()
     report = job_goodput(view, now=now)
     written = draw_timeline(view, report, now=now, html_file=html_file, png_file=png_file)
     if as_json:
         out = view.to_json(detail=True)
         out["goodput"] = report.to_json()
-        out["events"] = view.events
-        print(json.dumps(out, indent=2, default=str))
+        print_json_with_events(out, job_dir)
     else:
         print_inspect(view, report)
     for what, path in written:  # on stderr with --json: stdout stays one JSON document
         (err_console if as_json else console).print(f"{what} written to {path}", soft_wrap=True)
+
+
+def print_json_with_events(out: dict[str, Any], job_dir: Path) -> None:
+    """`out` with the journal's events last, copied a line at a time as the journal is read
+    again (each one checked as `status` checks it), so a journal of any length is printed in
+    the memory of one line. An event's line is JSON already: it is printed as it is."""
+    head = json.dumps(out, indent=2, default=str)
+    sys.stdout.flush()
+    stdout = sys.stdout.buffer
+    stdout.write(head[: head.rindex("}")].rstrip().encode() + b',\n  "events": [')
+    parser = JournalParser()
+    sep = b"\n    "
+    for _ in stream_journal(job_dir, parser):
+        stdout.write(sep + parser.raw.rstrip(b"\r\n"))
+        sep = b",\n    "
+    stdout.write(b"\n  ]\n}\n")
+    stdout.flush()
 
 
 def draw_timeline(

@@ -24,6 +24,7 @@ from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, OutcomeState
 from ftrun.envcontract import forwarded
 from ftrun.errors import FtrunError, UsageError
+from ftrun.jobview.keeper import keeping_summary
 from ftrun.journal import Journal
 from ftrun.journal_read import ResumePoint
 from ftrun.transport.base import Transport
@@ -255,14 +256,16 @@ def run(
     echo: Echo | None = None,
 ) -> int:
     with contextlib.ExitStack() as stack:
-        metrics_port = None
+        metrics = None
         if config.metrics_port is not None:  # bound first: a port in use stops us before a job
             from ftrun.cli.metrics import serving
 
-            metrics_port = stack.enter_context(
-                serving(config.metrics_addr, config.metrics_port, config.job_dir)
-            )
-        return _run(config, policy, resume, adoption, metrics_port, echo)
+            metrics = stack.enter_context(serving(config.metrics_addr, config.metrics_port))
+        # The job's summary (status reads it) and the metrics' figures, kept off the loop.
+        on_view = None if metrics is None else metrics.update
+        stack.enter_context(keeping_summary(config.job_dir, on_view=on_view))
+        port = None if metrics is None else metrics.port
+        return _run(config, policy, resume, adoption, port, echo)
 
 
 def _run(

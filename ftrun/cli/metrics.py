@@ -1,46 +1,48 @@
 """`ftrun launch --metrics-port PORT`: the job's figures for Prometheus, where cluster users
 already look.
 
-Served by prometheus-client (the exposition format and its HTTP server are its job, done well)
-from the launcher's process for as long as the job runs. Every scrape reads the job's journal,
-as `status` and `inspect` do, so the three never disagree: state, generation, step and step
+Rendered in prometheus-client's exposition format from the job's view that the launcher's
+summary thread keeps current (jobview/keeper.py: the journal folded as it grows, the fold
+`status` and `inspect` read too, so the three never disagree): state, generation, step and step
 rate, hosts by state, restarts, incidents by kind and tier, the last detection and recovery
 times, and goodput with its badput buckets (a job without a progress signal has no goodput
-sample: `ftrun_goodput_known` is 0 instead). Bound to 127.0.0.1 unless --metrics-addr says
-otherwise: the figures name hosts and failures.
+sample: `ftrun_goodput_known` is 0 instead). The page is rendered once a second, off the
+controller's event loop, and served by a bounded server (metrics_server.py: a cap on
+connections, a deadline on each) that answers every scrape with those bytes: a scrape never
+reads the journal. Bound to 127.0.0.1 unless --metrics-addr says otherwise: the figures name
+hosts and failures.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from ftrun.cli.metrics_server import BoundedServer
 from ftrun.cli.watch import step_rate
 from ftrun.errors import UsageError
-from ftrun.jobview import STATES, load_job
+from ftrun.jobview import STATES, JobView
 from ftrun.jobview.goodput import BUCKETS, job_goodput
 
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class JobCollector(Collector):
-    """The job's figures, read from its journal at each scrape (none before it has one)."""
+    """The job's figures from its latest view (none before the journal has events)."""
 
-    def __init__(self, job_dir: Path) -> None:
-        self.job_dir = job_dir
+    def __init__(self, view: JobView | None = None) -> None:
+        self.view = view
 
     def collect(self) -> Iterator[Metric]:
-        if not (self.job_dir / "events.jsonl").exists():
+        view = self.view
+        if view is None or not view.events_read:
             return
-        view = load_job(self.job_dir)
         now = time.time()
 
         def gauge(name: str, doc: str, value: float | None) -> Metric:
@@ -103,23 +105,33 @@ class JobCollector(Collector):
         yield badput
 
 
+class Metrics:
+    """The server and what it serves: `update` renders a view into the page every scrape gets."""
+
+    def __init__(self, server: BoundedServer) -> None:
+        self.server = server
+        self.port = server.port
+        self.collector = JobCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+
+    def update(self, view: JobView) -> None:
+        self.collector.view = view
+        self.server.update(generate_latest(self.registry))
+
+
 @contextlib.contextmanager
-def serving(addr: str, port: int, job_dir: Path) -> Iterator[int]:
-    """Serve the job's metrics while inside; yields the port (PORT 0: one chosen free)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(job_dir))
+def serving(addr: str, port: int) -> Iterator[Metrics]:
+    """Serve the job's metrics while inside (PORT 0: one chosen free); `update` them."""
     try:
-        server, thread = start_http_server(port, addr=addr, registry=registry)
+        server = BoundedServer(addr, port, content_type=CONTENT_TYPE_LATEST)
     except OSError as e:
         raise UsageError(
             f"--metrics-port {port} on {addr}: {e.strerror or e}",
             hint="pick another port, or 0 for any free one",
         ) from None
+    server.start()
     try:
-        yield int(server.server_port)
+        yield Metrics(server)
     finally:
-        done = threading.Thread(target=server.shutdown, daemon=True)
-        done.start()
-        done.join(SHUTDOWN_TIMEOUT_S)
-        server.server_close()
-        thread.join(SHUTDOWN_TIMEOUT_S)
+        server.close(SHUTDOWN_TIMEOUT_S)

@@ -30,9 +30,8 @@ from ftrun.cli.render import age, state_text
 from ftrun.cli.safetext import clean, plain
 from ftrun.jobview import JobView, load_job
 from ftrun.jobview.goodput import job_goodput
+from ftrun.jobview.series import RATE_WINDOW_S
 from ftrun.journal_read import find_job_dir, list_job_dirs
-
-RATE_WINDOW_S = 10.0  # the step rate shown: over the journal's last seconds of progress
 
 
 @dataclass
@@ -62,14 +61,10 @@ class JobCache:
 
 
 def step_rate(view: JobView, now: float) -> float | None:
-    """Steps a second over the last RATE_WINDOW_S of the current generation's progress."""
-    points = [
-        (float(ev["t"]), ev["step"])
-        for ev in view.events
-        if ev["kind"] in ("first_step", "progress")
-        and ev.get("gen") == view.generation
-        and isinstance(ev.get("step"), int)
-    ]
+    """Steps a second over the last RATE_WINDOW_S of the current generation's progress (the
+    fold keeps those seconds' points: jobview/series.py)."""
+    series = view.series
+    points = list(series.recent) if series.recent_gen == view.generation else []
     if len(points) < 2 or view.state != "running":
         return None
     recent = [p for p in points if p[0] >= points[-1][0] - RATE_WINDOW_S] or points[-2:]

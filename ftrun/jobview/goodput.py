@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftrun.jobview.goodput_fold import OFF, RAN, TRAINING, GenFigures, GoodputFold
 from ftrun.jobview.views import JobView
 
 BUCKETS = (
@@ -62,11 +63,8 @@ BUCKET_LABELS = {
     "smaller_plan": "smaller plan",
     "other": "other",
 }
-_TRAINING = "training"
-_RAN = "ran"  # a launched generation of a job without a progress signal: start-up or training
 NO_SIGNAL = "no progress signal: the script reports no steps; see ftrun.step / --progress-regex"
 NO_STEP_YET = "no progress signal yet: no step reported so far; see ftrun.step / --progress-regex"
-_OFF = "off"  # no controller runs: between the runs of a requeued job, after the end
 
 
 @dataclass
@@ -124,26 +122,9 @@ class GoodputReport:
         }
 
 
-@dataclass
-class _Gen:
-    """What the journal says about one generation, as far as goodput needs it."""
-
-    number: int
-    world_size: int = 0
-    first_step: int | None = None
-    last_step: int | None = None
-    stall_s: float = 0.0
-    restore_s: float = 0.0
-    restored_step: int | None = None
-    predicted_step_s: float | None = None
-    full_step_s: float | None = None
-    launched: bool = False
-    spans: dict[str, float] = field(default_factory=dict)  # label → seconds
-
-
 def job_goodput(view: JobView, *, now: float | None = None) -> GoodputReport:
     """The goodput account of a job as `status` and `inspect` read it."""
-    return account(view.events, running=view.state == "running", now=now)
+    return report_of(view.goodput, running=view.state == "running", now=now)
 
 
 def account(
@@ -151,136 +132,49 @@ def account(
 ) -> GoodputReport:
     """The goodput account of a job from its events. `running`: the controller still runs, so
     the account goes on to `now`; otherwise it stops at the job's last event."""
-    events = list(events)
-    signal = any(_is_step(ev) for ev in events)
-    marks, gens, full_world = _marks(events, signal=signal)
-    if not marks:
+    fold = GoodputFold()
+    for ev in events:
+        fold.feed(ev)
+    return report_of(fold, running=running, now=now)
+
+
+def report_of(fold: GoodputFold, *, running: bool, now: float | None = None) -> GoodputReport:
+    """The account of what `fold` has seen (it is not changed: it may go on folding)."""
+    marks, gens = fold.resolved()
+    if not marks or fold.last_t is None:
         return GoodputReport(Share(), {}, now or time.time())
-    last_t = max(float(ev.get("t", 0.0)) for ev in events)
+    last_t = fold.last_t
     end_t = max(last_t, now if now is not None else time.time()) if running else last_t
-    for (t, label, gen), (t_next, _, _) in zip(marks, [*marks[1:], (end_t, _OFF, 0)], strict=True):
-        if label == _OFF or gen not in gens:
+    for (t, label, gen), (t_next, _, _) in zip(marks, [*marks[1:], (end_t, OFF, 0)], strict=True):
+        if label == OFF or gen not in gens:
             continue
         span = max(0.0, min(t_next, end_t) - t)
         gens[gen].spans[label] = gens[gen].spans.get(label, 0.0) + span
-    _restored_steps(events, gens)
+    # Scripts without ftrun.checkpoint report no restore: the step they start again at is the
+    # one before their first step.
+    for g in gens.values():
+        if g.restored_step is None and g.first_step is not None and g.number > 1:
+            g.restored_step = max(0, g.first_step - 1)
     report = GoodputReport(Share(), {}, end_t)
     numbers = sorted(gens)
     why = NO_STEP_YET if running else NO_SIGNAL
     for i, number in enumerate(numbers):
         nxt = gens[numbers[i + 1]] if i + 1 < len(numbers) else None
-        share = _account(gens[number], nxt, full_world)
-        if not signal and gens[number].launched:
+        share = _account(gens[number], nxt, fold.full_world)
+        if not fold.signal and gens[number].launched:
             share.unknown = why
         report.generations[number] = share
         report.job.add(share)
     return report
 
 
-def _marks(
-    events: list[dict[str, Any]], *, signal: bool
-) -> tuple[list[tuple[float, str, int]], dict[int, _Gen], int]:
-    """Where each stretch of time begins: (t, label, generation that owns it), by time; the
-    generations; and the job's full world size (its original hosts × ranks per host).
-    `signal`: the journal has steps; without, a launch begins what no step tells apart."""
-    marks: list[tuple[float, str, int]] = []
-    gens: dict[int, _Gen] = {}
-    current = 0  # the generation that owns the time now (0: before the first launch)
-    first_of_run = True
-    full_world = 0
-    full_step: float | None = None
-    plans: dict[int, dict[str, Any]] = {}
-    for ev in events:
-        kind, t = ev["kind"], float(ev.get("t", 0.0))
-        gen = ev.get("gen")
-        if kind == "job_started":
-            first_of_run = True
-            nproc = ev.get("nproc_per_node") or 1
-            hosts = ev.get("max_nodes") or len(ev.get("hosts") or [])  # --max-nodes: spot jobs
-            full_world = full_world or hosts * nproc
-            marks.append((t, "startup", current + 1))  # owned by the generation it starts
-        elif kind == "plan_chosen" and isinstance(gen, int):
-            plans[gen] = ev
-            if isinstance(ev.get("full_step_s"), (int, float)):
-                full_step = full_step or float(ev["full_step_s"])
-        elif kind == "generation_launched" and isinstance(gen, int):
-            current = gen
-            g = gens.setdefault(gen, _Gen(gen))
-            g.world_size = ev.get("world_size") or 0
-            plan = plans.get(gen)
-            if plan is not None:
-                g.predicted_step_s = plan.get("predicted_step_s")
-            g.full_step_s = full_step
-            g.launched = True
-            label = ("startup" if first_of_run else "relaunch") if signal else _RAN
-            marks.append((t, label, gen))
-            first_of_run = False
-        elif kind in ("first_step", "progress") and isinstance(gen, int) and gen in gens:
-            g, step = gens[gen], ev.get("step")
-            if kind == "first_step":
-                g.first_step = step
-                marks.append((t, _TRAINING, gen))
-            if isinstance(step, int):
-                g.last_step = step if g.last_step is None else max(g.last_step, step)
-            if isinstance(ev.get("stall_s"), (int, float)):
-                g.stall_s = max(g.stall_s, float(ev["stall_s"]))
-        elif kind == "checkpoint_restored" and isinstance(gen, int) and gen in gens:
-            gens[gen].restore_s = float(ev.get("restore_s") or 0.0)
-            gens[gen].restored_step = ev.get("step")
-        elif kind == "fault_detected":
-            owner = gen if isinstance(gen, int) else current
-            fault_t = ev.get("fault_t")
-            detected_t = float(ev.get("detected_t") or t)
-            if isinstance(fault_t, (int, float)) and fault_t < detected_t:
-                marks.append((float(fault_t), "detection", owner))
-            marks.append((detected_t, "teardown", owner))
-            if isinstance(ev.get("step"), int) and owner in gens:
-                g = gens[owner]
-                g.last_step = ev["step"] if g.last_step is None else max(g.last_step, ev["step"])
-        elif kind == "stop_requested" and current in gens:  # Ctrl-C, SIGTERM: the end begins
-            marks.append((t, "teardown", current))
-        elif kind in ("persist_requested", "reconfigure"):  # a grow's persist: its cost too
-            marks.append((t, "teardown", gen if isinstance(gen, int) else current))
-        elif kind == "torn_down":
-            marks.append((t, "waiting_for_hosts", current))
-        elif kind == "generation_ended" and isinstance(gen, int):
-            if isinstance(ev.get("step"), int) and gen in gens:
-                g = gens[gen]
-                g.last_step = ev["step"] if g.last_step is None else max(g.last_step, ev["step"])
-            # After a fault or a reconfiguration: the gap before the next generation; after any
-            # other end (succeeded, stopped, preempted): the job shutting down.
-            gap = ev.get("outcome") in ("failed", "reconfigured")
-            label = "waiting_for_hosts" if gap else "teardown"
-            marks.append((t, label, gen))
-        elif kind == "job_finished":
-            marks.append((t, _OFF, current))
-    marks.sort(key=lambda m: m[0])  # stable: marks at one time keep the journal's order
-    for _, _, owner in marks:  # a job that never launched still has its start-up to account
-        if owner not in gens:
-            gens[owner] = _Gen(owner)
-    return marks, gens, full_world
-
-
-def _is_step(ev: dict[str, Any]) -> bool:
-    step = ev.get("step")
-    return ev["kind"] in ("first_step", "progress") and isinstance(step, int)
-
-
-def _restored_steps(events: list[dict[str, Any]], gens: dict[int, _Gen]) -> None:
-    """Scripts without ftrun.checkpoint report no restore: the step they start again at is the
-    one before their first step."""
-    for g in gens.values():
-        if g.restored_step is None and g.first_step is not None and g.number > 1:
-            g.restored_step = max(0, g.first_step - 1)
-
-
-def _account(g: _Gen, nxt: _Gen | None, full_world: int) -> Share:
+def _account(g: GenFigures, nxt: GenFigures | None, full_world: int) -> Share:
     share = Share()
     share.wall_s = sum(g.spans.values())
     for label, seconds in g.spans.items():
-        if label == _RAN:
+        if label == RAN:
             share.unknown_s += seconds
-        elif label != _TRAINING:
+        elif label != TRAINING:
             share.buckets[label if label in share.buckets else "other"] += seconds
     # The restore happened inside the relaunch (or start-up; without steps, what ran): take it
     # out of there.
@@ -292,7 +186,7 @@ def _account(g: _Gen, nxt: _Gen | None, full_world: int) -> Share:
         restore = min(g.restore_s, share.buckets[before])
         share.buckets[before] -= restore
     share.buckets["restore"] += restore
-    training = g.spans.get(_TRAINING, 0.0)
+    training = g.spans.get(TRAINING, 0.0)
     recomputed = 0.0
     if (
         nxt is not None
@@ -318,7 +212,7 @@ def _account(g: _Gen, nxt: _Gen | None, full_world: int) -> Share:
     return share
 
 
-def _speed(g: _Gen, full_world: int) -> float:
+def _speed(g: GenFigures, full_world: int) -> float:
     """The generation's throughput relative to the best plan on the job's original hosts: the
     planner's predictions in a planned job, else in proportion to the ranks (DP only)."""
     if g.predicted_step_s and g.full_step_s:

@@ -1,4 +1,5 @@
-"""A job read from its directory: the journal folded, plus what each restart restored.
+"""A job read from its directory: the journal folded (from its summary on), plus what each
+restart restored.
 
 `ftrun.checkpoint` prints one line, `ftrun-checkpoint: restored step N from memory|storage` (or
 `no checkpoint found`), into the rank log that the agent already relays into the job directory,
@@ -11,9 +12,10 @@ import re
 from pathlib import Path
 
 from ftrun.errors import UsageError
-from ftrun.jobview.fold import fold
+from ftrun.jobview.fold import JobFolder
+from ftrun.jobview.summary import read_summary
 from ftrun.jobview.views import JobView
-from ftrun.journal_read import read_journal
+from ftrun.journal_read import JournalParser, stream_journal
 
 # Printed by ftrun.checkpoint on restore (ftrun/checkpoint/restore.py, `_done`); not imported
 # from there because that module imports torch. tests/unit/test_jobview.py checks both agree.
@@ -24,17 +26,22 @@ RESTORE_LINE = re.compile(
 RESTORE_SCAN_BYTES = 1 << 20  # restore runs at start-up: its line is near the top of the log
 
 
-def load_job(job_dir: Path) -> JobView:
-    """The job as its journal tells it. A journal that cannot be read at all (permissions, an
-    I/O error) is a damaged job with no events: one such job does not break a listing."""
+def load_job(job_dir: Path, *, summary: bool = True) -> JobView:
+    """The job as its journal tells it: from its summary and the journal past it (summary.py),
+    or, without a summary (or with `summary=False`), the whole journal streamed through the
+    fold. A journal that cannot be read at all (permissions, an I/O error) is a damaged job
+    with no events: one such job does not break a listing."""
+    kept = read_summary(job_dir) if summary else None
+    folder, parser = kept if kept is not None else (JobFolder(), JournalParser())
     try:
-        journal = read_journal(job_dir)
+        for event in stream_journal(job_dir, parser, offset=parser.offset):
+            folder.feed(event)
     except UsageError as e:
-        view = fold(job_dir, [])
+        view = JobFolder().view(job_dir)
         view.damaged = e.message
         return view
-    view = fold(job_dir, journal.events)
-    view.damaged = journal.damage
+    view = folder.view(job_dir)
+    view.damaged = parser.damage
     for inc in view.incidents:
         if inc.next_generation is not None:
             found = read_restore(job_dir / "logs" / f"g{inc.next_generation}")

@@ -15,7 +15,7 @@ Pure: events in, RankView out.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 RANK_STATES = ("running", "exited", "killed", "unknown")
@@ -48,29 +48,42 @@ class RankView:
 def fold_ranks(events: list[dict[str, Any]], *, job_running: bool) -> list[RankView]:
     """The ranks of the last generation launched, by rank. `job_running`: the controller runs
     (a rank without an exit is running only then)."""
-    gen: int | None = None
-    hosts: list[str] = []
-    world = 0
-    ranks: dict[int, RankView] = {}
-    outcome: str | None = None
-    ended = False
+    fold = RanksFold()
     for ev in events:
+        fold.feed(ev)
+    return fold.ranks(job_running=job_running)
+
+
+@dataclass
+class RanksFold:
+    """fold_ranks one event at a time: the last generation's ranks as the journal tells them."""
+
+    gen: int | None = None
+    hosts: list[str] = field(default_factory=list)
+    world: int = 0
+    by_rank: dict[int, RankView] = field(default_factory=dict)
+    outcome: str | None = None
+    ended: bool = False
+
+    def feed(self, ev: dict[str, Any]) -> None:
         kind, g = ev["kind"], ev.get("gen")
         if kind == "generation_launched" and _int(g):
-            gen, ranks, ended, outcome = g, {}, False, None
-            hosts = [h for h in ev.get("hosts") or [] if isinstance(h, str)]
-            world = ev.get("world_size") or 0
-        elif g != gen or gen is None:
-            continue
+            self.gen, self.by_rank, self.ended, self.outcome = g, {}, False, None
+            self.hosts = [h for h in ev.get("hosts") or [] if isinstance(h, str)]
+            self.world = ev.get("world_size") or 0
+        elif g != self.gen or self.gen is None:
+            return
         elif kind == "rank_started" and _int(ev.get("rank")):
             rank = ev["rank"]
             pid = ev.get("pid") if _int(ev.get("pid")) else None
-            ranks[rank] = RankView(rank, ev.get("host"), _local(rank, world, hosts), pid, "running")
+            local = _local(rank, self.world, self.hosts)
+            self.by_rank[rank] = RankView(rank, ev.get("host"), local, pid, "running")
         elif kind == "rank_exited" and _int(ev.get("rank")):
-            r = ranks.get(ev["rank"])
+            r = self.by_rank.get(ev["rank"])
             if r is None:  # a journal that lost the start: what the exit says
-                r = ranks[ev["rank"]] = RankView(
-                    ev["rank"], ev.get("host"), _local(ev["rank"], world, hosts), None, "running"
+                local = _local(ev["rank"], self.world, self.hosts)
+                r = self.by_rank[ev["rank"]] = RankView(
+                    ev["rank"], ev.get("host"), local, None, "running"
                 )
             if r.pid is None and _int(ev.get("pid")):
                 r.pid = ev["pid"]
@@ -79,17 +92,32 @@ def fold_ranks(events: list[dict[str, Any]], *, job_running: bool) -> list[RankV
             r.exit_code = code if _int(code) else None
             r.state = "killed" if r.signal is not None else "exited"
         elif kind == "generation_ended":
-            ended, outcome = True, ev.get("outcome")
-    for r in ranks.values():
-        if r.state != "running":
-            continue
-        if ended and outcome == "succeeded":
-            r.state, r.exit_code = "exited", 0
-        elif ended:
-            r.state, r.why = "killed", f"torn down, generation {outcome or 'ended'}"
-        elif not job_running:
-            r.state, r.why = "unknown", "the job ended without ending its generation"
-    return [ranks[k] for k in sorted(ranks)]
+            self.ended, self.outcome = True, ev.get("outcome")
+
+    def ranks(self, *, job_running: bool) -> list[RankView]:
+        """The ranks by number, as of now (copies: the fold goes on)."""
+        out = [replace(self.by_rank[k]) for k in sorted(self.by_rank)]
+        for r in out:
+            if r.state != "running":
+                continue
+            if self.ended and self.outcome == "succeeded":
+                r.state, r.exit_code = "exited", 0
+            elif self.ended:
+                r.state, r.why = "killed", f"torn down, generation {self.outcome or 'ended'}"
+            elif not job_running:
+                r.state, r.why = "unknown", "the job ended without ending its generation"
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["by_rank"] = [asdict(r) for r in self.by_rank.values()]
+        return out
+
+    @classmethod
+    def from_json(cls, state: dict[str, Any]) -> RanksFold:
+        fold = cls(**{**state, "by_rank": {}})
+        fold.by_rank = {r["rank"]: RankView(**r) for r in state["by_rank"]}
+        return fold
 
 
 def _local(rank: int, world: int, hosts: list[str]) -> int | None:

@@ -1,6 +1,6 @@
 """A job's timeline as data: what `ftrun inspect --html` and `--png` draw, from the journal alone.
 
-Pure: a JobView (with its events) in, a JSON-able `Timeline` out; no I/O, and the clock is a
+Pure: a JobView (with its folded series: jobview/series.py) in, a JSON-able `Timeline` out; no I/O, and the clock is a
 parameter (a running job's timeline ends at `now`). Both renderers draw this one structure, so
 the page and the image cannot disagree, and the numbers on them are tested here, without a
 browser. Times are seconds from the job's start.
@@ -8,8 +8,9 @@ browser. Times are seconds from the job's start.
 The step rate is measured between consecutive `first_step`/`progress` events of a generation
 (the journal takes the step about once a second), never across a restart. An incident's band
 is cut into phases by `ftrun.jobview.phases`.
-Long jobs are thinned (every k-th progress point and commit) so a page stays small; a rate
-between thinned points is still the exact mean over the longer interval.
+Long jobs are thinned (progress points and commits, evenly spread over those the fold kept) so
+a page stays small; a rate between thinned points is still the exact mean over the longer
+interval.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ftrun.jobview.goodput import BUCKET_LABELS, BUCKETS, GoodputReport, job_goodput
 from ftrun.jobview.phases import PHASES, PhaseSegment, segments
+from ftrun.jobview.series import MAX_POINTS_PER_GENERATION, cut, spread
 from ftrun.jobview.views import Incident, JobView
 
 # Markers: kind → label. Hosts joining, hosts leaving, and a new plan.
@@ -32,9 +34,6 @@ MARKERS = {
     "host_unreachable": "host unreachable",
     "plan_changed": "plan changed",
 }
-MAX_POINTS_PER_GENERATION = 800
-MAX_COMMITS = 1500
-MAX_TEXT = 400  # journal text (reasons, exceptions) is cut here: a tooltip, not a log
 
 
 @dataclass
@@ -135,7 +134,7 @@ class Timeline:
 
 def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = None) -> Timeline:
     """`report`: the job's goodput where the caller has it already (else it is computed)."""
-    events = view.events
+    series = view.series
     origin = _origin(view)
     end_wall = _end(view, now)
     live = view.state == "running"
@@ -146,19 +145,9 @@ def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = 
     def rel(t: float) -> float:
         return round(t - origin, 3)
 
-    restored = {
-        ev.get("gen"): {k: ev.get(k) for k in ("step", "tier", "restore_s")}
-        for ev in events
-        if ev["kind"] == "checkpoint_restored"
-    }
-    restores = {  # generation → (when its restore was reported done, its seconds)
-        ev.get("gen"): (t, float(ev["restore_s"]))
-        for ev in events
-        if ev["kind"] == "checkpoint_restored"
-        and (t := _time(ev)) is not None
-        and isinstance(ev.get("restore_s"), int | float)
-    }
-    steps = steps_by_generation(events)
+    restored = series.restored
+    restores = series.restores  # generation → (when its restore was reported done, its seconds)
+    steps = {gen: line.kept() for gen, line in series.steps.items()}
     gens = []
     for g in view.generations:
         ended = g.ended_t if g.ended_t is not None else end_wall
@@ -172,8 +161,8 @@ def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = 
                 hosts=list(g.hosts),
                 world_size=g.world_size,
                 outcome=g.outcome,
-                plan=_cut(g.plan),
-                plan_why=_cut(g.plan_why),
+                plan=cut(g.plan),
+                plan_why=cut(g.plan_why),
                 predicted_step_s=g.predicted_step_s,
                 measured_step_s=g.measured_step_s,
                 first_step_t=None if g.first_step_t is None else rel(g.first_step_t),
@@ -187,28 +176,24 @@ def build_timeline(view: JobView, *, now: float, report: GoodputReport | None = 
                 points=rate_points(steps.get(g.number, []), origin),
             )
         )
-    commits = [
-        Commit(rel(t), ev.get("gen"), ev.get("step"))
-        for ev in events
-        if ev["kind"] == "checkpoint_committed" and (t := _time(ev)) is not None
-    ]
+    commits = [Commit(rel(t), gen, step) for t, gen, step in series.commits.kept()]
     rates = [p.rate for g in gens for p in g.points]
     return Timeline(
         job_id=view.job_id,
         name=view.name,
         state=view.state,
-        reason=_cut(view.reason),
+        reason=cut(view.reason),
         started_wall=view.started_t,
         span=max(rel(end_wall), 0.001),
         live=live,
         generations=gens,
         incidents=[
-            _band(inc, origin, end_wall if live else None, restores.get(inc.next_generation))
+            _band(inc, origin, end_wall if live else None, restores.get(inc.next_generation or -1))
             for inc in view.incidents
         ],
-        markers=markers(events, origin),
-        commits=_thin(commits, MAX_COMMITS),
-        commits_total=len(commits),
+        markers=[Marker(rel(t), kind, host, detail) for t, kind, host, detail in series.markers],
+        commits=commits,
+        commits_total=series.commits.seen,
         max_rate=max(rates, default=0.0),
         hosts=dict(view.hosts),
         goodput=goodput["job"],
@@ -222,7 +207,7 @@ def rate_points(steps: list[tuple[float, int]], origin: float) -> list[RatePoint
     for t, step in steps:
         if not seen or (t > seen[-1][0] and step >= seen[-1][1]):
             seen.append((t, step))
-    seen = _thin(seen, MAX_POINTS_PER_GENERATION + 1)
+    seen = spread(seen, MAX_POINTS_PER_GENERATION + 1)
     return [
         RatePoint(
             t0=round(a_t - origin, 3),
@@ -233,50 +218,6 @@ def rate_points(steps: list[tuple[float, int]], origin: float) -> list[RatePoint
         )
         for (a_t, a_step), (b_t, b_step) in pairwise(seen)
     ]
-
-
-def steps_by_generation(events: list[dict[str, Any]]) -> dict[int, list[tuple[float, int]]]:
-    """(time, step) of every first_step and progress event, by generation, in journal order."""
-    out: dict[int, list[tuple[float, int]]] = {}
-    for ev in events:
-        t, step, gen = _time(ev), ev.get("step"), ev.get("gen")
-        if ev["kind"] in ("first_step", "progress") and t is not None:
-            if isinstance(step, int) and isinstance(gen, int):  # the schema has no bools there
-                out.setdefault(gen, []).append((t, step))
-    return out
-
-
-def markers(events: list[dict[str, Any]], origin: float) -> list[Marker]:
-    """Hosts joining and leaving, and each plan that differs from the one before it."""
-    out: list[Marker] = []
-    launched = False
-    plan: str | None = None
-    for ev in events:
-        kind, host, wall = ev["kind"], ev.get("host"), _time(ev)
-        if wall is None:
-            continue
-        t = round(wall - origin, 3)
-        if kind == "generation_launched":
-            launched = True
-        elif kind == "host_added":
-            out.append(Marker(t, "host_added", host, None))
-        elif kind == "agent_connected" and launched:  # the first ones are the job starting
-            out.append(Marker(t, "host_joined", host, None))
-        elif kind == "host_removed":
-            out.append(Marker(t, "host_removed", host, _cut(ev.get("reason"))))
-        elif kind == "host_unreachable":
-            out.append(
-                Marker(t, "host_unreachable", host, _cut(ev.get("error") or ev.get("reason")))
-            )
-        elif kind == "fault_detected" and ev.get("fault") == "host-lost":
-            out.append(Marker(t, "host_lost", host, f"incident {ev.get('incident')}"))
-        elif kind == "plan_chosen":
-            summary = ev.get("summary")
-            if plan is not None and summary != plan:
-                detail = f"{plan} → {summary}" + (f" ({ev['why']})" if ev.get("why") else "")
-                out.append(Marker(t, "plan_changed", None, _cut(detail)))
-            plan = summary
-    return out
 
 
 def _band(
@@ -294,9 +235,9 @@ def _band(
         host=inc.host,
         rank=inc.rank,
         tier=inc.tier,
-        reason=_cut(inc.reason),
-        exception=_cut(inc.exception),
-        injected=_cut(inc.injected),
+        reason=cut(inc.reason),
+        exception=cut(inc.exception),
+        injected=cut(inc.injected),
         step_at_fault=inc.step_at_fault,
         lost_steps=inc.lost_steps,
         start=round(start - origin, 3),
@@ -308,13 +249,13 @@ def _band(
 def _origin(view: JobView) -> float:
     if view.started_t is not None:
         return view.started_t
-    return min((t for ev in view.events if (t := _time(ev)) is not None), default=0.0)
+    return view.series.first_t if view.series.first_t is not None else 0.0
 
 
 def _end(view: JobView, now: float) -> float:
     """A finished job ends when it finished; a running one now; one whose controller died at
     its last event."""
-    last = max((t for ev in view.events if (t := _time(ev)) is not None), default=_origin(view))
+    last = view.series.last_t if view.series.last_t is not None else _origin(view)
     if view.ended_t is not None:
         return max(view.ended_t, last)
     return max(now, last) if view.state == "running" else last
@@ -343,20 +284,6 @@ def _goodput(report: GoodputReport) -> dict[str, Any]:
     }
 
 
-def _thin(items: list[Any], limit: int) -> list[Any]:
-    """Every k-th item and the last, so at most about `limit` remain."""
-    if len(items) <= limit:
-        return items
-    k = math.ceil(len(items) / limit)
-    kept = items[::k]
-    return kept if kept[-1] is items[-1] else [*kept, items[-1]]
-
-
-def _time(ev: dict[str, Any]) -> float | None:
-    t = ev.get("t")
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
-
-
 def _finite(obj: Any) -> Any:
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
@@ -365,10 +292,3 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
-
-
-def _cut(text: object) -> str | None:
-    if text is None:
-        return None
-    s = str(text)
-    return s if len(s) <= MAX_TEXT else s[: MAX_TEXT - 1] + "…"

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftrun.jobview.goodput_fold import GoodputFold
 from ftrun.jobview.ranks import RankView
+from ftrun.jobview.series import Series
 
 STATES = ("running", "succeeded", "failed", "stopped")
 
@@ -176,7 +178,11 @@ class JobView:
     root_cause: dict[str, Any] | None = None
     generations: list[Generation] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    # What the views of the journal's steady beat need (goodput, the step rate, the timeline),
+    # folded in bounded memory: no list of the journal's events is kept.
+    goodput: GoodputFold = field(default_factory=GoodputFold)
+    series: Series = field(default_factory=Series)
+    events_read: int = 0
     hosts: dict[str, str] = field(default_factory=dict)  # host → active, spare, lost, ...
     runs: int = 1  # controllers that ran the job: more than 1 after a Slurm requeue
     slurm_job_id: str | None = None

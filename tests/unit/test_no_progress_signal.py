@@ -19,7 +19,7 @@ from ftrun.cli.goodput_render import goodput_table
 from ftrun.cli.metrics import JobCollector
 from ftrun.cli.timeline_html import render_html
 from ftrun.cli.watch import JobCache, snapshot
-from ftrun.jobview import fold
+from ftrun.jobview import fold, load_job
 from ftrun.jobview.goodput import NO_SIGNAL, NO_STEP_YET, account
 from ftrun.jobview.timeline import build_timeline
 from tests.unit.test_goodput import crash_and_restart, ev, fault, launched, started
@@ -105,7 +105,7 @@ def test_status_watch_shows_a_dash_and_why(tmp_path: Path, width: int) -> None:
 def test_metrics_leave_out_an_unknown_goodput(tmp_path: Path) -> None:
     def figures(events: list[dict[str, Any]], name: str) -> dict[str, list]:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(JobCollector(write_job(tmp_path, name, events)))
+        registry.register(JobCollector(load_job(write_job(tmp_path, name, events))))
         text = generate_latest(registry).decode()
         return {f.name: f.samples for f in text_string_to_metric_families(text)}
 

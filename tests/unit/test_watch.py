@@ -18,7 +18,7 @@ from ftrun.cli.metrics import JobCollector
 from ftrun.cli.watch import JobCache, snapshot, step_rate
 from ftrun.controller.generation import GenWatch
 from ftrun.controller.patience import Patience
-from ftrun.jobview import fold
+from ftrun.jobview import fold, load_job
 from tests.unit.test_goodput import crash_and_restart, launched, started, steps
 
 
@@ -74,7 +74,7 @@ def test_snapshot_reads_the_run_dir_and_rereads_only_changed_journals(tmp_path: 
 def test_metrics_are_the_journals_figures(tmp_path: Path) -> None:
     job = write_job(tmp_path, "j-1", crash_and_restart())
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobCollector(job))
+    registry.register(JobCollector(load_job(job)))
     families = {
         f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())
     }
@@ -92,8 +92,10 @@ def test_metrics_are_the_journals_figures(tmp_path: Path) -> None:
     assert value("ftrun_badput_seconds", bucket="restore") == pytest.approx(0.5)
     assert value("ftrun_last_detection_seconds") == pytest.approx(0.2)
     empty = CollectorRegistry(auto_describe=False)
-    empty.register(JobCollector(tmp_path / "not-yet"))
-    assert generate_latest(empty) == b""  # before the job has a journal: nothing, no error
+    empty.register(JobCollector())
+    assert generate_latest(empty) == b""  # before the job has a view: nothing, no error
+    empty.register(JobCollector(load_job(tmp_path / "not-yet")))
+    assert generate_latest(empty) == b""  # nor before it has a journal
 
 
 def test_patience_notes_a_long_wait_at_doubling_intervals() -> None:
