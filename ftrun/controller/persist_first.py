@@ -50,7 +50,10 @@ class PersistFirst:
         journal.record("persist_requested", gen=gen, why=change.why, step=step)
         server.broadcast("persist", gen=gen)
 
-    def on_message(self, msg: dict[str, Any]) -> Reconfigure | None:
+    def wake_at(self) -> float:
+        return self.deadline
+
+    def on_message(self, agent_id: str, msg: dict[str, Any]) -> Reconfigure | None:
         """Rank 0's report that the persist asked for is committed ends the wait."""
         if (
             msg["kind"] == "checkpoint_committed"
@@ -62,8 +65,8 @@ class PersistFirst:
             return self.change
         return None
 
-    def expired(self) -> Reconfigure | None:
-        if time.monotonic() < self.deadline:
+    def expired(self, now: float) -> Reconfigure | None:
+        if now < self.deadline:
             return None
         self.journal.record("persist_committed", gen=self.gen, step=None)
         return self.change

@@ -16,7 +16,6 @@ requeue the job: the requeued batch step resumes the same job directory from the
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -69,7 +68,10 @@ class PreemptWait:
         )
         server.broadcast("preempt", gen=gen, signal=config.preempt_signal)
 
-    def on_message(self, msg: dict[str, Any]) -> Preempted | None:
+    def wake_at(self) -> float:
+        return self.deadline
+
+    def on_message(self, agent_id: str, msg: dict[str, Any]) -> Preempted | None:
         """Rank 0's commit report for the notice ends the wait. ftrun.checkpoint reports every
         commit; the notice's is marked `preempt` (its step is the script's save step, which
         need not count like the progress steps)."""
@@ -83,8 +85,10 @@ class PreemptWait:
         self.committed = step
         return self.result(f"checkpoint of step {step} committed")
 
-    def expired(self) -> bool:
-        return time.monotonic() >= self.deadline
+    def expired(self, now: float) -> Preempted | None:
+        if now < self.deadline:
+            return None
+        return self.result("no checkpoint reported committed within the grace")
 
     def result(self, why: str) -> Preempted:
         return Preempted(self.notice_t, self.signal, self.step, self.committed, why)
@@ -95,7 +99,7 @@ def under(preempt: PreemptWait | None, result: R) -> R | Preempted:
     preemption (the job is going down anyway), except a stop. Also every rank exiting 0: a
     script's own handler saves and exits on the notice, and the requeued job must go on from
     there (a job that had really finished restores and exits at once)."""
-    if preempt is None or result is OutcomeState.STOPPED:
+    if preempt is None or result is OutcomeState.STOPPED or isinstance(result, Preempted):
         return result
     if result is OutcomeState.SUCCEEDED:
         return preempt.result("every rank exited 0 after the notice")

@@ -28,6 +28,7 @@ import json
 import ssl
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -44,7 +45,6 @@ from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
-from ftrun.controller.patience import Patience
 from ftrun.controller.persist_first import PersistFirst
 from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
@@ -55,6 +55,7 @@ from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
+from ftrun.controller.waiters import FirstStepPatience, StallWaiter, Waiter, earliest
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal_read import ResumePoint
@@ -392,62 +393,48 @@ class Supervisor:
         )
 
     async def _watch(self, watch: GenWatch) -> WatchResult:
+        """Until something ends the generation: its messages, and its waiters (waiters.py)."""
         preempt = self._preempt_wait(watch) if self.signals.preempt_pending else None
         grow: PersistFirst | None = None  # a grow waiting for its persist (persist_first.py)
-        patience = Patience(self.reporter, first_s=10.0)  # a first step that is slow to come
+        waiters: list[Waiter] = [
+            FirstStepPatience(self.reporter, watch, first_s=10.0),
+            StallWaiter(self.stalls, watch),
+            *([preempt] if preempt is not None else []),
+        ]
         while True:
-            if not watch.first_step_seen:
-                patience.note(watch.no_step_yet)
-            if (stalled := self.stalls.poll(watch)) is not None:
-                return under(preempt, stalled)
-            if preempt is not None and preempt.expired():
-                return preempt.result("no checkpoint reported committed within the grace")
-            if grow is not None and (change := grow.expired()) is not None:
-                return under(preempt, change)
-            wake = watch.stall.wakeup()
-            if not watch.first_step_seen:
-                wake = patience.due() if wake is None else min(wake, patience.due())
-            for deadline in (preempt and preempt.deadline, grow and grow.deadline):
-                if deadline:
-                    wake = deadline if wake is None else min(wake, deadline)
-            if (got := await self.inbox.next(wake)) is None:
+            now = time.monotonic()
+            for waiter in waiters:
+                if (ended := waiter.expired(now)) is not None:
+                    return under(preempt, ended)
+            if (got := await self.inbox.next(earliest(waiters))) is None:
                 continue
             agent_id, msg = got
             if msg["kind"] == "stop_requested":
                 return OutcomeState.STOPPED
             if msg["kind"] == "preempt_notice":
-                preempt = preempt or self._preempt_wait(watch)
+                if preempt is None:  # ahead of a grow's persist: see waiters.py
+                    preempt = self._preempt_wait(watch)
+                    waiters.insert(2, preempt)
                 continue
             if msg["kind"] == "agent_lost" and agent_id in watch.agents:
-                msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
-                host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
-                if watch.finished_on(agent_id):  # its ranks' work is done: nothing was lost
-                    self.journal.record(
-                        "host_lost_after_finishing", gen=watch.number, host=host,
-                        reason=msg.get("reason"),
-                    )  # fmt: skip
-                    self.reporter.notice(
-                        f"{host} was lost after every rank on it exited 0: nothing to redo"
-                    )
-                    if watch.agent_done(agent_id):
-                        return under(preempt, OutcomeState.SUCCEEDED)
-                    continue
-                return under(preempt, evidence.host_lost(msg, host, watch.max_step))
+                if (ended := self._lost(watch, agent_id, msg)) is not None:
+                    return under(preempt, ended)
+                continue
             if self.inbox.side_channel(agent_id, msg, watch):
                 if grow is None and (change := self._reconfiguration(watch)) is not None:
                     grow = self._persist_first(watch, change, preempt)
                     if grow is None:
                         return under(preempt, change)  # a host was added or removed
+                    waiters.append(grow)
                 continue
             if msg.get("gen") != watch.number:
                 continue  # stale: from an older generation
             if (why := watch.forged(agent_id, msg)) is not None:
                 self.server.refuse(agent_id, msg, why)
                 continue
-            if preempt is not None and (done := preempt.on_message(msg)) is not None:
-                return done
-            if grow is not None and (change := grow.on_message(msg)) is not None:
-                return under(preempt, change)
+            for waiter in waiters:
+                if (ended := waiter.on_message(agent_id, msg)) is not None:
+                    return under(preempt, ended)
             stepped = watch.first_step_seen
             news = watch.on_message(agent_id, msg)
             if news is None:
@@ -461,8 +448,22 @@ class Supervisor:
                     grow = self._persist_first(watch, change, preempt)
                     if grow is None:
                         return under(preempt, change)
+                    waiters.append(grow)
             elif news is not Seen.OUTPUT:
                 return under(preempt, news)
+
+    def _lost(self, watch: GenWatch, agent_id: str, msg: dict[str, Any]) -> WatchResult | None:
+        """A host of the generation lost: a failure, unless its ranks had all exited 0 (then
+        nothing was lost, and the job may have just succeeded)."""
+        msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
+        host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
+        if not watch.finished_on(agent_id):
+            return evidence.host_lost(msg, host, watch.max_step)
+        self.journal.record(
+            "host_lost_after_finishing", gen=watch.number, host=host, reason=msg.get("reason")
+        )
+        self.reporter.notice(f"{host} was lost after every rank on it exited 0: nothing to redo")
+        return OutcomeState.SUCCEEDED if watch.agent_done(agent_id) else None
 
     def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
         """A host removed, or ready hosts to grow onto; in a planned job, a grow only when the
