@@ -39,7 +39,9 @@ def _launch(t: float, gen: int) -> list[dict[str, Any]]:
     return out
 
 
-def write_journal(path: Path, size_bytes: int, *, finished: bool = True) -> int:
+def write_journal(
+    path: Path, size_bytes: int, *, finished: bool = True, incident_every_s: int = INCIDENT_EVERY_S
+) -> int:
     """Write about `size_bytes` of a long job's journal to `path`; returns the events written.
     Times are one second apart per beat, from T0; the job ends `succeeded` when `finished`."""
     n = 0
@@ -74,7 +76,7 @@ def write_journal(path: Path, size_bytes: int, *, finished: bool = True) -> int:
                                         "hist": hist},
                      "loop_lag": {"n": 20, "p50_ms": 1, "p99_ms": 4, "max_ms": 4.2,
                                   "hist": {"0": 12, "1": 6, "4": 2}}})  # fmt: skip
-            if int(t - T0) % INCIDENT_EVERY_S == 0:
+            if int(t - T0) % incident_every_s == 0:
                 incident += 1
                 beat += [
                     {"t": t, "kind": "fault_detected", "incident": incident, "gen": gen,
