@@ -61,7 +61,8 @@ def test_a_job_dir_another_user_put_in_place_is_not_resumed(test_id: str, no_sur
     with shared_tree() as shared:
         tmp = sticky_dir(shared)
         attacker = shared / "attacker"
-        attacker.mkdir()
+        attacker.mkdir(mode=0o755)
+        os.chmod(attacker, 0o755)  # whatever umask an in-process `ftrun launch` left
         script = planted_script(attacker)
         dead_job(attacker / "job1", script)
         for path in (attacker / "job1", *(attacker / "job1").iterdir()):
