@@ -205,9 +205,11 @@ class JobDir:
             fd = os.open(leaf, _NEW_FILE | os.O_EXCL, mode, dir_fd=parent)
         return _regular_ours(fd, self.path / name)
 
-    def replace(self, name: str, data: bytes, mode: int = 0o600) -> None:
+    def replace(self, name: str, data: bytes, mode: int | None = None) -> None:
         """Write `data` to a new temporary file beside `name` and rename it over `name`: a reader
-        sees the old file or the new one, and a link at `name` is replaced, not followed."""
+        sees the old file or the new one, and a link at `name` is replaced, not followed. The
+        mode: as the job's umask allows [0600 or 0640], or `mode` (0600 for secrets)."""
+        mode = 0o666 & ~self.umask if mode is None else mode
         with self._parent(name, make=True) as (parent, leaf):
             tmp = f".{leaf}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
             fd = os.open(tmp, _NEW_FILE | os.O_EXCL, mode, dir_fd=parent)

@@ -89,7 +89,7 @@ class Journal:
 
     def write_config(self, config: dict[str, Any]) -> None:
         data = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
-        self.files.replace(CONFIG_FILE, data, mode=0o666 & ~self.files.umask)
+        self.files.replace(CONFIG_FILE, data)
 
     def record(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append one event. Never raises for the disk's sake: an event that cannot be written

@@ -282,9 +282,7 @@ def _run(
     journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
     if config.profile is not None and not (config.job_dir / PROFILE_FILE).exists():
         # The job's own copy: a requeued or resumed job plans from it, never re-profiles.
-        profile = Path(config.profile).read_bytes()
-        journal.files.replace(PROFILE_FILE, profile, mode=0o666 & ~config.umask)
-    # Through the job directory's descriptor, never a link (ftrun/jobfiles.py).
+        journal.files.replace(PROFILE_FILE, Path(config.profile).read_bytes())
     log_file = open(journal.files.open_append("controller.log"), "a", encoding="utf-8")
     handler = logging.StreamHandler(log_file)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
