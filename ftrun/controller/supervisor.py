@@ -28,34 +28,30 @@ import json
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psutil
 
 from ftrun import tls
 from ftrun.config import LaunchConfig
-from ftrun.controller import evidence
 from ftrun.controller.adoption import CONTROL_FILE, Adoption, save_identity
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
-from ftrun.controller.generation import Ending, GenWatch, Reconfigure, Seen, WatchResult
+from ftrun.controller.generation import Ending, GenWatch
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
-from ftrun.controller.persist_first import PersistFirst
 from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
-from ftrun.controller.preemption import PreemptWait, under
-from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
+from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.controller.resumption import Interrupted, Resumption
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
-from ftrun.controller.waiters import FirstStepPatience, StallWaiter, Waiter, earliest
+from ftrun.controller.watcher import Watcher
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal_read import ResumePoint
@@ -147,6 +143,19 @@ class Supervisor:
             fleet=self.fleet,
             inbox=self.inbox,
             stalls=self.stalls,
+        )
+        self.watcher = Watcher(
+            config,
+            server=self.server,
+            inbox=self.inbox,
+            fleet=self.fleet,
+            stalls=self.stalls,
+            signals=self.signals,
+            plans=self.plans,
+            health=self.health,
+            internal=self.internal,
+            journal=journal,
+            reporter=reporter,
         )
         self.generation = 0
         if resume is not None:  # a requeued job goes on where its journal left off
@@ -287,7 +296,7 @@ class Supervisor:
             else:
                 self.generation += 1
                 watch = self._launch(self.generation, hosts)
-            result = await self._watch(watch)
+            result = await self.watcher.watch(watch)
             end = self.judge(watch, result, stop_requests=self.signals.count)
             if end.graceful is not None:
                 began = time.monotonic()
@@ -390,111 +399,4 @@ class Supervisor:
             journal=self.journal,
             reporter=self.reporter,
             nproc_per_node=self.config.nproc_per_node,
-        )
-
-    async def _watch(self, watch: GenWatch) -> WatchResult:
-        """Until something ends the generation: its messages, and its waiters (waiters.py)."""
-        preempt = self._preempt_wait(watch) if self.signals.preempt_pending else None
-        grow: PersistFirst | None = None  # a grow waiting for its persist (persist_first.py)
-        waiters: list[Waiter] = [
-            FirstStepPatience(self.reporter, watch, first_s=10.0),
-            StallWaiter(self.stalls, watch),
-            *([preempt] if preempt is not None else []),
-        ]
-        while True:
-            now = time.monotonic()
-            for waiter in waiters:
-                if (ended := waiter.expired(now)) is not None:
-                    return under(preempt, ended)
-            if (got := await self.inbox.next(earliest(waiters))) is None:
-                continue
-            agent_id, msg = got
-            if msg["kind"] == "stop_requested":
-                return OutcomeState.STOPPED
-            if msg["kind"] == "preempt_notice":
-                if preempt is None:  # ahead of a grow's persist: see waiters.py
-                    preempt = self._preempt_wait(watch)
-                    waiters.insert(2, preempt)
-                continue
-            if msg["kind"] == "agent_lost" and agent_id in watch.agents:
-                if (ended := self._lost(watch, agent_id, msg)) is not None:
-                    return under(preempt, ended)
-                continue
-            if self.inbox.side_channel(agent_id, msg, watch):
-                if grow is None and (change := self._reconfiguration(watch)) is not None:
-                    grow = self._persist_first(watch, change, preempt)
-                    if grow is None:
-                        return under(preempt, change)  # a host was added or removed
-                    waiters.append(grow)
-                continue
-            if msg.get("gen") != watch.number:
-                continue  # stale: from an older generation
-            if (why := watch.forged(agent_id, msg)) is not None:
-                self.server.refuse(agent_id, msg, why)
-                continue
-            for waiter in waiters:
-                if (ended := waiter.on_message(agent_id, msg)) is not None:
-                    return under(preempt, ended)
-            stepped = watch.first_step_seen
-            news = watch.on_message(agent_id, msg)
-            if news is None:
-                self.stalls.news(watch, agent_id, msg)
-                if watch.every_rank_exited_0():
-                    return under(preempt, OutcomeState.SUCCEEDED)
-            elif news is Seen.PROGRESS:
-                if not stepped:
-                    self.plans.first_step()
-                if grow is None and (change := self._reconfiguration(watch)) is not None:
-                    grow = self._persist_first(watch, change, preempt)
-                    if grow is None:
-                        return under(preempt, change)
-                    waiters.append(grow)
-            elif news is not Seen.OUTPUT:
-                return under(preempt, news)
-
-    def _lost(self, watch: GenWatch, agent_id: str, msg: dict[str, Any]) -> WatchResult | None:
-        """A host of the generation lost: a failure, unless its ranks had all exited 0 (then
-        nothing was lost, and the job may have just succeeded)."""
-        msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
-        host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
-        if not watch.finished_on(agent_id):
-            return evidence.host_lost(msg, host, watch.max_step)
-        self.journal.record(
-            "host_lost_after_finishing", gen=watch.number, host=host, reason=msg.get("reason")
-        )
-        self.reporter.notice(f"{host} was lost after every rank on it exited 0: nothing to redo")
-        return OutcomeState.SUCCEEDED if watch.agent_done(agent_id) else None
-
-    def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
-        """A host removed, or ready hosts to grow onto; in a planned job, a grow only when the
-        better plan pays for its restart (planning.py)."""
-        change = watch.reconfiguration(self.roster, self._excluded())
-        if change is None or change.why != "grow":
-            return change
-        joining = self.roster.can_grow(excluded=self._excluded())
-        return self.plans.gate(change, list(watch.hosts.values()), joining)
-
-    def _persist_first(
-        self, watch: GenWatch, change: Reconfigure, preempt: PreemptWait | None
-    ) -> PersistFirst | None:
-        """A grow of a generation that checkpoints with ftrun.checkpoint (rank 0 reported a
-        stall) waits for a persist of its newest step first; None: the change goes ahead now
-        (a removal restores from the survivors' memory; a notice has its own persist)."""
-        if change.why != "grow" or preempt is not None or watch.stall_s is None:
-            return None
-        return PersistFirst(
-            change, server=self.server, journal=self.journal, gen=watch.number, step=watch.max_step
-        )
-
-    def _preempt_wait(self, watch: GenWatch) -> PreemptWait:
-        signal, self.signals.preempt_pending = self.signals.preempt_pending, None
-        return PreemptWait(
-            self.config,
-            server=self.server,
-            journal=self.journal,
-            reporter=self.reporter,
-            gen=watch.number,
-            step=watch.max_step,
-            signal=signal or self.config.preempt_signal,
-            since=self.signals.preempt_at,
         )
