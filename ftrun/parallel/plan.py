@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftrun import envcontract
+from ftrun import envcontract, plandoc
 from ftrun.errors import UsageError
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
@@ -56,15 +56,12 @@ class Plan:
         """From the JSON document; unknown keys are ignored (the contract's rule for readers)."""
         if not isinstance(doc, Mapping):
             raise PlanError(f"invalid plan: a JSON object was expected, not {type(doc).__name__}")
-        required = (
-            "dp pp stages layer_names micro_batch micro_batches global_batch schedule mesh"
-        ).split()
-        missing = [k for k in required if k not in doc]
+        missing = [k for k in plandoc.REQUIRED if k not in doc]
         if missing:
             raise PlanError(f"invalid plan: missing {', '.join(missing)}")
         try:
             return cls(
-                version=int(doc.get("version", 1)),
+                version=int(doc.get("version", plandoc.VERSION)),
                 dp=_int(doc["dp"]),
                 pp=_int(doc["pp"]),
                 stages=tuple((_int(a), _int(b)) for a, b in doc["stages"]),

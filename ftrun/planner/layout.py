@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PLAN_VERSION = 1
+from ftrun import plandoc
+from ftrun.plandoc import PlanDoc
+
+PLAN_VERSION = plandoc.VERSION
 
 GPIPE = "GPipe"
 ONE_F_ONE_B = "1F1B"
@@ -84,12 +87,14 @@ class Layout:
 
     def same_plan(self, other: Layout) -> bool:
         """The same ranks doing the same work: switching between the two would change nothing."""
-        mine, theirs = self.to_plan(), other.to_plan()
-        del mine["predicted_step_s"], theirs["predicted_step_s"]
-        return mine == theirs
 
-    def to_plan(self) -> dict[str, Any]:
-        """The FTRUN_PLAN document, keys exactly as the contract has them."""
+        def work(doc: PlanDoc) -> dict[str, Any]:
+            return {k: v for k, v in doc.items() if k != "predicted_step_s"}
+
+        return work(self.to_plan()) == work(other.to_plan())
+
+    def to_plan(self) -> PlanDoc:
+        """The FTRUN_PLAN document (ftrun/plandoc.py)."""
         return {
             "version": PLAN_VERSION,
             "dp": self.dp,

@@ -4,14 +4,17 @@ coordinates, its stages, the data range of each replica, the memory budget's ari
 from __future__ import annotations
 
 import json
+import typing
+from pathlib import Path
 
 import pytest
 import torch.nn as nn
 
-from ftrun import envcontract
+from ftrun import envcontract, plandoc
 from ftrun.parallel import BudgetError, Plan, PlanError, parse_bytes
 from ftrun.parallel.memory import check_budget, in_flight
 from ftrun.parallel.stages import check_layers, cut
+from ftrun.planner import Profile, best_layout
 
 NAMES = ["tok", "block0", "block1", "block2", "block3", "head"]
 
@@ -196,3 +199,17 @@ def test_parallel_imports_neither_the_cli_nor_the_controller():
             )  # fmt: skip
             for name in names:
                 assert not name.startswith(banned), f"{path.name} imports {name}"
+
+
+def test_the_planner_writes_what_a_rank_reads():
+    """One contract (ftrun/plandoc.py): every key the planner writes is the PlanDoc's, every
+    key a reader requires is written, and the document reads back as the same layout."""
+    sample = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json"
+    profile = Profile.from_dict(json.loads(sample.read_text()))
+    layout = best_layout(profile, slots=[2, 2], global_batch=32, device_memory_bytes=None)
+    doc = layout.to_plan()
+    assert set(doc) == set(typing.get_type_hints(plandoc.PlanDoc))
+    assert set(plandoc.REQUIRED) <= set(doc)
+    plan = Plan.from_dict(doc)
+    assert (plan.dp, plan.pp, plan.version) == (layout.dp, layout.pp, plandoc.VERSION)
+    assert plan.to_dict() == doc
