@@ -17,12 +17,13 @@ from pathlib import Path
 
 import psutil
 
+from ftrun import memtier
 from ftrun.claims import read_claim
 
 log = logging.getLogger("ftrun.agent")
 
 PREFIX = "ftrun-agent-"
-SHM = Path("/dev/shm")
+SHM = memtier.ROOT
 
 
 def create() -> Path:
@@ -78,7 +79,6 @@ def redirect_output(path: Path) -> None:
 
 
 def memory_tier(job_id: str) -> Path:
-    """The job's host-memory checkpoint tier (ftrun.checkpoint.memory_tier_dir), in this user's
-    private parent: the agent owns it and removes it when the job ends. Kept in step with
-    ftrun/checkpoint/config.py."""
-    return SHM / f"ftrun-{os.geteuid()}" / job_id
+    """The job's host-memory checkpoint tier (ftrun/memtier.py), in this user's private
+    parent: the agent owns it and removes it when the job ends."""
+    return memtier.tier_dir(job_id, SHM)

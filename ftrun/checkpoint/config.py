@@ -21,11 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ftrun import envcontract, jobid
+from ftrun import envcontract, jobid, memtier
 from ftrun.checkpoint import auth
 from ftrun.checkpoint.errors import CheckpointDirError
 
-DEFAULT_MEMORY_ROOT = Path("/dev/shm")
+DEFAULT_MEMORY_ROOT = memtier.ROOT
 # In a job's memory tier: where a host keeps the peer copy's replicas of other hosts' ranks
 # (`replica/rank<R>/`, docs/peercopy.md), beside its own ranks' `rank<R>/`.
 REPLICA_DIR = "replica"
@@ -38,7 +38,7 @@ VERIFY_MODES = ("full", "size")
 
 def memory_user_dir_name() -> str:
     """This user's private parent of every memory tier in a root: `ftrun-<uid>` (0700)."""
-    return f"ftrun-{os.geteuid()}"
+    return memtier.user_dir_name()
 
 
 def memory_tier_dir(job_id: str, root: Path | str = DEFAULT_MEMORY_ROOT) -> Path:
@@ -49,7 +49,7 @@ def memory_tier_dir(job_id: str, root: Path | str = DEFAULT_MEMORY_ROOT) -> Path
         raise CheckpointDirError(
             f"invalid job id for the memory tier: {job_id!r}", hint=f"use {jobid.WHAT}"
         )
-    return Path(root) / memory_user_dir_name() / job_id
+    return memtier.tier_dir(job_id, root)
 
 
 @dataclass(frozen=True, kw_only=True)
