@@ -5,9 +5,12 @@ A real 2-rank DDP job (tests/bin/train_toy.py, gloo on CPU, both cores busy) run
 `ftrun launch`. Once it steps, every attack of scripts/attacks.py runs against its controller,
 one after another. Then (as root) a second job whose /dev/shm memory tier another user made
 first. The anchor is the same job's own step time before the attacks; the ratio is
-its step time while under attack over that.
+its step time while under attack over that. Then (scripts/hostile_figures.py) the metrics
+port under 1,000 slowloris connections and 10,000 scrapes (descriptors and heartbeat lateness
+before and under the attack), and listings on a 100 MB journal (time and memory).
 
     .venv/bin/python scripts/bench_hostile.py [--steps 400] [--json out.json]
+        [--only metrics,listing]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import attacks
 import benchlib
+import hostile_figures
 import psutil
 from benchlib import Column, Table
 
@@ -82,7 +86,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=400, help="the job's steps (long enough to last)")
     p.add_argument("--width", type=int, default=256, help="the toy model's width (its load)")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--only", default=None, help="only these figures: metrics, listing (commas)")
     args = p.parse_args()
+    if args.only:
+        return figures(args.only.split(","), args.json)
 
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as scratch, benchlib.scratch_tmpdir():
         root = Path(scratch)
@@ -193,7 +200,27 @@ def main() -> int:
             },
         )
     ok = survived and outside == 0 and all(o.refused for o, _ in outcomes)
-    return 0 if ok else 1
+    print()
+    return figures(["metrics", "listing"], None) or (0 if ok else 1)
+
+
+def figures(which: list[str], json_path: str | None) -> int:
+    """Issue 34's rows for the metrics port and the listings (scripts/hostile_figures.py)."""
+    out: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-hostile-") as scratch, benchlib.scratch_tmpdir():
+        if "metrics" in which:
+            (Path(scratch) / "m").mkdir()
+            out["metrics"] = hostile_figures.metrics_rows(Path(scratch) / "m")
+            print(hostile_figures.metrics_table(out["metrics"]))
+            print()
+        if "listing" in which:
+            (Path(scratch) / "l").mkdir()
+            out["listing"] = hostile_figures.listing_rows(Path(scratch) / "l")
+            print(hostile_figures.listing_table(out["listing"]))
+    if json_path:
+        benchlib.write_json(json_path, out)
+    under = next((r for r in out.get("metrics", []) if r["when"] == "under attack"), None)
+    return 1 if under is not None and under["fds"] - out["metrics"][0]["fds"] >= 100 else 0
 
 
 if __name__ == "__main__":
