@@ -1,12 +1,19 @@
 """Checkpoint errors a user can cause, in the FtrunError hierarchy (message, hint, exit code).
 
 A corrupt or torn checkpoint is not an error by itself: restore skips it with a warning and uses
-the previous good one. These are raised only when nothing sensible is left to do.
+the previous good one. These are raised only when nothing sensible is left to do; `warn` is the
+line a rank prints when it goes on without something.
 """
 
 from __future__ import annotations
 
+import sys
+
 from ftrun.errors import FtrunError, UsageError
+
+
+def warn(message: str) -> None:
+    print(f"ftrun-checkpoint: warning: {message}", file=sys.stderr, flush=True)
 
 
 class CheckpointError(FtrunError):

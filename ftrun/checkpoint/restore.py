@@ -11,16 +11,14 @@ line, `ftrun-checkpoint: restored step N from <tier>` (or `... no checkpoint fou
 step 0`): under ftrun the agent relays rank output into the job's logs, where `ftrun inspect`
 reads it (ftrun/jobview.py), so no new message kind is needed.
 
-When the layout changed (a shrink, a grow, another DP x PP plan) no memory snapshot matches
-it; then each rank looks at every snapshot its host's memory holds, of any rank and layout, its
-own ranks' and the replicas the peer copy keeps here (slots.scan_host), for one step that has
-every tensor it needs, by name, dtype and shape (in a data-parallel job any old rank's snapshot
-has them all; in a pipeline the stages it now holds must have been on this host, or replicated
-to it). The newest step that every rank finds so is the memory candidate, loaded tensor by
-tensor from those snapshots. Per-rank state (RNG, PerRank) comes from the rank's own old
-snapshot when the world size is the same, else starts fresh, as from storage under another
-world size. So a shrink loses what a restart in place loses, not the steps since the last
-persist.
+When no step is in every rank's own tier (the layout changed: a shrink, a grow, another DP x PP
+plan; or a restart in place whose ranks' slots turned apart), each rank looks at every snapshot
+its host's memory holds, of any rank and layout (reshard.py), for one step that has every tensor
+it needs, by name, dtype and shape. In the same layout that step is used only if every rank
+also has its own snapshot of it, since a rank's per-rank state (RNG, PerRank) is in that one
+alone; in another layout per-rank state comes from the rank's own old snapshot where it fits,
+else starts fresh, and rank 0 names the ranks whose per-rank state is not restored. So a shrink
+loses what a restart in place loses, not the steps since the last persist.
 
 A memory snapshot is identified by (step, generation): the ranks of one generation write the
 snapshots of a step together, so a slot left over from another timeline (a rank killed between
@@ -44,21 +42,18 @@ is used.
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ftrun import envcontract
-from ftrun.checkpoint import auth, dcp_layout, restore_check, slots, storage
+from ftrun.checkpoint import auth, dcp_layout, reshard, restore_check, slots, storage
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError, StateError
+from ftrun.checkpoint.errors import warn as warn  # what the other modules import from here
 from ftrun.checkpoint.state import Flat, TensorLeaf, storage_key
 
 MEMORY, STORAGE, NONE = "memory", "storage", "none"
@@ -72,10 +67,6 @@ class Restored:
     tier: str
     path: str | None = None
     skipped: tuple[str, ...] = ()
-
-
-def warn(message: str) -> None:
-    print(f"ftrun-checkpoint: warning: {message}", file=sys.stderr, flush=True)
 
 
 def restore(
@@ -118,13 +109,16 @@ def restore(
     candidates = [c for c in listed if allowed(c[0], before)]  # newest first
     corrupt = bool(invalid)  # storage only: a memory tier that fails leaves no error, as before
 
-    resharded: list[tuple[int, list[slots.HostSnapshot]]] | None = None  # once memory is spent
+    resharded: list[reshard.Candidate] | None = None  # once memory is spent
     while True:
         if not memory and resharded is None:
             resharded = []
             if tier.persistent and tier.directory is not None:
-                resharded = _resharded_candidates(keyed, tier, comm, mac_key, before)
-        other = resharded[0][0] if resharded else None
+                resharded, refused_here = reshard.candidates(
+                    keyed, sig, tier, comm, mac_key, partial(allowed, before=before)
+                )
+                skipped += refused_here
+        other = resharded[0].step if resharded else None
         newest = candidates[0][0] if candidates else None
         if memory and (newest is None or memory[0][0] >= newest):
             key = memory.pop(0)
@@ -144,15 +138,16 @@ def restore(
             skipped.append(f"the memory snapshot of step {key[0]} is not used: {reason}")
         elif other is not None and (newest is None or other >= newest):
             assert resharded is not None
-            step, snapshots = resharded.pop(0)
+            candidate = resharded.pop(0)
+            step, snapshots = candidate.step, candidate.snapshots
             reason = _collective(comm, partial(restore_check.host_snapshots, snapshots, mac_key))
             if reason is None:
                 try:
-                    objects = _load_resharded(flat, keyed, snapshots, comm, mac_key)
+                    objects = reshard.load(flat, keyed, candidate, comm, mac_key)
                 except CheckpointError as exc:
                     reason = exc.message
                 else:
-                    path = str(snapshots[0].manifest_path)
+                    path = str((candidate.own or snapshots[0]).manifest_path)
                     restored = Restored(step, MEMORY, path, tuple(skipped))
                     return _done(restored, comm), objects, None
             skipped.append(f"the host's snapshot of step {step} is not used: {reason}")
@@ -236,132 +231,6 @@ def _load_memory(
             hint=f"delete {tier.directory} to restore from storage instead",
         )
     return {**saved["global"], **saved["local"]}
-
-
-def _resharded_candidates(
-    keyed: list[tuple[str, TensorLeaf]],
-    tier: slots.MemoryTier,
-    comm: Comm,
-    mac_key: bytes,
-    before: int | None,
-) -> list[tuple[int, list[slots.HostSnapshot]]]:
-    """Collective: for each (step, generation) every rank can serve so, newest first, the
-    snapshots of this host that hold each tensor this rank needs (per-rank ones aside: they
-    start fresh); empty when there is no such step. Each snapshot is checked first (its
-    sampled digest), so a damaged one is passed over for another rank's or a replica of the
-    same step."""
-    assert tier.directory is not None
-    found, rejected = slots.scan_host(tier.directory.parent, key=mac_key)
-    for message in rejected:
-        warn(f"rank {comm.rank}: {message}")
-    checked = []
-    for snapshot in found:
-        if why := restore_check.host_snapshots([snapshot], mac_key):
-            warn(f"rank {comm.rank}: memory snapshot not used: {why}")
-        else:
-            checked.append(snapshot)
-    found = checked
-    by_step: dict[tuple[int, int], list[slots.HostSnapshot]] = {}
-    for snapshot in sorted(found, key=lambda s: s.rank):  # each step's by old rank
-        by_step.setdefault((snapshot.step, snapshot.generation), []).append(snapshot)
-    needed = [(key, leaf.tensor) for key, leaf in keyed if not leaf.local]
-    servable = {
-        step: snapshots
-        for step, snapshots in by_step.items()
-        if needed
-        and allowed(step[0], before)
-        and all(_source(key, t, snapshots) is not None for key, t in needed)
-    }
-    every = [{(step, gen) for step, gen in keys} for keys in comm.all_gather(sorted(servable))]
-    common = set.intersection(*every)
-    return [(key[0], servable[key]) for key in sorted(common, reverse=True)]
-
-
-def _source(
-    key: str, tensor: torch.Tensor, snapshots: list[slots.HostSnapshot]
-) -> tuple[slots.HostSnapshot, slots.TensorEntry] | None:
-    """The first snapshot (they are in old rank order) with `key` of the tensor's dtype and
-    shape, and its entry."""
-    dtype, shape = str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
-    for snapshot in snapshots:
-        entry = snapshot.entries.get(key)
-        if entry is not None and (entry.dtype, entry.shape) == (dtype, shape):
-            return snapshot, entry
-    return None
-
-
-def _load_resharded(
-    flat: Flat,
-    keyed: list[tuple[str, TensorLeaf]],
-    snapshots: list[slots.HostSnapshot],
-    comm: Comm,
-    mac_key: bytes,
-) -> dict[str, Any]:
-    """Load the tensors from this host's snapshots of another layout, and the shared objects
-    (the lowest rank's first, as from storage). Per-rank state comes from this rank's own old
-    snapshot when the world size is the same and it is here (a re-plan, a replaced host), else
-    it starts fresh, as from storage under another world size."""
-    error, fresh = None, False
-    merged: dict[str, Any] = {}
-    try:
-        own = next(
-            (s for s in snapshots if (s.rank, s.world_size) == (comm.rank, comm.world)), None
-        )
-        local_keys = [(key, leaf.tensor) for key, leaf in keyed if leaf.local]
-        fresh = own is None or any(_source(k, t, [own]) is None for k, t in local_keys)
-        with contextlib.ExitStack() as stack:
-            views = {id(s): stack.enter_context(s.mapped()) for s in snapshots}
-            for key, leaf in keyed:
-                if leaf.local and fresh:
-                    continue
-                found = _source(key, leaf.tensor, [own] if leaf.local and own else snapshots)
-                assert found is not None  # _resharded_candidate, or `fresh`, made sure
-                snapshot, entry = found
-                leaf.tensor.copy_(views[id(snapshot)](entry))
-        if changed := [str(s.manifest_path) for s in snapshots if not s.unchanged()]:
-            raise CheckpointError(f"{changed[0]} changed while it was read")
-        for snapshot in snapshots:  # sorted by rank
-            for key, value in auth.loads(mac_key, snapshot.objects)["global"].items():
-                merged.setdefault(key, value)
-        if not fresh:
-            assert own is not None
-            merged.update(auth.loads(mac_key, own.objects)["local"])
-        missing = [leaf.key for leaf in flat.objects if not leaf.local and leaf.key not in merged]
-        if missing:
-            error = f"rank {comm.rank}: the snapshot lacks {missing[0]!r}"
-    except Exception as exc:  # noqa: BLE001 - every rank must learn that one failed
-        error = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
-    reports = comm.all_gather((error, fresh))
-    errors = [e for e, _ in reports if e]
-    if errors:
-        raise CheckpointError(
-            f"loading the memory snapshot of another layout failed: {errors[0]}",
-            hint=f"delete {snapshots[0].manifest_path.parent.parent} to restore from storage",
-        )
-    started_fresh = [r for r, (_, f) in enumerate(reports) if f]
-    if comm.rank == 0:
-        note = (
-            f"; per-rank state (RNG, PerRank entries) of rank(s) {_ranges(started_fresh)} "
-            "starts fresh"
-            if started_fresh
-            else ""
-        )
-        warn(
-            f"step {snapshots[0].step} is restored from host memory saved in another layout "
-            f"({snapshots[0].world_size} ranks, now {comm.world}){note}"
-        )
-    return merged
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    out: list[str] = []
-    for r in ranks:
-        if out and out[-1].split("-")[-1] == str(r - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{r}"
-        else:
-            out.append(str(r))
-    return ",".join(out)
 
 
 def _load_storage(

@@ -551,6 +551,7 @@ class HostSnapshot:
     data_path: Path
     manifest_path: Path
     manifest_inode: int  # the manifest read: the same one after the data means it did not change
+    signature: str = ""  # its layout's (signature()): a rank's own snapshot in the same layout
 
     def unchanged(self) -> bool:
         """Whether the snapshot is still the one scanned (a writer deletes the manifest before it
@@ -638,6 +639,7 @@ def scan_host(tier: Path, *, key: bytes) -> tuple[list[HostSnapshot], list[str]]
                     data,
                     manifest,
                     inode,
+                    body["signature"],
                 )
             )
     return found, skipped
