@@ -16,6 +16,8 @@ changed (size or mtime) and reuses the rest.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,17 +175,33 @@ def snapshot(directory: Path, job: str | None, cache: JobCache, width: int = NAR
 
 
 def watch(console: Console, directory: Path, job: str | None, interval_s: float) -> None:
-    """Until Ctrl-C (which returns normally: leaving a watch is no error)."""
+    """Until Ctrl-C (which returns normally: leaving a watch is no error).
+
+    Ctrl-C sets a flag rather than raising KeyboardInterrupt: raised in the middle of a refresh,
+    the exception could land in a finalizer the garbage collector runs (a fold makes garbage),
+    where Python prints and drops it, and the watch went on for ever (seen on a loaded machine).
+    A second Ctrl-C raises, for a refresh that does not end."""
+    stop = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
     cache = JobCache()
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
         if not console.is_terminal:
-            while True:
+            while not stop.is_set():
                 console.print(snapshot(directory, job, cache, console.width))
                 console.print()
-                time.sleep(interval_s)
+                stop.wait(interval_s)
+            return
         with Live(console=console, auto_refresh=False, transient=False) as live:
-            while True:
+            while not stop.is_set():
                 live.update(snapshot(directory, job, cache, console.width), refresh=True)
-                time.sleep(interval_s)
+                stop.wait(interval_s)
     except KeyboardInterrupt:
         return
+    finally:
+        signal.signal(signal.SIGINT, previous)

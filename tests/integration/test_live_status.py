@@ -141,8 +141,13 @@ def test_watch_refreshes_in_a_terminal_follows_a_resize_and_leaves_on_ctrl_c(
     try:
         set_size(fd, 40, 120)
         out.wait_for("generation 1", 60)
-        seen = ANSI.sub("", read_pty(fd, time.monotonic() + 8))
-        wide = [int(m) for m in re.findall(r"running\s+1\s+-\s+1 active\s+(\d+)", seen)]
+        # Refreshed frames, until two show the step moving on (a loaded machine may take a
+        # while to the first step).
+        raw, wide, deadline = "", [], time.monotonic() + 60
+        while not (len(wide) >= 2 and wide[-1] > wide[0]) and time.monotonic() < deadline:
+            raw += read_pty(fd, time.monotonic() + 1)
+            seen = ANSI.sub("", raw)  # whole: an escape may be split between two reads
+            wide = [int(m) for m in re.findall(r"running\s+1\s+-\s+1 active\s+(\d+)", seen)]
         assert "GOODPUT" in seen and len(wide) >= 2 and wide[-1] > wide[0], seen[-3000:]
         set_size(fd, 40, 70)
         os.kill(pid, signal.SIGWINCH)
