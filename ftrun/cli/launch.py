@@ -1,37 +1,30 @@
-"""`ftrun launch`: where users typed torchrun. Flags → LaunchConfig → Supervisor."""
+"""`ftrun launch`: where users typed torchrun. Flags → LaunchConfig → Supervisor.
+
+The flags are checked and resolved by launch_inputs.py, launch_hosts.py and launch_job_id.py,
+torchrun's own by torchrun_flags.py; the configured job runs as `ftrun resume` runs one too
+(run_job.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
-import logging
 import os
 from pathlib import Path
 
 import typer
 
 from ftrun import envcontract
+from ftrun.cli import launch_hosts, launch_job_id
 from ftrun.cli import launch_inputs as inputs
 from ftrun.cli import launch_options as opts
 from ftrun.cli import torchrun_flags as tr
-from ftrun.cli.render import ConsoleReporter, make_console, print_root_cause
-from ftrun.cli.torchrun_values import Echo, EchoingReporter, nproc_per_node_of
+from ftrun.cli.render import ConsoleReporter
+from ftrun.cli.run_job import console, run
+from ftrun.cli.torchrun_values import nproc_per_node_of
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
-from ftrun.controller.adoption import Adoption
-from ftrun.controller.planning import PROFILE_FILE
-from ftrun.controller.policy_file import FaultPolicy
-from ftrun.controller.reporting import JobOutcome, OutcomeState
 from ftrun.envcontract import forwarded
-from ftrun.errors import FtrunError, UsageError
-from ftrun.jobview.keeper import keeping_summary
-from ftrun.journal import Journal
-from ftrun.journal_read import ResumePoint
-from ftrun.transport.base import Transport
+from ftrun.errors import UsageError
 from ftrun.transport.slurm_allocation import in_allocation
 from ftrun.userenv import user_env
-
-console = make_console(stderr=True)
 
 
 def launch(
@@ -131,9 +124,9 @@ def launch(
     if slurm is None:
         slurm = in_allocation() and hosts is None and hostfile is None
     host_list = (
-        inputs.slurm_hosts(hosts, hostfile, spares, slurm_spares, problems)
+        launch_hosts.slurm_hosts(hosts, hostfile, spares, slurm_spares, problems)
         if slurm
-        else inputs.host_options(hosts, hostfile, spares, ssh_config, problems)
+        else launch_hosts.host_options(hosts, hostfile, spares, ssh_config, problems)
     )
     allocation = host_list.allocation
     gpus = allocation.gpus_per_node if allocation else None
@@ -153,11 +146,11 @@ def launch(
     if master_port is not None and 0 < master_port < 65536 and inputs.port_busy(master_port):
         problems.append(f"--master-port {master_port} is already in use")
     resolved_run_dir = resolve_run_dir(run_dir)
-    run_dir_ok = inputs.run_dir_path(resolved_run_dir, problems)
+    run_dir_ok = launch_job_id.run_dir_path(resolved_run_dir, problems)
     name = job_name or Path(script).stem or script
     if job_id is None and allocation is not None and run_dir_ok:
-        job_id = inputs.slurm_job_id(resolved_run_dir, name, allocation)
-    resume = inputs.resume_point(
+        job_id = launch_job_id.slurm_job_id(resolved_run_dir, name, allocation)
+    resume = launch_job_id.resume_point(
         resolved_run_dir,
         job_id,
         problems,
@@ -245,136 +238,6 @@ def launch(
     code = run(config, fault_policy, resume, echo=echo)
     if code:  # typer.Exit carries the job's exit code through typer's standalone mode
         raise typer.Exit(code)
-
-
-def run(
-    config: LaunchConfig,
-    policy: FaultPolicy,
-    resume: ResumePoint | None = None,
-    adoption: Adoption | None = None,
-    *,
-    echo: Echo | None = None,
-) -> int:
-    with contextlib.ExitStack() as stack:
-        metrics = None
-        if config.metrics_port is not None:  # bound first: a port in use stops us before a job
-            from ftrun.cli.metrics import serving
-
-            metrics = stack.enter_context(serving(config.metrics_addr, config.metrics_port))
-        # The job's summary (status reads it) and the metrics' figures, kept off the loop.
-        on_view = None if metrics is None else metrics.update
-        stack.enter_context(keeping_summary(config.job_dir, on_view=on_view))
-        port = None if metrics is None else metrics.port
-        return _run(config, policy, resume, adoption, port, echo)
-
-
-def _run(
-    config: LaunchConfig,
-    policy: FaultPolicy,
-    resume: ResumePoint | None,
-    adoption: Adoption | None,
-    metrics_port: int | None,
-    echo: Echo | None,
-) -> int:
-    from ftrun.controller.supervisor import Supervisor
-
-    journal = Journal(config.job_dir, existing=config.job_dir.is_dir(), umask=config.umask)
-    journal.write_config({**config.to_json(), "policy": dataclasses.asdict(policy)})
-    if config.profile is not None and not (config.job_dir / PROFILE_FILE).exists():
-        # The job's own copy: a requeued or resumed job plans from it, never re-profiles.
-        journal.files.replace(PROFILE_FILE, Path(config.profile).read_bytes())
-    log_file = open(journal.files.open_append("controller.log"), "a", encoding="utf-8")
-    handler = logging.StreamHandler(log_file)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logging.getLogger("ftrun").addHandler(handler)
-    logging.getLogger("ftrun").setLevel(logging.INFO)
-    reporter = (
-        ConsoleReporter(console)
-        if echo is None
-        else EchoingReporter(console, echo, config.nproc_per_node)
-    )
-    reporter.notice(f"job {config.job_id} (directory {config.job_dir})")
-    if metrics_port is not None:
-        journal.record("metrics_listening", addr=config.metrics_addr, port=metrics_port)
-        reporter.notice(f"metrics for Prometheus: http://{config.metrics_addr}:{metrics_port}/")
-    if config.transport != "local" and not config.control_tls:
-        reporter.notice(
-            "the control plane between hosts is NOT encrypted (--insecure-plain-control): "
-            "the network sees what the ranks print",
-            level="warning",
-        )
-    if config.transport == "ssh" and not config.check_host_keys:
-        reporter.notice(
-            "ssh host keys are NOT checked (--insecure-skip-host-key-check): whoever answers "
-            "on a host's address gets the job and its secret",
-            level="warning",
-        )
-    try:
-        supervisor = Supervisor(
-            config,
-            policy=policy,
-            journal=journal,
-            transport=make_transport(config),
-            reporter=reporter,
-            resume=resume,
-            adoption=adoption,
-        )
-        outcome = asyncio.run(supervisor.run())
-        if outcome.state is OutcomeState.REQUEUED:
-            outcome = requeue_job(config, journal, outcome)
-    finally:
-        journal.close()
-        logging.getLogger("ftrun").removeHandler(handler)
-        handler.close()
-        log_file.close()
-    level = {"succeeded": "info", "stopped": "warning"}.get(outcome.state, "error")
-    reporter.notice(f"job {config.job_id} {outcome.state}: {outcome.reason}", level=level)
-    print_root_cause(console, outcome.root_cause)
-    if outcome.state != "succeeded":
-        run_dir_flag = (
-            "" if config.run_dir == resolve_run_dir(None) else f" --run-dir {config.run_dir}"
-        )
-        reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
-    return outcome.exit_code
-
-
-def make_transport(config: LaunchConfig) -> Transport:
-    if config.transport == "ssh":
-        from ftrun.transport.ssh import SshTransport
-
-        return SshTransport(
-            python=config.agent_python,
-            ssh_config=config.ssh_config,
-            controller_addr=config.controller_addr,
-            check_host_keys=config.check_host_keys,
-        )
-    if config.transport == "slurm":
-        from ftrun.transport.slurm import SrunTransport
-
-        return SrunTransport(
-            python=config.agent_python,
-            controller_addr=config.controller_addr,
-        )
-    from ftrun.transport.local import LocalTransport
-
-    return LocalTransport(config.python)
-
-
-def requeue_job(config: LaunchConfig, journal: Journal, outcome: JobOutcome) -> JobOutcome:
-    """Put the Slurm job back in the queue, last: Slurm then ends this batch step, and the
-    requeued one resumes this job directory."""
-    from ftrun.transport.slurm_allocation import requeue
-
-    assert config.slurm_job_id is not None
-    try:
-        requeue(config.slurm_job_id)
-    except FtrunError as e:
-        journal.record("requeue_failed", slurm_job_id=config.slurm_job_id, error=e.message)
-        return dataclasses.replace(
-            outcome, state=OutcomeState.PREEMPTED, reason=f"{outcome.reason}; {e.message}"
-        )
-    journal.record("requeued", slurm_job_id=config.slurm_job_id)
-    return outcome
 
 
 def register(app: typer.Typer) -> None:

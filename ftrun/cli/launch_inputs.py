@@ -2,8 +2,9 @@
 
 Every check collects its problems into one list instead of raising, so that a user sees all that
 is wrong with a command line in one message (STYLE.md), with one hint chosen from them. What the
-flags mean and how they combine (a flag beats the policy file beats the default) lives here;
-`launch.py` only wires flags → LaunchConfig → Supervisor.
+flags mean and how they combine (a flag beats the policy file beats the default) lives here, with
+the hosts in launch_hosts.py and the job (new, Slurm's, resumed) in launch_job_id.py; `launch.py`
+only wires flags → LaunchConfig → Supervisor.
 """
 
 from __future__ import annotations
@@ -17,154 +18,14 @@ import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ftrun import filemodes, jobfiles, jobid, numbers
-from ftrun.agent import procs
-from ftrun.config import new_job_id, signal_name
+from ftrun import filemodes, jobfiles, numbers
+from ftrun.config import signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
-from ftrun.hostlist import LOCALHOST, check_roles, parse_host_list, read_hostfile, uniform_slots
-from ftrun.jobview.fold import controller_alive
-from ftrun.journal_read import ResumePoint, check_run_dir_path, read_events
-from ftrun.journal_read import resume_point as resume_point_of
+from ftrun.journal_read import check_run_dir_path
 from ftrun.planner import Profile, parse_size
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.timeouts import ControlTimeouts
-from ftrun.transport.slurm_allocation import Allocation, read_allocation
-
-
-@dataclasses.dataclass(frozen=True)
-class HostOptions:
-    hosts: tuple[str, ...] = (LOCALHOST,)
-    spares: tuple[str, ...] = ()
-    transport: str = "local"
-    slots: int | None = None
-    allocation: Allocation | None = None  # under Slurm
-
-
-def host_options(
-    hosts: str | None,
-    hostfile: Path | None,
-    spares: str | None,
-    ssh_config: Path | None,
-    problems: list[str],
-) -> HostOptions:
-    """--hosts / --hostfile / --spares → host targets; problems are collected, not raised."""
-    if hosts is not None and hostfile is not None:
-        problems.append("--hosts and --hostfile cannot be used together")
-        return HostOptions()
-    if ssh_config is not None:
-        problems.extend(ssh_config_problems(ssh_config))
-    try:
-        entries = (
-            read_hostfile(hostfile)
-            if hostfile is not None
-            else parse_host_list(hosts)
-            if hosts is not None
-            else []
-        )
-        spare_entries = parse_host_list(spares, what="--spares") if spares else []
-        if hosts is not None and not entries:
-            problems.append("--hosts names no host")
-        if not entries:
-            return HostOptions(spares=tuple(e.target for e in spare_entries))
-        check_roles(entries, spare_entries, None)
-        return HostOptions(
-            tuple(e.target for e in entries),
-            tuple(e.target for e in spare_entries),
-            transport="ssh",
-            slots=uniform_slots(entries),
-        )  # spares run as many
-    except UsageError as e:
-        problems.append(e.message)
-        return HostOptions()
-
-
-def slurm_hosts(
-    hosts: str | None,
-    hostfile: Path | None,
-    spares: str | None,
-    slurm_spares: int,
-    problems: list[str],
-) -> HostOptions:
-    """--slurm: the nodes of this job's allocation, the last `slurm_spares` of them as spares."""
-    for flag, value in (("--hosts", hosts), ("--hostfile", hostfile), ("--spares", spares)):
-        if value is not None:
-            problems.append(
-                f"{flag} cannot be used with --slurm: the nodes come from the allocation "
-                "(spares: --slurm-spares K)"
-            )
-    try:
-        allocation = read_allocation()
-        nodes, spare_nodes = allocation.split(slurm_spares)
-    except FtrunError as e:
-        problems.append(e.message)
-        return HostOptions()
-    return HostOptions(nodes, spare_nodes, transport="slurm", allocation=allocation)
-
-
-def run_dir_path(run_dir: Path, problems: list[str]) -> bool:
-    """False, with the problem, for a run directory whose path runs into a file."""
-    try:
-        check_run_dir_path(run_dir)
-    except UsageError as e:
-        problems.append(e.message)
-        return False
-    return True
-
-
-def slurm_job_id(run_dir: Path, name: str, allocation: Allocation) -> str:
-    """Under Slurm the job id is the Slurm job's (`name-slurm1234`), so that a requeued batch
-    step finds its job directory and resumes it; a second `ftrun launch` in one run of a batch
-    script (not requeued) is a job of its own."""
-    keyed = new_job_id(name, suffix=f"slurm{allocation.key}")
-    if allocation.restart_count == 0 and read_events(run_dir / keyed):
-        return new_job_id(name)
-    return keyed
-
-
-def resume_point(
-    run_dir: Path, job_id: str | None, problems: list[str], *, slurm_restarts: int | None = None
-) -> ResumePoint | None:
-    """--job-id of a job that ran before (a requeued Slurm job): where it left off; None for a
-    new job. A job that finished for good is not run again, nor one whose controller still
-    runs. `slurm_restarts`: SLURM_RESTART_COUNT now; a job Slurm itself requeued since its last
-    run (preemption by SIGTERM, its batch node lost) resumes even though it ended stopped."""
-    if job_id is None:
-        return None
-    if not jobid.valid(job_id):
-        problems.append(f"--job-id {job_id!r} is not a job id ({jobid.WHAT})")
-        return None
-    try:
-        events = read_events(run_dir / job_id)
-    except UsageError as e:  # a run dir that is a file was reported already
-        if not any(p.startswith("the run directory ") for p in problems):
-            problems.append(e.message)
-        return None
-    if not events:
-        _refuse_if_in_use(job_id, problems)
-        return None
-    point = resume_point_of(events)
-    requeued_by_slurm = slurm_restarts is not None and slurm_restarts > point.slurm_restart_count
-    if controller_alive(*point.controller):
-        problems.append(f"job {job_id} is running (its controller is pid {point.controller[0]})")
-    elif not point.resumable and not (requeued_by_slurm and point.finished == "stopped"):
-        problems.append(
-            f"job {job_id} already ended ({point.finished}): only a preempted job is resumed"
-        )
-    return point
-
-
-def _refuse_if_in_use(job_id: str, problems: list[str]) -> None:
-    """A new job whose id another job on this machine runs under (launched with another run
-    directory, where this one's check cannot see it). Their agents would carry the same process
-    tag, so each one's sweep would SIGKILL the other's ranks, and their ranks would write into
-    the same memory tier, /dev/shm/ftrun-<job id>."""
-    running = procs.job_processes(job_id)
-    if running:
-        problems.append(
-            f"job id {job_id} is in use on this machine by a job with another run directory "
-            f"(pid {running[0].pid} is one of its processes): choose another --job-id"
-        )
 
 
 def planning(
@@ -198,18 +59,6 @@ def device_memory_bytes(text: str | None, problems: list[str]) -> int | None:
     except ValueError as e:
         problems.append(f"--device-memory: {e}")
         return None
-
-
-def ssh_config_problems(path: Path) -> list[str]:
-    if not path.is_file():
-        return [f"--ssh-config {str(path)!r} is not a file"]
-    import paramiko  # what Fabric parses it with
-
-    try:
-        paramiko.SSHConfig.from_path(str(path))
-    except Exception as e:  # noqa: BLE001 - ConfigParseError, or an unreadable file
-        return [f"--ssh-config {str(path)!r} cannot be parsed: {e}"]
-    return []
 
 
 def fault_policy(

@@ -1,5 +1,5 @@
 """Fuzzing the host lists users write: `--hosts`/`--spares` text and `--hostfile` files (bytes),
-through `ftrun.hostlist` and through launch's own layer (`launch_inputs.host_options`). Nothing
+through `ftrun.hostlist` and through launch's own layer (`launch_hosts.host_options`). Nothing
 may raise but a UsageError, and launch's layer raises nothing: it collects problems."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftrun.cli.launch_inputs import host_options
+from ftrun.cli.launch_hosts import host_options
 from ftrun.errors import UsageError
 from ftrun.hostlist import parse_host_list, read_hostfile
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ftrun.cli.launch_inputs import slurm_job_id
+from ftrun.cli.launch_job_id import slurm_job_id
 from ftrun.errors import UsageError
 from ftrun.journal_read import resume_point
 from ftrun.transport.slurm_allocation import Allocation
@@ -69,7 +69,7 @@ def test_a_job_slurm_requeued_itself_resumes_even_though_it_ended_stopped(tmp_pa
     """Slurm's own requeue (preemption by SIGTERM, its batch node lost) stops the controller
     with no notice: the next run, with a higher SLURM_RESTART_COUNT, resumes. A job stopped by
     hand (the same restart count) or one whose controller still runs does not."""
-    from ftrun.cli.launch_inputs import resume_point as check
+    from ftrun.cli.launch_job_id import resume_point as check
 
     _journal(
         tmp_path / "j",
