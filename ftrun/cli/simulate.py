@@ -25,8 +25,8 @@ from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
 from ftrun.errors import UsageError
 from ftrun.journal_read import find_job_dir, read_journal
+from ftrun.sim.baseline import Baseline, young_daly_interval_s
 from ftrun.sim.costs import DEFAULT_COSTS, Costs, costs_from_journal
-from ftrun.sim.engine import Baseline, young_daly_interval_s
 from ftrun.sim.run import CHECKPOINT_RESTART, FTRUN, IDEAL, Outcome, Setup, simulate
 from ftrun.sim.trace import Trace, read_trace
 

@@ -12,17 +12,15 @@ simulated clock), so goodput is computed by the same code as for a real job
 
 The baseline "checkpoint-restart" (torchrun elastic) runs through this same engine with its own
 behaviour: DP only, every change of hosts restarts the job, and a restart restores the last
-checkpoint written every `checkpoint_every_s` (Baseline). The ideal needs no engine
-(ideal.py).
+checkpoint written every `checkpoint_every_s` (baseline.py). What each phase and checkpoint costs
+is charges.py's, the clock and its queue of what happens next clock.py's. The ideal needs no
+engine (ideal.py).
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
-import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
@@ -32,66 +30,19 @@ from ftrun.controller.incidents import Incidents
 from ftrun.controller.planning import PlanDesk, Unplanned
 from ftrun.controller.policy import Tier
 from ftrun.controller.policy_file import FaultPolicy
-from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, NotEnoughHosts, Roster
 from ftrun.controller.stall import StallWatch
 from ftrun.journal import Journal
-from ftrun.planner import Layout, NoLayoutFits, Profile, SwitchDecision
+from ftrun.planner import NoLayoutFits, Profile
+from ftrun.sim.baseline import Baseline, DataParallelOnly
+from ftrun.sim.charges import Charges
+from ftrun.sim.clock import EventClock
 from ftrun.sim.costs import Costs
+from ftrun.sim.quiet import Quiet
 from ftrun.sim.trace import Trace, TraceEvent
+from ftrun.sim.training import Training
 
 PROGRESS_EVERY_S = 60.0  # a simulated job's progress events: enough for a rate, not per second
-
-
-@dataclass(frozen=True, kw_only=True)
-class Baseline:
-    """Checkpoint-restart as torchrun elastic does it: what differs from ftrun."""
-
-    detect_s: float  # torchelastic notices a lost node (rendezvous keep-alive, ~15 s)
-    restart_s: float  # rendezvous again and start every worker
-    checkpoint_every_s: float  # DCP to storage this often, from the first step of a generation
-    checkpoint_stall_s: float  # what each save stalls training
-
-
-def young_daly_interval_s(checkpoint_stall_s: float, mean_time_between_changes_s: float) -> float:
-    """The checkpoint interval that loses least to saves and restarts together:
-    sqrt(2 * save cost * mean time between failures) (Young 1974, Daly 2006). The baseline is
-    given its best interval, so that ftrun is measured against checkpoint-restart done well."""
-    return max(1.0, (2.0 * checkpoint_stall_s * mean_time_between_changes_s) ** 0.5)
-
-
-class DataParallelOnly(PlanDesk):
-    """The baseline's planner: torchrun elastic re-forms data parallelism only, so of the
-    layouts the planner ranks it may take those without a pipeline. Its "smaller plan" is
-    still measured against the best layout of all (`full_step_s`)."""
-
-    def ranked(self, n_hosts: int) -> list[Layout]:
-        return [layout for layout in super().ranked(n_hosts) if layout.pp == 1]
-
-    def full_step_s(self, n_hosts: int, ranked: list[Layout]) -> float | None:
-        want = self.config.max_nodes or len(self.config.hosts)
-        return super().full_step_s(want, PlanDesk.ranked(self, want))  # every layout, not ours
-
-    def worth_growing(self, active: list[str], joining: list[str]) -> SwitchDecision | None:
-        """A node that joins restarts the workers, whether it pays or not; a host its plan
-        leaves idle is no membership change."""
-        candidate = self.ranked(len(active) + len(joining))
-        if not candidate or (self.current is not None and candidate[0].same_plan(self.current)):
-            return None
-        return SwitchDecision(switch=True, reason="a node joined: torchrun restarts", gain_s=0.0)
-
-
-class _Quiet(Reporter):
-    """The simulation shows nothing while it runs: its result is the journal."""
-
-    def rank_output(self, rank: int, lines: list[str]) -> None:
-        pass
-
-    def torchrun_output(self, host: str, lines: list[str]) -> None:
-        pass
-
-    def notice(self, text: str, *, level: str = "info") -> None:
-        pass
 
 
 class Simulation:
@@ -109,8 +60,10 @@ class Simulation:
         start_wall_t: float = 1.8e9,
     ) -> None:
         self.trace, self.config, self.costs, self.baseline = trace, config, costs, baseline
+        self.charges = Charges(costs, baseline)
         self.start_s, self.end_s = start_s, end_s
-        self.t = start_s  # seconds since the trace's start
+        self.clock = EventClock(start_s)
+        self.at = self.clock.at
         self.wall0 = start_wall_t - start_s  # the journal's times: the job starts at start_wall_t
         self.journal = journal_for(lambda: self.wall0 + self.t)
         self.roster = Roster(config.hosts, min_nodes=config.min_nodes, max_nodes=config.max_nodes)
@@ -120,31 +73,25 @@ class Simulation:
         )
         desk = PlanDesk if baseline is None else DataParallelOnly
         self.plans: PlanDesk | Unplanned = (
-            desk(config, profile, journal=self.journal, reporter=_Quiet(), clock=self.now)
+            desk(config, profile, journal=self.journal, reporter=Quiet(), clock=self.clock.now)
             if profile is not None
             else Unplanned()
         )
-        self.full_world = (config.max_nodes or len(config.hosts)) * config.nproc_per_node
-        self._queue: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
         self.watch: GenWatch | None = None
         self.generation = 0
         self.phase = "down"  # down | launching | training | ending
-        self.train_t0 = 0.0  # training of the running generation began here, at train_step0
-        self.train_step0 = 0
-        self.step_s = costs.step_s
-        self.committed = 0  # the last step committed to storage
+        full_world = (config.max_nodes or len(config.hosts)) * config.nproc_per_node
+        self.training = Training(self.charges, full_world=full_world)
         self.first_launch = False
         self.waiting = False  # too few hosts: the next generation waits for one to come
         self.done = False
 
-    def now(self) -> float:
-        return self.t
+    @property
+    def t(self) -> float:
+        """Seconds since the trace's start, on the simulated clock."""
+        return self.clock.t
 
-    # ---- the event loop --------------------------------------------------------------------
-
-    def at(self, t: float, action: Callable[[], None]) -> None:
-        heapq.heappush(self._queue, (t, next(self._seq), action))
+    # ---- the job's start and end -----------------------------------------------------------
 
     def run(self) -> None:
         """Start the job with the hosts up at the trace's start and follow the trace to its
@@ -154,10 +101,7 @@ class Simulation:
                 self.at(e.t_s, functools.partial(self.on_trace, e))
         self.at(self.end_s, self.stop)
         self.start()
-        while self._queue and not self.done:
-            t, _, action = heapq.heappop(self._queue)
-            self.t = max(self.t, t)
-            action()
+        self.clock.run(until=lambda: self.done)
 
     def start(self) -> None:
         cfg = self.config
@@ -187,7 +131,7 @@ class Simulation:
         if self.watch is not None:
             self.journal.record("stop_requested", gen=self.generation)
             step = self.step()
-            self.t += self.costs.stop_s  # ranks, then agents, stopped
+            self.clock.t += self.costs.stop_s  # ranks, then agents, stopped
             self.journal.record("generation_ended", gen=self.generation, outcome="stopped",
                                 step=step)  # fmt: skip
         self.journal.record(
@@ -240,7 +184,7 @@ class Simulation:
             return
         fault_t = self.t
         step = self.step()
-        self.at(self.t + self.detect_s(), lambda: self.host_lost(host, fault_t, step))
+        self.at(self.t + self.charges.detect_s(), lambda: self.host_lost(host, fault_t, step))
         self.phase = "ending"
         self.progress(step)
 
@@ -256,11 +200,12 @@ class Simulation:
         decision = self.incidents.classify(watch, failure, now=self.t, wall_t=self.wall0 + self.t)
         incident = self.incidents.count
         self.at(
-            self.t + self.teardown_s(), lambda: self.torn_down(incident, decision.tier, failure)
+            self.t + self.charges.teardown_s(),
+            lambda: self.torn_down(incident, decision.tier, failure),
         )
 
     def torn_down(self, incident: int, tier: Tier, failure: evidence.Failure) -> None:
-        self.plans.torn_down(self.teardown_s())
+        self.plans.torn_down(self.charges.teardown_s())
         self.journal.record("torn_down", incident=incident, gen=self.generation)
         self.end_generation("failed")
         if tier is Tier.FATAL:
@@ -302,17 +247,17 @@ class Simulation:
                 set(agents), exit_timeout_s=60.0, idle_timeout_s=0.0, stacks_timeout_s=10.0
             ),  # fmt: skip
             journal=self.journal,
-            reporter=_Quiet(),
+            reporter=Quiet(),
         )
-        self.step_s = self._step_s(world)
+        self.training.launched(world, getattr(self.plans, "current", None))
         self.phase = "launching"
         restore = self.costs.restore_s
         gen = self.generation
         if self.first_launch:  # the job's start: agents, rendezvous, imports, the first step
             self.first_launch = False
-            delay = max(0.0, self.startup_s() - self.costs.agent_start_s)
+            delay = max(0.0, self.charges.startup_s() - self.costs.agent_start_s)
         else:
-            delay = self.relaunch_s()
+            delay = self.charges.relaunch_s()
         self.at(self.t + delay + restore, lambda: self.first_step(gen, restore))
 
     def first_step(self, gen: int, restore_s: float) -> None:
@@ -321,8 +266,8 @@ class Simulation:
         restored = self.restored_step()
         self.journal.record("checkpoint_restored", gen=gen, step=restored,
                             tier="storage" if restored else "none", restore_s=restore_s)  # fmt: skip
-        self.train_t0, self.train_step0 = self.t, restored + 1
-        self.journal.record("first_step", gen=gen, step=self.train_step0)
+        self.training.began(self.t, step0=restored + 1)
+        self.journal.record("first_step", gen=gen, step=self.training.step0)
         assert self.watch is not None
         self.watch.first_step_seen = True
         self.plans.first_step()
@@ -353,10 +298,10 @@ class Simulation:
         self.journal.record("reconfigure", gen=self.generation, why=change.why,
                             detail=change.detail, step=step)  # fmt: skip
         self.phase = "ending"
-        self.at(self.t + self.reconfigure_s(), self.reconfigured)
+        self.at(self.t + self.charges.reconfigure_s(), self.reconfigured)
 
     def reconfigured(self) -> None:
-        self.plans.torn_down(self.reconfigure_s())
+        self.plans.torn_down(self.charges.reconfigure_s())
         self.end_generation("reconfigured")
         self.next_generation()
 
@@ -377,8 +322,8 @@ class Simulation:
     def step(self) -> int:
         """The step the running generation has reached (its last whole one)."""
         if self.phase not in ("training", "ending") or self.watch is None:
-            return self.committed
-        return self.train_step0 + int((self.t - self.train_t0) / self.step_s)
+            return self.training.committed
+        return self.training.reached(self.t)
 
     def progress(self, step: int | None = None) -> None:
         """A progress event, and the commits made so far: storage gets the latest step every
@@ -387,50 +332,7 @@ class Simulation:
         if self.phase not in ("training", "ending") or self.watch is None:
             return
         self.watch.max_step = step
-        # ftrun persists in the background, all the time: the newest commit is persist_lag_s
-        # old (measured). The baseline saves every checkpoint_every_s: the last save's step.
-        trained = self.t - self.train_t0
-        if self.baseline is None:
-            at = trained - self.costs.persist_lag_s
-        else:
-            at = (trained // self.baseline.checkpoint_every_s) * self.baseline.checkpoint_every_s
-        if at > 0:
-            commit_step = self.train_step0 + int(at / self.step_s)
-            if commit_step > self.committed:
-                self.committed = commit_step
-                self.journal.record("checkpoint_committed", gen=self.generation, step=commit_step)
-        self.journal.record("progress", gen=self.generation, step=step, stall_s=self.stall_s())
-
-    def stall_s(self) -> float:
-        """What checkpoints have stalled the running generation so far: ftrun's snapshots a
-        measured share of its training; the baseline's saves, each a full stall."""
-        trained = max(0.0, self.t - self.train_t0)
-        if self.baseline is None:
-            return trained * self.costs.stall_share
-        return (trained // self.baseline.checkpoint_every_s) * self.baseline.checkpoint_stall_s
+        self.training.record(self.journal, t=self.t, gen=self.generation, step=step)
 
     def restored_step(self) -> int:
-        return self.committed
-
-    def _step_s(self, world: int) -> float:
-        plan = getattr(self.plans, "current", None)
-        if plan is not None:
-            return float(plan.step_s)
-        return self.costs.step_s * self.full_world / max(1, world)  # DP, the global batch kept
-
-    # ---- costs: ftrun's measured figures, or the baseline's --------------------------------
-
-    def startup_s(self) -> float:
-        return self.baseline.restart_s if self.baseline else self.costs.startup_s
-
-    def detect_s(self) -> float:
-        return self.baseline.detect_s if self.baseline else self.costs.detect_s
-
-    def teardown_s(self) -> float:
-        return self.costs.teardown_s
-
-    def relaunch_s(self) -> float:
-        return self.baseline.restart_s if self.baseline else self.costs.relaunch_s
-
-    def reconfigure_s(self) -> float:
-        return self.costs.reconfigure_s
+        return self.training.committed

@@ -19,8 +19,9 @@ from ftrun.jobview.goodput import GoodputReport, account
 from ftrun.journal import Journal
 from ftrun.journal_read import read_journal
 from ftrun.planner import Profile
+from ftrun.sim.baseline import Baseline
 from ftrun.sim.costs import Costs
-from ftrun.sim.engine import Baseline, Simulation
+from ftrun.sim.engine import Simulation
 from ftrun.sim.ideal import ideal_goodput, speed_by_hosts
 from ftrun.sim.trace import Trace
 

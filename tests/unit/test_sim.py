@@ -12,8 +12,8 @@ from ftrun.errors import UsageError
 from ftrun.jobview.goodput import account
 from ftrun.journal_read import read_journal
 from ftrun.planner import Profile
+from ftrun.sim.baseline import Baseline, young_daly_interval_s
 from ftrun.sim.costs import DEFAULT_COSTS, Costs, costs_from_journal
-from ftrun.sim.engine import Baseline, young_daly_interval_s
 from ftrun.sim.ideal import ideal_goodput, speed_by_hosts
 from ftrun.sim.run import CHECKPOINT_RESTART, FTRUN, IDEAL, Setup, simulate
 from ftrun.sim.trace import parse_trace, read_trace
