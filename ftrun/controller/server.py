@@ -3,16 +3,9 @@ heartbeats, and turns everything they say into (agent_id, message) items on one 
 
 A connection that closes, or an agent silent for host_lost_timeout_s, becomes an `agent_lost`
 item: the supervisor treats both as evidence that the host is gone. A message that fails
-authentication or parsing is dropped and logged; it never takes the controller down.
-
-Silence alone is weak evidence on a busy machine, so two things keep it honest
-(docs/timeouts.md):
-- an agent whose process the transport knows to be alive (a local agent) is *slow*, not lost:
-  an `agent_slow` event, then `agent_recovered` when it speaks again; it is lost when its
-  process exits, or after local_stall_timeout_s of silence (0: never);
-- when our own loop wakes up late (we were stalled, not the agents), the silence check waits one
-  tick, so that the heartbeats waiting in our socket buffers are read before anyone is judged.
-Heartbeat lateness and our loop's lag are journaled every STATS_INTERVAL_S (`heartbeat_stats`).
+authentication or parsing is dropped and logged; it never takes the controller down. Silence
+alone is weak evidence on a busy machine: how it is judged (slow, not lost, while the process
+runs; never right after our own loop stalled) is silence.py's.
 
 A bug while reading one agent's messages is reported (TaskSupervisor.report) and loses that
 agent, the way a closed connection does, rather than leaving it connected and unheard.
@@ -22,8 +15,9 @@ at once beyond the agents still awaited, and none that would take the controller
 FD_HEADROOM descriptors (more are closed as they are accepted: listener.py); each has
 HELLO_TIMEOUT_S for the whole handshake, and frames of at most PREAUTH_MAX_FRAME_BYTES. What is
 turned away is counted and told without flooding (refusals.py). The hello binds the connection
-to a role and an identity for its life: an agent id the controller started and that is not already connected, or a client
-(`ftrun chaos`/`ftrun hosts`); messages.py holds each to what its role may say.
+to a role and an identity for its life (hello.py): an agent id the controller started and that
+is not already connected, or a client (`ftrun chaos`/`ftrun hosts`); messages.py holds each to
+what its role may say.
 """
 
 from __future__ import annotations
@@ -34,22 +28,19 @@ import resource
 import socket
 import ssl
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ftrun.controller.hello import HELLO_TIMEOUT_S, AgentLink, handshake
 from ftrun.controller.lateness import Lateness
 from ftrun.controller.listener import Listener
 from ftrun.controller.refusals import Refusals
+from ftrun.controller.silence import EventSink, Liveness, SilenceWatch
 from ftrun.errors import ProtocolError
-from ftrun.messages import MAX_LINE, Role, validate
-from ftrun.protocol import Channel, accept_channel
+from ftrun.messages import MAX_LINE, Role
 from ftrun.tasks import TaskSupervisor
 
 log = logging.getLogger("ftrun.controller")
 
-HELLO_TIMEOUT_S = 5.0
 # Connections not yet past their hello, beyond the agents we are waiting for (thousands of them
 # connect at once when a big job starts): this bounds what strangers can hold.
 MAX_PREAUTH = 256
@@ -57,30 +48,8 @@ MAX_PREAUTH = 256
 # connection that would eat into them is closed at once. Linux gives the lowest free number,
 # so a new socket's number tells how full the table is, at no cost.
 FD_HEADROOM = 32
-LOSS_CHECK_INTERVAL_S = 0.05
-# A silence check that wakes this much later than asked was stalled itself: it defers one tick.
-STALLED_TICK_S = 0.1
-STATS_INTERVAL_S = 10.0
-
-# Transport knowledge of an agent's process: True alive, False gone, None unknown (remote).
-Liveness = Callable[[str], "bool | None"]
-EventSink = Callable[..., Any]
-
 
 CLIENT_REFUSALS_TOLD = 4
-
-
-@dataclass
-class AgentLink:
-    agent_id: str
-    host: str
-    pid: int
-    channel: Channel
-    last_seen: float
-    last_heartbeat: float | None = None
-    lost: bool = False
-    role: Role = Role.AGENT  # or CLIENT: a `ftrun chaos`/`ftrun hosts` client, not a host
-    refusals_told: int = 0  # a client's refused requests answered (CLIENT_REFUSALS_TOLD at most)
 
 
 class ControlServer:
@@ -106,11 +75,14 @@ class ControlServer:
         self.on_event = on_event
         self.inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.links: dict[str, AgentLink] = {}
-        # Live agent links, least recently heard first: the silence check looks only at the head.
-        self._by_last_seen: OrderedDict[str, AgentLink] = OrderedDict()
-        # Silent past the timeout but alive (the transport says so): slow, watched every tick.
-        self._slow: dict[str, AgentLink] = {}
-        self.lateness = Lateness(heartbeat_interval_s)
+        self.silence = SilenceWatch(
+            heartbeat_interval_s=heartbeat_interval_s,
+            host_lost_timeout_s=host_lost_timeout_s,
+            local_stall_timeout_s=local_stall_timeout_s,
+            alive=alive,
+            on_event=on_event,
+            lose=self._lose,
+        )
         self.clients: dict[str, AgentLink] = {}
         self.refusals = Refusals(on_event)
         self._preauth = 0
@@ -118,7 +90,11 @@ class ControlServer:
         self._connections: set[asyncio.Task[None]] = set()
         self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._clients = 0
-        self._heartbeats: asyncio.Task[None] | None = None
+
+    @property
+    def lateness(self) -> Lateness:
+        """This period's heartbeat lateness and loop lag so far (silence.py)."""
+        return self.silence.lateness
 
     async def start(
         self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext | None = None
@@ -134,10 +110,14 @@ class ControlServer:
         self.tasks.spawn("heartbeat check", self._heartbeat_loop, restart=True)
         return bound
 
+    async def _heartbeat_loop(self) -> None:
+        """Heartbeats out and the silence check, until close() (silence.py)."""
+        await self.silence.loop()
+
     def _accepted(self, conn: socket.socket, peer: Any) -> None:
         """A new connection: refused at once past the pre-auth cap, else served in a task that
         holds one pre-auth place until its hello is in (or it is refused)."""
-        awaited = max(0, len(self.expected) - len(self._by_last_seen) - len(self._slow))
+        awaited = max(0, len(self.expected) - self.silence.watched())
         if self._preauth >= MAX_PREAUTH + awaited:
             conn.close()
             self.refusals.connection(peer, f"{self._preauth} are already waiting to authenticate")
@@ -181,9 +161,7 @@ class ControlServer:
             self.send(agent_id, kind, **fields)
 
     async def close(self) -> None:
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            self._report_lateness()  # the last period's figures
+        self.silence.stop()  # and reports the last period's figures
         for link in [*self.links.values(), *self.clients.values()]:
             link.channel.close()
         if self._listener is not None:
@@ -205,7 +183,17 @@ class ControlServer:
     ) -> None:
         peer = writer.get_extra_info("peername")
         try:  # the pre-auth place was taken in _accepted
-            admitted = await asyncio.wait_for(self._handshake(reader, writer), HELLO_TIMEOUT_S)
+            admitted = await asyncio.wait_for(
+                handshake(
+                    reader,
+                    writer,
+                    self.secret,
+                    expected=self.expected,
+                    links=self.links,
+                    client_id=self._next_client_id,
+                ),
+                HELLO_TIMEOUT_S,
+            )
         except (
             ProtocolError,
             asyncio.TimeoutError,
@@ -223,7 +211,7 @@ class ControlServer:
             self.clients[link.agent_id] = link
         else:
             self.links[link.agent_id] = link
-            self._by_last_seen[link.agent_id] = link
+            self.silence.watch(link)
             await self.inbox.put((link.agent_id, hello))
         try:
             await self._read(link)
@@ -231,33 +219,9 @@ class ControlServer:
             failure = self.tasks.report(f"reading {link.host}", e)
             self._lose(link, f"the controller failed reading its messages ({failure.error})")
 
-    async def _handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[AgentLink, dict[str, Any]]:
-        """Keys, then the hello, which fixes who the peer is for the connection's life."""
-        channel = await accept_channel(reader, writer, self.secret, HELLO_TIMEOUT_S)
-        hello = await channel.receive()
-        if hello["kind"] != "hello":
-            raise ProtocolError(f"first message is {str(hello['kind'])[:40]!r}, not a hello")
-        role = Role.CLIENT if hello.get("role") in ("client", "chaos") else Role.AGENT
-        validate(role, hello)
-        if role is Role.CLIENT:
-            self._clients += 1
-            agent_id, host, pid = f"client#{self._clients}", "client", 0
-        else:
-            agent_id, host, pid = hello["agent_id"], hello.get("host", "?"), hello.get("pid", 0)
-            why = None
-            if agent_id not in self.expected:
-                why = f"agent {agent_id[:80]!r} is not one this job counts on"
-            elif agent_id in self.links and not self.links[agent_id].lost:
-                why = f"agent {agent_id[:80]!r} is already connected"
-            if why is not None:
-                # An agent of ours that lost us and came back after we dropped it (a healed
-                # partition) would keep its ranks for its grace: tell it to fence now.
-                channel.send("fence", reason=why)
-                raise ProtocolError(why)
-        channel.trust(role)
-        return AgentLink(agent_id, host, pid, channel, time.monotonic(), role=role), hello
+    def _next_client_id(self) -> str:
+        self._clients += 1
+        return f"client#{self._clients}"
 
     async def _read(self, link: AgentLink) -> None:
         reason = "its connection closed"
@@ -277,7 +241,7 @@ class ControlServer:
                 break
             now = time.monotonic()
             if link.role is Role.AGENT:
-                self._heard(link, msg["kind"] == "heartbeat", now)
+                self.silence.heard(link, msg["kind"] == "heartbeat", now)
             link.last_seen = now
             if msg["kind"] != "heartbeat":
                 await self.inbox.put((link.agent_id, msg))
@@ -287,33 +251,13 @@ class ControlServer:
         """A message dropped for what it says (its shape, or who sent it): see refusals.py."""
         self.refusals.message(sender, str(msg.get("kind"))[:40] if msg else None, why)
 
-    def _heard(self, link: AgentLink, heartbeat: bool, now: float) -> None:
-        if heartbeat:
-            if link.last_heartbeat is not None:
-                self.lateness.heartbeat_gap(now - link.last_heartbeat)
-            link.last_heartbeat = now
-        if self._slow.pop(link.agent_id, None) is not None:
-            silent = now - link.last_seen
-            log.warning("%s speaks again after %.2f s of silence", link.agent_id, silent)
-            self._event(
-                "agent_recovered", host=link.host, agent=link.agent_id, silent_s=round(silent, 3)
-            )
-            self._by_last_seen[link.agent_id] = link
-        else:
-            self._by_last_seen.move_to_end(link.agent_id)
-
-    def _event(self, kind: str, **fields: Any) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, **fields)
-
     def drop(self, agent_id: str, reason: str) -> None:
         """Stop talking to an agent we no longer trust (it fences for lack of our heartbeats)."""
         link = self.links.get(agent_id)
         if link is not None:
             link.lost = True  # no agent_lost item: the caller handles the loss itself
             link.channel.close()
-            self._by_last_seen.pop(agent_id, None)
-            self._slow.pop(agent_id, None)
+            self.silence.forget(agent_id)
             log.warning("dropped %s: %s", agent_id, reason)
 
     def _lose(self, link: AgentLink, reason: str) -> None:
@@ -321,8 +265,7 @@ class ControlServer:
             return
         link.lost = True
         link.channel.close()
-        self._by_last_seen.pop(link.agent_id, None)
-        self._slow.pop(link.agent_id, None)
+        self.silence.forget(link.agent_id)
         if link.role is Role.CLIENT:
             self.clients.pop(link.agent_id, None)
             return
@@ -340,83 +283,3 @@ class ControlServer:
                 },
             )
         )
-
-    async def _heartbeat_loop(self) -> None:
-        # Check silence more often than we send, so detection is bounded by the timeout plus one
-        # short tick; each check costs O(agents lost or slow), not O(agents), thanks to the
-        # ordering.
-        self._heartbeats = asyncio.current_task()  # this run of it: close() cancels it
-        next_send = 0.0
-        next_stats = time.monotonic() + STATS_INTERVAL_S
-        woke = time.monotonic()
-        deferred = False
-        while True:
-            now = time.monotonic()
-            lag = now - woke
-            self.lateness.loop_lag(lag)
-            if lag > STALLED_TICK_S and not deferred:
-                # We were stalled, not (necessarily) the agents: read what they sent meanwhile
-                # before judging anyone. At most one tick in a row, so a loop that is always
-                # late still checks.
-                deferred = True
-                self.lateness.deferred_checks += 1
-                if lag > self.host_lost_timeout_s / 2:
-                    log.warning("the controller's loop stalled for %.2f s", lag)
-                    self._event("controller_stalled", stalled_s=round(lag, 3))
-            else:
-                deferred = False
-                self._check_silence(now)
-            if now >= next_send:
-                next_send = now + self.heartbeat_interval_s
-                for link in [*self._by_last_seen.values(), *self._slow.values()]:
-                    link.channel.send("heartbeat")
-            if now >= next_stats:
-                next_stats = now + STATS_INTERVAL_S
-                self._report_lateness()
-            woke = time.monotonic() + LOSS_CHECK_INTERVAL_S
-            await asyncio.sleep(LOSS_CHECK_INTERVAL_S)
-
-    def _check_silence(self, now: float) -> None:
-        while self._by_last_seen:
-            link = next(iter(self._by_last_seen.values()))
-            silent = now - link.last_seen
-            if silent <= self.host_lost_timeout_s:
-                break
-            if self._alive(link):
-                # Its process runs: late is not lost (a busy machine, a stalled loop).
-                del self._by_last_seen[link.agent_id]
-                self._slow[link.agent_id] = link
-                log.warning(
-                    "%s silent for %.2f s but its process is alive: slow, not lost",
-                    link.agent_id,
-                    silent,
-                )
-                self._event(
-                    "agent_slow",
-                    host=link.host,
-                    agent=link.agent_id,
-                    pid=link.pid,
-                    silent_s=round(silent, 3),
-                )
-            else:
-                self._lose(link, f"no heartbeat for {silent:.2f} s")
-        for link in list(self._slow.values()):
-            silent = now - link.last_seen
-            if not self._alive(link):
-                self._lose(link, f"its process exited after {silent:.2f} s of silence")
-            elif self.local_stall_timeout_s and silent > self.local_stall_timeout_s:
-                self._lose(link, f"alive but silent for {silent:.1f} s (local stall timeout)")
-
-    def _alive(self, link: AgentLink) -> bool:
-        return bool(self.alive is not None and self.alive(link.agent_id))
-
-    def _report_lateness(self) -> None:
-        stats, self.lateness = self.lateness, Lateness(self.heartbeat_interval_s)
-        if stats.heartbeats.n or stats.deferred_checks:
-            self._event(
-                "heartbeat_stats",
-                period_s=STATS_INTERVAL_S,
-                agents=len(self._by_last_seen) + len(self._slow),
-                slow=len(self._slow),
-                **stats.summary(),
-            )
