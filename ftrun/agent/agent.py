@@ -11,6 +11,7 @@ removes its files, whether the job ended or it fenced. Its parts, one concept to
     link.py          the connection to the controller, heartbeats, noticing the controller gone
     torchrun_cmd.py  the command and environment that start a generation's torchrun
     rank_socket.py   the datagram socket on which the shims and ranks report
+    generations.py   the generation running here: launch, follow, stop, the orders for it
     genrun.py        one generation here: what its ranks say, what the controller hears of it
     watch.py         the timed loops over it: output, hangs, idleness
     warm.py          the warm interpreter (zygote.py) that torchrun and the ranks are forked from
@@ -25,35 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import signal
 import threading
-import time
 from functools import partial
 from typing import Any
 
-from ftrun.agent import procs, tiers, watch, workdir
+from ftrun.agent import tiers, watch, workdir
+from ftrun.agent.generations import Generations
 from ftrun.agent.genrun import GenerationRun
-from ftrun.agent.lines import LineSplitter, report_lines
 from ftrun.agent.link import ControlLink, watch_stdin
 from ftrun.agent.rank_socket import RankSocket
-from ftrun.agent.torchrun_cmd import PREEMPT_FLAG, torchrun_command
 from ftrun.agent.warm import WarmInterpreter, WarmStartFailed
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED
 from ftrun.netutil import ALL_INTERFACES, free_port
-from ftrun.peercopy.fetch import fetch
-from ftrun.peercopy.replicator import Replicator
 from ftrun.peercopy.store import PeerStore
 from ftrun.tasks import TaskFailure, TaskSupervisor
 
 log = logging.getLogger("ftrun.agent")
 
-TORCHRUN_READ_BYTES = 64 * 1024
-# After SIGKILL of its process groups, how long torchrun's shim gets to be reaped before it is
-# reported as a survivor.
-TORCHRUN_EXIT_TIMEOUT_S = 5.0
 # At the end, how long the cancelled tasks get to finish (a cancelled task ends at its next
 # await; this bounds one that does not).
 TASKS_STOP_TIMEOUT_S = 2.0
@@ -73,20 +65,33 @@ class Agent:
             str(self.work / "agent.sock"), on_event=self._on_rank_event, report=self.tasks.report
         )
         self.warm = WarmInterpreter(boot, self.work / "zygote.sock", report=self._warm_failed)
-        self.gen: GenerationRun | None = None
-        self.newest_gen = 0  # the newest generation this agent launched
         self.tier = workdir.memory_tier(boot.job_id)
         self.peers = PeerStore(
             tier=self.tier,
             secret=boot.secret,
             job_id=boot.job_id,
-            newest_gen=lambda: self.newest_gen,
+            newest_gen=lambda: self.generations.newest_gen,
+        )
+        self.generations = Generations(
+            boot,
+            work=self.work,
+            link=self.link,
+            tasks=self.tasks,
+            rank_sock=self.ranks.path,
+            warm=self.warm,
+            start_warm=self._start_warm,
+            peers=self.peers,
+            tier=self.tier,
         )
         self.exit_code: int | None = None
         self.done = asyncio.Event()
-        self.force_stop = asyncio.Event()
         self.orders: asyncio.Queue[dict[str, Any]] = asyncio.Queue()  # read, not yet done
         self.stdin_watch: threading.Thread | None = None
+
+    @property
+    def gen(self) -> GenerationRun | None:
+        """The generation running here, if any (generations.py)."""
+        return self.generations.gen
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -133,14 +138,14 @@ class Agent:
             self.peers.close()
             self.tasks.cancel_all()
             await self.tasks.wait_all(TASKS_STOP_TIMEOUT_S)
-            await self._kill_generation()
+            await self.generations.kill()
             await self.warm.close()
             self.ranks.close()
             shutil.rmtree(self.work, ignore_errors=True)
             # Whether the job ended or this host left it, its memory-tier checkpoints here are
             # of no more use and hold RAM, unless a newer generation than ours has claimed the
             # tier: then it is another host's that shares /dev/shm with us (agents on one machine).
-            workdir.remove_memory_tier(self.boot.job_id, newest_gen=self.newest_gen)
+            workdir.remove_memory_tier(self.boot.job_id, newest_gen=self.generations.newest_gen)
             self.link.close()
         return self.exit_code or 0
 
@@ -213,7 +218,7 @@ class Agent:
                 self._finish(0, "shutdown")
                 return
             if msg["kind"] == "stop" and msg.get("grace_s", 0) <= 0:
-                self.force_stop.set()  # now, not after the orders before it
+                self.generations.force_stop.set()  # now, not after the orders before it
             self.orders.put_nowait(msg)
 
     async def _order_loop(self) -> None:
@@ -221,20 +226,20 @@ class Agent:
             await self._obey(await self.orders.get())
 
     async def _obey(self, msg: dict[str, Any]) -> None:
-        kind = msg["kind"]
-        run = self._current(msg.get("gen"))
+        kind, gens = msg["kind"], self.generations
+        run = gens.current(msg.get("gen"))
         if kind == "launch":
-            await self._launch_or_report(msg)
+            await gens.launch_or_report(msg)
         elif kind == "stop":
             if msg.get("grace_s", 0) <= 0:
-                self.force_stop.set()
-            self.tasks.spawn("stop", self._stop(msg.get("gen"), float(msg.get("grace_s", 0))))
+                gens.force_stop.set()
+            self.tasks.spawn("stop", gens.stop(msg.get("gen"), float(msg.get("grace_s", 0))))
         elif kind == "signal":
-            self._signal_ranks(msg.get("gen"), str(msg.get("signal")))
+            gens.signal_ranks(msg.get("gen"), str(msg.get("signal")))
         elif kind == "preempt":
-            self._preempt(msg.get("gen"), str(msg.get("signal")))
+            gens.preempt(msg.get("gen"), str(msg.get("signal")))
         elif kind == "persist":
-            self._raise_persist_flag(msg.get("gen"))
+            gens.raise_persist_flag(msg.get("gen"))
         elif kind == "inject":
             if run is not None:
                 run.add_injection(msg)
@@ -242,185 +247,10 @@ class Agent:
             if run is not None:
                 run.on_finishing()
         elif kind == "capture_stacks":
-            self.tasks.spawn("stacks for the exit barrier", self._send_stacks(msg.get("gen")))
+            self.tasks.spawn("stacks for the exit barrier", gens.send_stacks(msg.get("gen")))
 
     async def _heartbeat_loop(self) -> None:
         await self.link.heartbeat_loop(lambda: self.gen.number if self.gen else None)
-
-    def _current(self, number: Any) -> GenerationRun | None:
-        """The generation running here if it is `number`, else None (a stale message)."""
-        return self.gen if self.gen is not None and self.gen.number == number else None
-
-    def _signal_ranks(self, number: Any, name: str) -> None:
-        run = self._current(number)
-        if run is None or name not in signal.Signals.__members__:
-            log.info("%s for generation %s: no such generation running here", name, number)
-            return
-        run.signal_ranks(signal.Signals[name])
-
-    def _preempt(self, number: Any, name: str) -> None:
-        """A preemption notice: scripts using ftrun.checkpoint persist their next save (they
-        see the flag file), and every rank with a handler for the signal gets it."""
-        run = self._raise_persist_flag(number)
-        if run is not None and name in signal.Signals.__members__:
-            run.give_notice(signal.Signals[name])
-
-    def _raise_persist_flag(self, number: Any) -> GenerationRun | None:
-        """The flag file ftrun.checkpoint looks for at each save: persist this one at once, and
-        report it committed (a preemption notice, or a grow: controller/persist_first.py)."""
-        run = self._current(number)
-        if run is None:
-            log.info("persist flag for generation %s: no such generation running here", number)
-            return None
-        try:
-            (run.directory / PREEMPT_FLAG).touch()
-        except OSError as e:
-            log.warning("could not raise the persist flag: %s", e)
-        return run
-
-    async def _send_stacks(self, number: int | None) -> None:
-        """The controller asks (an exit barrier passed, or every host is idle): the stacks,
-        states and last lines of every live rank here. Always answers, if only with nothing."""
-        run = self._current(number)
-        if run is None:
-            self.link.send("stacks", gen=number, stacks={}, states={}, tails={})
-            return
-        await run.send_stacks()
-
-    # ---- generations ------------------------------------------------------------------------
-
-    async def _launch_or_report(self, msg: dict[str, Any]) -> None:
-        """A launch that fails here is that generation's failure on this host, with the reason
-        (the controller would otherwise wait for ranks that never come)."""
-        try:
-            await self._launch(msg)
-        except Exception as e:  # noqa: BLE001 - any failure to launch is reported, not raised
-            failure = self.tasks.report("launch", e)
-            self.link.send(
-                "gen_exited",
-                gen=msg.get("gen"),
-                exit_code=127,
-                tail=[f"the agent could not launch the generation: {failure.error}"],
-            )
-
-    async def _launch(self, msg: dict[str, Any]) -> None:
-        await self._kill_generation()
-        number = int(msg["gen"])
-        self.newest_gen = max(self.newest_gen, number)  # from now on older pushes are refused
-        self.peers.fence_older(number)  # and pushes under way from older ones are cut off
-        peer = msg.get("peer") or {}
-        for source in peer.get("fetch") or []:  # snapshots of the ranks we take over: first
-            report = await fetch(
-                source, tier=self.tier, gen=number, host=self.boot.host, secret=self.boot.secret
-            )
-            self.link.send("peer_fetched", gen=number, **report)
-            if report["snapshots"]:
-                break  # the next source (the replica) is for when this one had none
-        directory = self.work / f"g{number}"
-        directory.mkdir()
-        run = GenerationRun(msg, directory, host=self.boot.host, link=self.link, tasks=self.tasks)
-        self.gen = run
-        self.force_stop.clear()
-        if self.boot.warm_start and not self.warm.alive:
-            log.warning("the warm interpreter is gone; starting a new one")
-            await self._start_warm()
-        cmd = torchrun_command(
-            self.boot,
-            msg,
-            directory=directory,
-            agent_sock=self.ranks.path,
-            zygote_sock=str(self.warm.sock_path) if self.boot.warm_start else None,
-            base_env=os.environ,
-        )
-        try:
-            run.proc = await asyncio.create_subprocess_exec(
-                *cmd.argv,
-                cwd=cmd.cwd,
-                env=cmd.env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as e:
-            self.link.send(
-                "gen_exited", gen=run.number, exit_code=127, tail=[f"cannot start torchrun: {e}"]
-            )
-            return
-        run.pgids.add(run.proc.pid)
-        self.tasks.spawn(f"torchrun output of generation {run.number}", self._follow_torchrun(run))
-        if peer.get("to"):
-            self._replicate(run, msg, peer)
-
-    def _replicate(self, run: GenerationRun, msg: dict[str, Any], peer: dict[str, Any]) -> None:
-        """Keep our ranks' newest snapshots in the peer's memory while this generation runs."""
-        first = int(msg["node_rank"]) * int(msg["nproc_per_node"])
-        replicator = Replicator(
-            tier=self.tier,
-            ranks=list(range(first, first + int(msg["nproc_per_node"]))),
-            gen=run.number,
-            host=self.boot.host,
-            peer=(str(peer["to"][0]), int(peer["to"][1])),
-            secret=self.boot.secret,
-            rate=float(peer.get("rate") or 0),
-            running=lambda: self.gen is run,
-        )
-        self.tasks.spawn(f"peer copy of generation {run.number}", replicator.run())
-
-    async def _follow_torchrun(self, run: GenerationRun) -> None:
-        """torchrun's own output, in chunks rather than readline(): a line longer than the
-        stream's limit must not end the watch on torchrun's exit."""
-        assert run.proc is not None and run.proc.stdout is not None
-        splitter = LineSplitter()
-        while data := await run.proc.stdout.read(TORCHRUN_READ_BYTES):
-            run.forward_torchrun(splitter.feed(data, time.monotonic()).forward)
-        run.forward_torchrun(splitter.flush().forward)
-        code = await run.proc.wait()
-        run.drain_logs()
-        if self.gen is run:
-            self.link.send(
-                "gen_exited", gen=run.number, exit_code=code, tail=report_lines(run.torchrun_tail)
-            )
-
-    async def _stop(self, number: int | None, grace_s: float) -> None:
-        run = self.gen
-        if run is not None and run.number == number and grace_s > 0 and run.proc is not None:
-            for pgid in run.pgids:
-                procs.killpg_quietly(pgid, signal.SIGTERM)
-            try:
-                waits = [
-                    asyncio.create_task(run.proc.wait()),
-                    asyncio.create_task(self.force_stop.wait()),
-                ]
-                await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-        if self.gen is run:
-            survivors = await self._kill_generation()
-        else:
-            survivors = []
-        # A fresh rendezvous port for the next generation, in case we are its node rank 0.
-        self.link.send("stopped", gen=number, survivors=survivors, port=free_port(ALL_INTERFACES))
-
-    async def _kill_generation(self) -> list[int]:
-        run, self.gen = self.gen, None
-        if run is None:
-            return []
-        exclude = [self.warm.pid] if self.warm.pid is not None else []
-        survivors = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: procs.kill_all(run.pgids, self.boot.process_tag, exclude=exclude)
-        )
-        if run.proc is not None:
-            try:
-                await asyncio.wait_for(run.proc.wait(), TORCHRUN_EXIT_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                survivors.append(run.proc.pid)
-        if survivors:
-            log.error("processes survived SIGKILL: %s", survivors)
-        # Last words: what the ranks wrote in the moments before they were killed.
-        run.drain_logs()
-        return survivors
 
     # ---- watching the generation: datagrams here, output and idleness in watch.py ------------
 
