@@ -50,7 +50,9 @@ def attempt_as_other(script: str, *, timeout_s: float = 30) -> subprocess.Comple
 def shared_tree() -> Iterator[Path]:
     """A directory every user can enter (0755), removed at the end with all in it."""
     need_root()
-    root = Path(tempfile.mkdtemp(prefix="ftrun-shared-"))
+    # In the system's /tmp, not $TMPDIR: under pytest-xdist that is a worker's own 0700
+    # directory (tests/conftest.py), which nobody could not even enter.
+    root = Path(tempfile.mkdtemp(prefix="ftrun-shared-", dir="/tmp"))
     try:
         os.chmod(root, 0o755)
         yield root
