@@ -11,6 +11,7 @@
 Whatever ends a watch is judged first (journaled, classified: an `Ending`, judge.py's); then the
 generation goes down the one teardown path, and only then does the job end or the next
 generation start.
+The desks the loop runs the job with are built and wired to each other by desks.py.
 What agents' messages mean is the generation's (generation.py), the stall desk's (stalldesk.py)
 or the side channel's (chaos, `ftrun hosts`, agents coming and going); quarantine is
 host_health.py's; the one teardown path is teardown.py's; Ctrl-C, SIGTERM and forwarded
@@ -34,24 +35,12 @@ import psutil
 from ftrun import tls
 from ftrun.config import LaunchConfig
 from ftrun.controller.adoption import CONTROL_FILE, Adoption, save_identity
-from ftrun.controller.chaos import ChaosDesk
-from ftrun.controller.fleet import Fleet
+from ftrun.controller.desks import wire_desks
 from ftrun.controller.generation import Ending, GenWatch
-from ftrun.controller.host_health import HostHealth
-from ftrun.controller.inbox import Inbox
-from ftrun.controller.incidents import Incidents
-from ftrun.controller.internal import InternalFailures
-from ftrun.controller.job_signals import JobSignals
-from ftrun.controller.judge import Judge
-from ftrun.controller.planning import plan_desk
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, Reporter
-from ftrun.controller.resumption import Interrupted, Resumption
+from ftrun.controller.resumption import Interrupted
 from ftrun.controller.roster import NotEnoughHosts
-from ftrun.controller.server import ControlServer
-from ftrun.controller.stalldesk import StallDesk
-from ftrun.controller.teardown import Teardown
-from ftrun.controller.watcher import Watcher
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal_read import ResumePoint
@@ -83,80 +72,20 @@ class Supervisor:
         # A resumed controller that may adopt the running generation is found by its agents as
         # the old one was: its secret, port and certificate (adoption.py).
         self.secret = adoption.secret if adoption is not None else new_secret()
-        self.internal = InternalFailures(journal, reporter, generation=lambda: self.generation)
-        self.server = ControlServer(
-            self.secret,
-            expected_agents=set(),
-            heartbeat_interval_s=config.heartbeat_interval_s,
-            host_lost_timeout_s=config.host_lost_timeout_s,
-            local_stall_timeout_s=config.local_stall_timeout_s,
-            alive=lambda agent_id: self.fleet.agent_alive(agent_id),
-            on_event=journal.record,
-            tasks=self.internal.tasks,
-        )
-        self.fleet = Fleet(
+        desks = wire_desks(
             config,
-            transport=transport,
-            server=self.server,
+            policy=policy,
             journal=journal,
+            transport=transport,
             reporter=reporter,
             secret=self.secret,
-            tasks=self.internal.tasks,
-        )
-        self.roster = self.fleet.roster
-        self.health = HostHealth(policy.quarantine)
-        self.incidents = Incidents(config, rules=policy.rules, health=self.health, journal=journal)
-        self.inbox = Inbox(
-            self.server,
-            fleet=self.fleet,
-            internal=self.internal,
-            chaos=ChaosDesk(self.server, journal, nproc_per_node=config.nproc_per_node),
-        )
-        self.stalls = StallDesk(
-            config, server=self.server, journal=journal, confirm_s=policy.hang.confirm_s
-        )
-        self.judge = Judge(
-            incidents=self.incidents, stalls=self.stalls, journal=journal, reporter=reporter
-        )
-        self.teardown = Teardown(
-            config,
-            server=self.server,
-            inbox=self.inbox,
-            fleet=self.fleet,
-            internal=self.internal,
-            journal=journal,
-            reporter=reporter,
-        )
-        self.signals = JobSignals(
-            config,
-            server=self.server,
-            journal=journal,
-            reporter=reporter,
             generation=lambda: self.generation,
         )
-        self.plans = plan_desk(config, journal=journal, reporter=reporter)
-        self.resumption = Resumption(
-            config,
-            journal=journal,
-            reporter=reporter,
-            incidents=self.incidents,
-            fleet=self.fleet,
-            inbox=self.inbox,
-            stalls=self.stalls,
-        )
-        self.watcher = Watcher(
-            config,
-            server=self.server,
-            inbox=self.inbox,
-            fleet=self.fleet,
-            stalls=self.stalls,
-            signals=self.signals,
-            plans=self.plans,
-            health=self.health,
-            internal=self.internal,
-            journal=journal,
-            reporter=reporter,
-        )
+        self.internal, self.server, self.fleet = desks.internal, desks.server, desks.fleet
+        self.roster, self.health, self.incidents = self.fleet.roster, desks.health, desks.incidents
+        self.inbox, self.stalls, self.judge = desks.inbox, desks.stalls, desks.judge
+        self.teardown, self.signals, self.plans = desks.teardown, desks.signals, desks.plans
+        self.resumption, self.watcher = desks.resumption, desks.watcher
         self.generation = 0
         if resume is not None:  # a requeued job goes on where its journal left off
             self.generation = resume.generation
