@@ -24,7 +24,6 @@ from ftrun.timeouts import ControlTimeouts
 DEFAULT_RUN_DIR = Path("~/.ftrun/runs")
 # What --forward-signal cannot pass on: INT and TERM stop the job, KILL and STOP cannot be
 # caught, CHLD is the launcher's own business.
-TRANSPORTS = ("local", "ssh", "slurm")
 UNFORWARDABLE_SIGNALS = frozenset({"SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP", "SIGCHLD"})
 
 
@@ -134,7 +133,8 @@ class LaunchConfig:
     # Prometheus metrics from the launcher (cli/metrics.py): None: not served; 0: a free port.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
-    # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm).
+    # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm); the
+    # transports by name, and what each can do: ftrun/transport/registry.py.
     transport: str = "local"
     ssh_config: str | None = None
     # Check ssh host keys against known_hosts (transport/hostkeys.py); False only with
@@ -212,8 +212,6 @@ class LaunchConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"--metrics-port must be 0 to 65535 (got {self.metrics_port})")
-        if self.transport not in TRANSPORTS:
-            problems.append(f"no transport {self.transport!r} (one of {', '.join(TRANSPORTS)})")
         if self.spares and not self.remote:
             problems.append("--spares needs --hosts or --hostfile (spares are other machines)")
         if self.preempt_signal not in signal.Signals.__members__:

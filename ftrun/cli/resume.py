@@ -35,7 +35,7 @@ from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import controller_alive
 from ftrun.journal import CONFIG_FILE, EVENTS_FILE
 from ftrun.journal_read import find_job_dir, read_events, resume_point
-from ftrun.transport.slurm_allocation import in_allocation
+from ftrun.transport.registry import backend
 
 # LaunchConfig fields that config.json holds as lists.
 TUPLES = ("script_args", "hosts", "spares", "forward_signals")
@@ -69,10 +69,9 @@ def resume(
             f"checkpoints (--ckpt-dir {job_dir / 'checkpoints'}, as your script takes it)",
         )
     config = config_from_saved(saved, job_dir, os.environ)
-    if config.transport == "slurm" and not in_allocation():
+    if (problem := backend(config.transport).resume_problem(job_dir.name)) is not None:
         raise UsageError(
-            f"job {job_dir.name} ran in a Slurm allocation, and this shell is not in one",
-            hint="requeue its batch job (`scontrol requeue`): the batch step resumes it",
+            problem, hint="requeue its batch job (`scontrol requeue`): the batch step resumes it"
         )
     policy = policy_from_dict(saved.get("policy") or {}, where=f"{job_dir / CONFIG_FILE}")
     os.umask(config.umask)

@@ -27,7 +27,7 @@ from ftrun.errors import FtrunError
 from ftrun.jobview.keeper import keeping_summary
 from ftrun.journal import Journal
 from ftrun.journal_read import ResumePoint
-from ftrun.transport.base import Transport
+from ftrun.transport.registry import backend
 
 console = make_console(stderr=True)
 
@@ -83,13 +83,14 @@ def _run(
     if metrics_port is not None:
         journal.record("metrics_listening", addr=config.metrics_addr, port=metrics_port)
         reporter.notice(f"metrics for Prometheus: http://{config.metrics_addr}:{metrics_port}/")
-    if config.transport != "local" and not config.control_tls:
+    transport = backend(config.transport)
+    if transport.remote and not config.control_tls:
         reporter.notice(
             "the control plane between hosts is NOT encrypted (--insecure-plain-control): "
             "the network sees what the ranks print",
             level="warning",
         )
-    if config.transport == "ssh" and not config.check_host_keys:
+    if transport.checks_host_keys and not config.check_host_keys:
         reporter.notice(
             "ssh host keys are NOT checked (--insecure-skip-host-key-check): whoever answers "
             "on a host's address gets the job and its secret",
@@ -100,7 +101,7 @@ def _run(
             config,
             policy=policy,
             journal=journal,
-            transport=make_transport(config),
+            transport=transport.make(config),
             reporter=reporter,
             resume=resume,
             adoption=adoption,
@@ -122,28 +123,6 @@ def _run(
         )
         reporter.notice(f"see `ftrun inspect {config.job_id}{run_dir_flag}`")
     return outcome.exit_code
-
-
-def make_transport(config: LaunchConfig) -> Transport:
-    if config.transport == "ssh":
-        from ftrun.transport.ssh import SshTransport
-
-        return SshTransport(
-            python=config.agent_python,
-            ssh_config=config.ssh_config,
-            controller_addr=config.controller_addr,
-            check_host_keys=config.check_host_keys,
-        )
-    if config.transport == "slurm":
-        from ftrun.transport.slurm import SrunTransport
-
-        return SrunTransport(
-            python=config.agent_python,
-            controller_addr=config.controller_addr,
-        )
-    from ftrun.transport.local import LocalTransport
-
-    return LocalTransport(config.python)
 
 
 def requeue_job(config: LaunchConfig, journal: Journal, outcome: JobOutcome) -> JobOutcome:

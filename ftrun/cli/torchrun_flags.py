@@ -38,6 +38,7 @@ from ftrun.cli.torchrun_table import FLAGS, HELP, RENDEZVOUS, Flag
 from ftrun.cli.torchrun_values import Echo, parse_nnodes, parse_std
 from ftrun.config import LaunchConfig
 from ftrun.errors import UsageError
+from ftrun.transport.registry import backend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,7 +87,8 @@ class TorchrunFlags:
         if bounds is None:
             return min_nodes, max_nodes
         low, high = bounds
-        if transport == "local":
+        hosts_given_by = backend(transport).hosts_given_by
+        if not backend(transport).remote:
             if (low, high) != (1, 1) and not named:
                 problems.append(
                     f"--nnodes {self.nnodes}: ftrun starts every node of a job itself, from one "
@@ -94,12 +96,11 @@ class TorchrunFlags:
                     f"`ftrun sbatch --nodes {high}` (not `ftrun launch` on each node)"
                 )
             return min_nodes, max_nodes
-        given = "the Slurm allocation has" if transport == "slurm" else "--hosts names"
         if not low <= len(hosts) <= high:
             span = str(low) if low == high else f"{low} to {high}"
             problems.append(
                 f"--nnodes {self.nnodes} asks for {span} node{'s' if high > 1 else ''} but "
-                f"{given} {len(hosts)}" + (" (less --slurm-spares)" if transport == "slurm" else "")
+                f"{hosts_given_by} {len(hosts)}"
             )
             return min_nodes, max_nodes
         for flag, given_value, mapped in (

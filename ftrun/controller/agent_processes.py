@@ -23,6 +23,7 @@ from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
+from ftrun.transport.registry import backend
 
 log = logging.getLogger("ftrun.controller")
 
@@ -49,6 +50,9 @@ class AgentProcesses:
     ) -> None:
         self.config = config
         self.transport = transport
+        # A lost controller's agents keep their ranks for --controller-grace, so that a resumed
+        # one can adopt them; not where the transport ends them with the controller (srun).
+        self.waits = backend(config.transport).agents_wait_for_controller
         self.server = server
         self.journal = journal
         self.reporter = reporter
@@ -91,7 +95,7 @@ class AgentProcesses:
             host=host,
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             fence_timeout_s=cfg.fence_timeout_s,
-            controller_grace_s=0.0 if cfg.transport == "slurm" else cfg.controller_grace_s,
+            controller_grace_s=cfg.controller_grace_s if self.waits else 0.0,
             warm_start=cfg.warm_start,
             python=cfg.agent_python,
             env=self.env,

@@ -16,6 +16,7 @@ from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import HostUnreachable
 from ftrun.transport import child
+from ftrun.transport.escalate import escalate
 
 
 class LocalAgent:
@@ -35,15 +36,7 @@ class LocalAgent:
     async def terminate(self, timeout_s: float) -> None:
         # The agent was told to shut down; if it does not, closing its stdin makes it fence
         # itself (kill its processes and exit); if even that fails, SIGKILL.
-        for nudge in (None, self._close_stdin):
-            if nudge is not None:
-                nudge()
-            try:
-                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout_s / 2)
-                break
-            except asyncio.TimeoutError:
-                continue
-        else:
+        if not await escalate(self.proc.wait, [None, self._close_stdin], timeout_s):
             procs.killpg_quietly(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
         self._close_stdin()

@@ -28,6 +28,7 @@ from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED, HostUnreachable
 from ftrun.transport import child, slurm_allocation
+from ftrun.transport.escalate import escalate
 
 log = logging.getLogger("ftrun.transport")
 
@@ -68,15 +69,8 @@ class SrunAgent:
         # Told to shut down; if not, EOF on its stdin makes it fence itself; if not, srun is
         # asked to signal the step (SIGTERM: the agent fences), then killed; if the agent is
         # still there after all that, a fresh step on its node kills everything it tagged.
-        for nudge in (None, self._close_stdin, self._sigterm_srun):
-            if nudge is not None:
-                nudge()
-            try:
-                await asyncio.wait_for(asyncio.shield(self.proc.wait()), timeout_s / 3)
-                break
-            except asyncio.TimeoutError:
-                continue
-        else:
+        nudges = [None, self._close_stdin, self._sigterm_srun]
+        if not await escalate(self.proc.wait, nudges, timeout_s):
             procs.killpg_quietly(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
         if self.proc.returncode not in AGENT_EXITS:

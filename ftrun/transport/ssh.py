@@ -24,13 +24,14 @@ import os
 import shlex
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import IO, Any, TypeVar
 
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
 from ftrun.errors import HostUnreachable
 from ftrun.hostlist import split_target
 from ftrun.transport import hostkeys
+from ftrun.transport.escalate import escalate
 
 log = logging.getLogger("ftrun.transport")
 T = TypeVar("T")
@@ -96,18 +97,7 @@ class SshAgent:
     async def terminate(self, timeout_s: float) -> None:
         # The agent was told to shut down. If it does not, `fence` and EOF on its stdin make it
         # fence itself; if even that fails, a fresh ssh session kills everything tagged with it.
-        for nudge in (None, self._fence_stdin):
-            if nudge is not None and not self.chan.closed:
-                try:  # paramiko may block on a full send window or a key exchange: off the loop
-                    await asyncio.wait_for(in_thread(nudge), timeout_s / 2)
-                except (asyncio.TimeoutError, OSError, EOFError):
-                    pass
-            try:
-                await asyncio.wait_for(self.ended.wait(), timeout_s / 2)
-                break
-            except asyncio.TimeoutError:
-                continue
-        else:
+        if not await escalate(self.ended.wait, [None, self._fence_in_thread], timeout_s):
             try:
                 await asyncio.wait_for(in_thread(self._sweep), SWEEP_TIMEOUT_S)
             except (asyncio.TimeoutError, OSError, EOFError, Exception) as e:  # noqa: BLE001
@@ -121,6 +111,10 @@ class SshAgent:
         except asyncio.TimeoutError:
             log.warning("%s: the ssh connection did not close in time", self.host)
         self.log_file.close()
+
+    def _fence_in_thread(self) -> Awaitable[None] | None:
+        # paramiko may block on a full send window or a key exchange: off the loop
+        return None if self.chan.closed else in_thread(self._fence_stdin)
 
     def _fence_stdin(self) -> None:
         self.chan.sendall(FENCE_WORD + b"\n")

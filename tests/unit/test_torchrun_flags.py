@@ -168,7 +168,7 @@ HOSTS = ("a", "b", "c")
             "slurm",
             (None, None),
             (None, None),
-            "--nnodes 1 asks for 1 node but the Slurm allocation has 3 (less --slurm-spares)",
+            "--nnodes 1 asks for 1 node but the Slurm allocation (less --slurm-spares) has 3",
         ),
         (
             TorchrunFlags(nnodes="1:3"),
