@@ -4,7 +4,7 @@ The worker is started with `python -m ftrun.checkpoint.worker` (no torch import,
 in the rank's own process group, so whatever kills the rank's group kills it too; it also dies
 with its parent (PDEATHSIG) and on EOF of its command pipe.
 
-This module owns the rank's half of the worker protocol (see `worker.py`): `persist_message`
+This module owns the rank's half of the worker protocol (see `worker_protocol.py`): `persist_message`
 turns a snapshot in a slot and its storage plan into the "persist" command, with the file names
 and directories of `storage.py`, so the Manager deals in snapshots and never in frames. Importing
 it does not import torch.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import ftrun
 from ftrun.checkpoint import storage
 from ftrun.checkpoint.errors import CheckpointError
-from ftrun.checkpoint.worker import encode_frame, read_frame
+from ftrun.checkpoint.worker_protocol import encode_frame, read_frame
 
 if TYPE_CHECKING:
     from ftrun.checkpoint.config import CheckpointConfig

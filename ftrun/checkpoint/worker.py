@@ -5,136 +5,35 @@ It is pure Python (no torch import, starts in milliseconds), runs at low CPU pri
 so writing and checksumming gigabytes never holds up the rank's Python thread. It dies with its
 rank (PR_SET_PDEATHSIG, and EOF on its command pipe).
 
-Protocol (frames are a 4-byte big-endian length + a pickle of a dict of plain values):
-  rank → worker on stdin:  {"op": "persist", ...} | {"op": "exit"}
-  worker → rank on --reply-fd: {"op": "ready"}, {"op": "released", "step"} once the snapshot
-  buffer has been read (the rank may overwrite it), {"op": "done", "step", "ok", "error",
-  "path"[, "superseded"]} once this rank's part is durable (rank 0: once the checkpoint is
-  committed; "superseded": refused, a newer generation claimed the directory, fence.py).
-
-The frames are pickles, unsealed, and that is safe here: both ends are this rank and its own
-child, over an anonymous pipe (the worker's stdin, and an fd it inherits) that no other process
-can open; nothing stored is ever read back through them. Everything the worker writes to storage
-is 0600 in 0700 directories it checks are this user's, and its manifests carry the checkpoint
-key's HMAC, which comes with each "persist" command (auth.py, storage.py).
+Its protocol with the rank is `worker_protocol.py`; its writes, O_DIRECT, checksummed and paced,
+are `direct_write.py`. What it does with a "persist" command is here: write this rank's files
+of the checkpoint into the step's temporary directory, say "released" as soon as the slot is
+read, sync, write this rank's part file; and on rank 0, wait for every rank's part, write the
+DCP `.metadata` and the manifest, and rename the directory into place under the storage
+directory's generation fence (fence.py), then prune.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import mmap
 import os
-import pickle
 import select
 import shutil
 import signal
-import struct
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ftrun.checkpoint import digest, storage
+from ftrun.checkpoint import storage
+from ftrun.checkpoint.direct_write import Throttle, write_file
 from ftrun.checkpoint.fence import FENCE_TIMEOUT_S, GenerationFence, Superseded
+from ftrun.checkpoint.worker_protocol import encode_frame, read_frame
 
-_HEADER = struct.Struct("!I")
-BLOCK = 4096  # alignment of offsets and lengths for O_DIRECT (== slots.ALIGN == dcp_layout.ALIGN)
 PART_POLL_S = 0.01
 MADV_POPULATE_READ = 22  # Linux >= 5.14; not exported by Python's mmap module
-
-
-def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
-    header = _read_exact(stream, _HEADER.size)
-    if header is None:
-        return None
-    body = _read_exact(stream, _HEADER.unpack(header)[0])
-    return None if body is None else pickle.loads(body)
-
-
-def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def encode_frame(msg: dict[str, Any]) -> bytes:
-    body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
-
-
-def _pwrite_all(fd: int, buf: memoryview, pos: int) -> None:
-    while buf:
-        n = os.pwrite(fd, buf, pos)
-        buf, pos = buf[n:], pos + n
-
-
-class Throttle:
-    """Paces writes to `rate` bytes/s (0: no limit) across all files of one persist."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate, self.sent, self.t0 = rate, 0, time.monotonic()
-
-    def __call__(self, nbytes: int) -> None:
-        self.sent += nbytes
-        if self.rate > 0:
-            ahead = self.sent / self.rate - (time.monotonic() - self.t0)
-            if ahead > 0:
-                time.sleep(ahead)  # pacing I/O, not waiting for anything
-
-
-def _write_items(
-    fd: int, mm: mmap.mmap, items: list[tuple[int, int, int]], throttle: Throttle
-) -> dict[str, int]:
-    """Copy (slot_offset, nbytes, file_offset) items from the snapshot into fd.
-
-    Offsets are BLOCK-aligned on both sides and every item is zero-padded to a whole BLOCK, so
-    the same writes work with O_DIRECT. The checksum of a chunk (XXH3, digest.py) is computed
-    while the previous chunk is being written (both release the GIL): no extra wall time.
-    """
-    checksum, pos = digest.DataDigest(), 0
-    view = memoryview(mm)
-    bounce = mmap.mmap(-1, BLOCK)  # page-aligned, for zero-padded tails
-    pending: Future[None] | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftrun-ckpt-write") as writer:
-        try:
-            for slot_off, nbytes, file_off in sorted(items, key=lambda it: it[2]):
-                segments: list[memoryview] = []
-                if file_off > pos:  # never with BLOCK-aligned plans; kept for safety
-                    segments.append(memoryview(bytes(file_off - pos)))
-                full = nbytes // BLOCK * BLOCK
-                for start in range(slot_off, slot_off + full, storage.CHUNK):
-                    segments.append(view[start : min(start + storage.CHUNK, slot_off + full)])
-                for seg in segments:
-                    checksum.update(seg)
-                    if pending is not None:
-                        pending.result()
-                    pending = writer.submit(_pwrite_all, fd, seg, pos)
-                    pos += len(seg)
-                    throttle(len(seg))
-                tail = nbytes - full
-                if tail:
-                    if pending is not None:
-                        pending.result()
-                        pending = None
-                    bounce[:] = bytes(BLOCK)
-                    bounce[:tail] = view[slot_off + full : slot_off + nbytes]
-                    checksum.update(bounce)
-                    _pwrite_all(fd, memoryview(bounce), pos)
-                    pos += BLOCK
-            if pending is not None:
-                pending.result()
-        finally:
-            view.release()
-            bounce.close()
-    return checksum.entry(pos)
 
 
 class Aborted(Exception):
@@ -221,7 +120,7 @@ class Worker:
             mm = self.slot_map(msg["slot_path"])
             throttle = Throttle(msg.get("bandwidth", 0))
             for spec in msg["files"]:
-                fd, files[spec["name"]] = self._write_file(
+                fd, files[spec["name"]] = write_file(
                     tmp / spec["name"], mm, spec["items"], throttle
                 )
                 fds.append(fd)
@@ -242,28 +141,6 @@ class Worker:
         if msg.get("commit") is None:
             return ""
         return self.commit(msg, tmp)
-
-    @staticmethod
-    def _write_file(
-        path: Path, mm: mmap.mmap, items: list[tuple[int, int, int]], throttle: Throttle
-    ) -> tuple[int, dict[str, int]]:
-        """Write items to a new file with O_DIRECT (no page-cache copy, ~0.05 s CPU per GiB),
-        or buffered where the filesystem refuses O_DIRECT (tmpfs); returns (fd, manifest entry).
-        The file is made new either way (storage.create_file: 0600, never through a link)."""
-        if hasattr(os, "O_DIRECT"):
-            try:
-                fd = storage.create_file(path, os.O_DIRECT)
-                try:
-                    return fd, _write_items(fd, mm, items, throttle)
-                except OSError as exc:
-                    os.close(fd)
-                    if exc.errno != errno.EINVAL:
-                        raise
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-        fd = storage.create_file(path)
-        return fd, _write_items(fd, mm, items, throttle)
 
     def commit(self, msg: dict[str, Any], tmp: Path) -> str:
         """Rank 0: wait for every rank's part, write .metadata + manifest, rename into place."""
