@@ -32,10 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ftrun import runtime
-from ftrun.checkpoint import slots
+from ftrun.checkpoint import slots, tier_space
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError, UnsafePathError
 from ftrun.checkpoint.restore import warn
+from ftrun.checkpoint.slot_file import Slot
 
 
 class Level(enum.IntEnum):
@@ -94,19 +95,19 @@ class Capacity:
                 try:
                     slot.ensure(size)
                 except CheckpointError as exc:
-                    if not (slots.is_full(exc) and self._retire(slot, exc)):
+                    if not (tier_space.is_full(exc) and self._retire(slot, exc)):
                         raise
         except CheckpointError as exc:
-            if not slots.is_full(exc) or all(s.directory is None for s in self._usable()):
+            if not tier_space.is_full(exc) or all(s.directory is None for s in self._usable()):
                 raise  # anonymous memory itself: the host is out of memory
             self.step_down(Level.STORAGE, str(exc), drop_slots=True)
             for slot in self._usable():
                 slot.ensure(size)
 
-    def _usable(self) -> list[slots.Slot]:
+    def _usable(self) -> list[Slot]:
         return [s for s in self._tier.slots if s.index not in self.retired]
 
-    def _retire(self, slot: slots.Slot, exc: CheckpointError) -> bool:
+    def _retire(self, slot: Slot, exc: CheckpointError) -> bool:
         """No room for a third copy: keep two, with one warning (a kill during a save that
         overlaps a persist may then go back to the persisted step, not the one before)."""
         if slot.index != len(self._tier.slots) - 1:  # not even two fit: step down
@@ -133,15 +134,15 @@ class Capacity:
     def absorb(self, error: BaseException, what: str) -> bool:
         """A snapshot failed with `error`: True if it was the tier running out (the rank then
         stepped down and goes on; the save is lost, the next one is made at the new level)."""
-        if not slots.is_full(error) or self.level is Level.STORAGE:
+        if not tier_space.is_full(error) or self.level is Level.STORAGE:
             return False
         self.step_down(Level(self.level - 1), f"{what} failed: {error}")
         return True
 
-    def rescue(self, slot: slots.Slot, size: int, exc: CheckpointError) -> None:
+    def rescue(self, slot: Slot, size: int, exc: CheckpointError) -> None:
         """close(): the copy of the last live step into `slot` found no room in the tier; the
         slot goes anonymous, so that the step is persisted all the same."""
-        if not slots.is_full(exc) or slot.directory is None:
+        if not tier_space.is_full(exc) or slot.directory is None:
             raise exc
         warn(f"the last step is persisted from anonymous memory: {exc}")
         slot.go_anonymous()
@@ -190,8 +191,8 @@ class Capacity:
         copies = self._copies * self.needed
         out: dict[str, int | str] = {"need": copies + self.needed}
         text = (
-            f"{slots.mib(copies + self.needed)} for live + {self._copies} slots, "
-            f"{slots.mib(copies)} for the slots alone"
+            f"{tier_space.mib(copies + self.needed)} for live + {self._copies} slots, "
+            f"{tier_space.mib(copies)} for the slots alone"
         )
         try:
             st = os.statvfs(self._root)
@@ -200,8 +201,8 @@ class Capacity:
             return out
         out["free"], out["total"] = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
         out["text"] = (
-            f"{text}; {self._root} has {slots.mib(int(out['free']))} free of "
-            f"{slots.mib(int(out['total']))}"
+            f"{text}; {self._root} has {tier_space.mib(int(out['free']))} free of "
+            f"{tier_space.mib(int(out['total']))}"
         )
         return out
 
@@ -223,9 +224,9 @@ def open_tier(config: CheckpointConfig, *, rank: int, world: int) -> slots.Memor
         except UnsafePathError as exc:
             refused(config, f"{exc.message} ({exc.hint})")
         except (CheckpointError, OSError) as exc:
-            if not slots.is_full(exc):
+            if not tier_space.is_full(exc):
                 raise
-            refused(config, f"{exc} ({slots.space(config.memory_root)})")
+            refused(config, f"{exc} ({tier_space.space(config.memory_root)})")
     return slots.MemoryTier(
         directory=None, slots=config.memory_slots, rank=rank, world_size=world, key=config.hmac_key
     )
@@ -243,10 +244,10 @@ def leave_tier(
 ) -> slots.MemoryTier:
     """The tier was made but its first write (the generation fence's file) found no room:
     close it and go on without (STORAGE), saying why; anything else is raised again."""
-    if not slots.is_full(exc):
+    if not tier_space.is_full(exc):
         raise exc
     tier.close()
-    refused(config, f"{exc} ({slots.space(config.memory_root)})")
+    refused(config, f"{exc} ({tier_space.space(config.memory_root)})")
     return slots.MemoryTier(
         directory=None,
         slots=config.memory_slots,

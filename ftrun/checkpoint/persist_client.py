@@ -29,7 +29,7 @@ from ftrun.checkpoint.worker_protocol import encode_frame, read_frame
 if TYPE_CHECKING:
     from ftrun.checkpoint.config import CheckpointConfig
     from ftrun.checkpoint.dcp_layout import StoragePlan
-    from ftrun.checkpoint.slots import TensorEntry
+    from ftrun.checkpoint.slot_layout import TensorEntry
 
 
 def persist_message(

@@ -1,5 +1,5 @@
 """Restore from this host's memory snapshots of any rank and layout (restore.py's last memory
-candidate): the ranks' own and the replicas the peer copy keeps here (slots.scan_host).
+candidate): the ranks' own and the replicas the peer copy keeps here (host_snapshots.py).
 
 A shrink, a grow or a new DP x PP plan matches no snapshot of the rank's own tier; then each
 rank looks for a (step, generation) whose snapshots on its host hold every tensor it needs, by
@@ -34,6 +34,8 @@ import torch
 from ftrun.checkpoint import auth, restore_check, slots
 from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.errors import CheckpointError, warn
+from ftrun.checkpoint.host_snapshots import HostSnapshot, scan_host
+from ftrun.checkpoint.slot_layout import TensorEntry
 from ftrun.checkpoint.state import Flat, TensorLeaf
 
 SAME, OTHER, MISSING = "same", "other", "missing"  # a rank's own snapshot of a step
@@ -45,8 +47,8 @@ class Candidate:
 
     step: int
     generation: int
-    snapshots: list[slots.HostSnapshot]  # the sources, by old rank
-    own: slots.HostSnapshot | None  # this rank's own snapshot of the step, if here
+    snapshots: list[HostSnapshot]  # the sources, by old rank
+    own: HostSnapshot | None  # this rank's own snapshot of the step, if here
     relayout: bool  # saved in another layout: per-rank state may start fresh
 
 
@@ -63,7 +65,7 @@ def candidates(
     snapshot is checked first (its sampled digest), so a damaged one is passed over for another
     rank's or a replica of the same step; `allowed(step)` says whether a step may be restored."""
     assert tier.directory is not None
-    found, rejected = slots.scan_host(tier.directory.parent, key=mac_key)
+    found, rejected = scan_host(tier.directory.parent, key=mac_key)
     for message in rejected:
         warn(f"rank {comm.rank}: {message}")
     checked = []
@@ -72,7 +74,7 @@ def candidates(
             warn(f"rank {comm.rank}: memory snapshot not used: {why}")
         else:
             checked.append(snapshot)
-    by_step: dict[tuple[int, int], list[slots.HostSnapshot]] = {}
+    by_step: dict[tuple[int, int], list[HostSnapshot]] = {}
     for snapshot in sorted(checked, key=lambda s: s.rank):  # each step's by old rank
         by_step.setdefault((snapshot.step, snapshot.generation), []).append(snapshot)
     needed = [(key, leaf.tensor) for key, leaf in keyed if not leaf.local]
@@ -105,13 +107,11 @@ def candidates(
     return out, skipped
 
 
-def _own(snapshots: list[slots.HostSnapshot], comm: Comm) -> slots.HostSnapshot | None:
+def _own(snapshots: list[HostSnapshot], comm: Comm) -> HostSnapshot | None:
     return next((s for s in snapshots if (s.rank, s.world_size) == (comm.rank, comm.world)), None)
 
 
-def _facts(
-    snapshots: list[slots.HostSnapshot], sig: str, comm: Comm
-) -> tuple[str, tuple[int, ...]]:
+def _facts(snapshots: list[HostSnapshot], sig: str, comm: Comm) -> tuple[str, tuple[int, ...]]:
     """This rank's own snapshot of the step (SAME layout, OTHER layout or MISSING), and the world
     sizes the step was saved under."""
     own = _own(snapshots, comm)
@@ -120,8 +120,8 @@ def _facts(
 
 
 def source(
-    key: str, tensor: torch.Tensor, snapshots: list[slots.HostSnapshot]
-) -> tuple[slots.HostSnapshot, slots.TensorEntry] | None:
+    key: str, tensor: torch.Tensor, snapshots: list[HostSnapshot]
+) -> tuple[HostSnapshot, TensorEntry] | None:
     """The first snapshot (they are in old rank order) with `key` of the tensor's dtype and
     shape, and its entry."""
     dtype, shape = str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)

@@ -54,6 +54,7 @@ from ftrun.checkpoint.comm import Comm
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError, StateError
 from ftrun.checkpoint.errors import warn as warn  # what the other modules import from here
+from ftrun.checkpoint.slot_layout import layout, signature
 from ftrun.checkpoint.state import Flat, TensorLeaf, storage_key
 
 MEMORY, STORAGE, NONE = "memory", "storage", "none"
@@ -74,8 +75,8 @@ def restore(
 ) -> tuple[Restored, dict[str, Any], int | None]:
     """Returns (what was restored, the loaded objects, the memory slot used or None)."""
     keyed = [(storage_key(leaf, comm.rank), leaf) for leaf in flat.tensors]
-    entries, _ = slots.layout([(key, leaf.tensor) for key, leaf in keyed])
-    sig = slots.signature(entries, comm.world)
+    entries, _ = layout([(key, leaf.tensor) for key, leaf in keyed])
+    sig = signature(entries, comm.world)
     mac_key = config.hmac_key
     before = config.restore_before
     held: dict[tuple[int, int], int] = {}  # (step, generation) -> slot index

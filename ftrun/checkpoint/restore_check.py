@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 
 from ftrun.checkpoint import auth, sample_digest, slots, storage
+from ftrun.checkpoint.host_snapshots import HostSnapshot
+from ftrun.checkpoint.memory_manifest import manifest_entries
 
 
 def memory_slot(
@@ -35,7 +37,7 @@ def memory_slot(
     return f"{slot.data_path} {why}" if why else None
 
 
-def host_snapshots(snapshots: list[slots.HostSnapshot], key: bytes) -> str | None:
+def host_snapshots(snapshots: list[HostSnapshot], key: bytes) -> str | None:
     """Each snapshot of another rank or layout, or replica, that a resharded load reads."""
     for snapshot in snapshots:
         try:
@@ -45,7 +47,7 @@ def host_snapshots(snapshots: list[slots.HostSnapshot], key: bytes) -> str | Non
             return f"{snapshot.manifest_path} changed since the scan ({exc})"
         if inode != snapshot.manifest_inode:
             return f"{snapshot.manifest_path} changed since the scan"
-        spans = sample_digest.spans_of(slots.manifest_entries(body))
+        spans = sample_digest.spans_of(manifest_entries(body))
         try:
             why = sample_digest.file_mismatch(snapshot.data_path, spans, body.get("digest"))
         except OSError as exc:

@@ -36,7 +36,7 @@ import torch
 import xxhash
 
 ALGORITHM = "xxh3-sampled/1"
-ROW = 64  # bytes per sampled row; slot entries are 4 KiB-aligned (slots.ALIGN), so rows are too
+ROW = 64  # bytes per sampled row; slot entries are 4 KiB-aligned (slot_layout.ALIGN): rows too
 STRIDE = 64 << 10  # one row every this many bytes of a tensor
 _CACHE: collections.OrderedDict[tuple[tuple[int, int], ...], torch.Tensor] = (
     collections.OrderedDict()
@@ -68,7 +68,7 @@ def rows(spans: Sequence[Span]) -> torch.Tensor:
 
 
 def spans_of(entries: Iterable[Any]) -> list[Span]:
-    """(offset, nbytes) of each slots.TensorEntry."""
+    """(offset, nbytes) of each slot_layout.TensorEntry."""
     return [(e.offset, e.nbytes) for e in entries]
 
 

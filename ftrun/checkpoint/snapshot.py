@@ -30,7 +30,8 @@ import torch
 
 from ftrun.checkpoint import device_copy
 from ftrun.checkpoint.errors import CheckpointError
-from ftrun.checkpoint.slots import Slot, TensorEntry
+from ftrun.checkpoint.slot_file import Slot
+from ftrun.checkpoint.slot_layout import TensorEntry
 
 COPY_CHUNK = 64 << 20  # small enough for the training thread to join a copy in progress
 
