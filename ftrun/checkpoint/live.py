@@ -38,7 +38,10 @@ from typing import Any
 import torch
 
 from ftrun.checkpoint import sample_digest
-from ftrun.checkpoint.slots import MemoryTier, Slot, TensorEntry
+from ftrun.checkpoint.slot_file import Slot
+from ftrun.checkpoint.slot_layout import SlotLayout, TensorEntry
+from ftrun.checkpoint.slots import MemoryTier
+from ftrun.checkpoint.snapshot_meta import SnapshotMeta
 from ftrun.checkpoint.state import TrainState
 
 # A state smaller than this is copied at every save: its copy takes a few ms of one core at
@@ -178,8 +181,7 @@ class LiveSnapshot:
     roots: list[TrainState]  # whose tensors moved
     tier: MemoryTier
     committed: bool = False
-    # What the live manifest on file says: (step, layout signature, entries, objects, size).
-    last: tuple[int, str, list[TensorEntry], bytes, int] | None = field(default=None, repr=False)
+    last: SnapshotMeta | None = field(default=None, repr=False)  # what the live manifest says
     watched: list[tuple[str, torch.Tensor]] = field(default_factory=list, repr=False)
     versions: list[int] = field(default_factory=list, repr=False)  # at the last commit
     spans: list[tuple[int, int]] = field(default_factory=list, repr=False)  # kept live
@@ -193,23 +195,21 @@ class LiveSnapshot:
         cls,
         tier: MemoryTier,
         keyed: list[tuple[str, torch.Tensor]],
-        entries: list[TensorEntry],
-        size: int,
-        sig: str,
+        layout: SlotLayout,
         roots: list[TrainState],
         previous: LiveSnapshot | None = None,
     ) -> LiveSnapshot | None:
-        """Move the adoptable tensors of `keyed` into a fresh live file laid out as `entries`
+        """Move the adoptable tensors of `keyed` into a fresh live file laid out as `layout`
         (from `previous`'s file too); None when none can move (then every save copies, as
         without a live snapshot)."""
         slot = tier.live
-        if slot is None or size < MIN_BYTES:
+        if slot is None or layout.size < MIN_BYTES:
             return None
         ours = previous.span if previous is not None else None
         held = owners(roots, ours)
         chosen: list[tuple[torch.Tensor, TensorEntry, list[Setter]]] = []
         taken: set[int] = set()
-        for (_, t), entry in zip(keyed, entries, strict=True):
+        for (_, t), entry in zip(keyed, layout.entries, strict=True):
             ptr = t.data_ptr()
             setters = held.get(ptr)
             if setters and ptr not in taken and adoptable(t, ours):
@@ -219,7 +219,7 @@ class LiveSnapshot:
             return None
         tier.invalidate(tier.live_index)
         slot.renew()
-        slot.ensure(size)
+        slot.ensure(layout.size)
         slot.populate()
         slot.lent = True
         assert slot.base is not None
@@ -231,7 +231,7 @@ class LiveSnapshot:
                 point(view)
         snap = cls(
             slot,
-            sig,
+            layout.sig,
             frozenset(e.key for _, e, _ in chosen),
             (start, start + slot.size),
             roots,
@@ -260,13 +260,11 @@ class LiveSnapshot:
             if e.key in self.keys
         )
 
-    def committed_as(
-        self, step: int, sig: str, entries: list[TensorEntry], objects: bytes, size: int
-    ) -> None:
-        """The live manifest of `step` is on file: from now on the tensors must not change."""
-        self.last = (step, sig, entries, objects, size)
+    def committed_as(self, meta: SnapshotMeta) -> None:
+        """The live manifest of `meta` is on file: from now on the tensors must not change."""
+        self.last = meta
         self.versions = [t._version for _, t in self.watched]
-        self.spans = sample_digest.spans_of(e for e in entries if e.key in self.keys)
+        self.spans = sample_digest.spans_of(e for e in meta.layout.entries if e.key in self.keys)
         self.sample = sample_digest.compute(self.slot.base, self.spans)["value"]
         self.committed = True
 
@@ -277,7 +275,7 @@ class LiveSnapshot:
             return False
         if not self.committed:
             return True
-        step = self.last[0] if self.last is not None else None
+        step = self.last.step if self.last is not None else None
         for (name, t), version in zip(self.watched, self.versions, strict=True):
             if t._version != version:
                 self.disable(

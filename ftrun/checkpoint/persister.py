@@ -28,6 +28,7 @@ from ftrun.checkpoint.config import AUTO_DUTY, CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.persist_client import PersistClient, persist_message
 from ftrun.checkpoint.restore import warn
+from ftrun.checkpoint.slot_layout import TensorEntry, signature
 from ftrun.checkpoint.slot_table import SlotTable
 from ftrun.checkpoint.stats import Stats
 
@@ -66,8 +67,8 @@ class Persister:
         self._vote_every = 1  # saves between background votes, agreed by the last one
         # Saves between full copies under a live snapshot: this rank's wish (the Manager's, from
         # what the last copy cost) and what the ranks agreed at the last vote (the largest wish).
-        self.proposed_full_copy_every = 1
-        self.full_copy_every = 1
+        # A fixed config.full_copy_every is the same on every rank: no vote needed.
+        self.proposed_full_copy_every = self.full_copy_every = config.full_copy_every or 1
         self.client = PersistClient(priority=config.persist_priority, on_message=self._on_message)
 
     def wanted(
@@ -177,7 +178,7 @@ class Persister:
         self,
         step: int,
         index: int,
-        entries: list[slots.TensorEntry],
+        entries: list[TensorEntry],
         objects: bytes,
         plan: dcp_layout.StoragePlan,
     ) -> None:
@@ -229,7 +230,7 @@ class Persister:
             return
         slot = self._tier.slots[index]
         tensors = {e.key: slot.view(e) for e in state.entries}
-        sig = slots.signature(state.entries, self._comm.world)
+        sig = signature(state.entries, self._comm.world)
         if self.plan is None or self.plan.signature != sig:
             self.plan = dcp_layout.plan_storage(
                 tensors, comm=self._comm, signature=sig, key=self.config.hmac_key

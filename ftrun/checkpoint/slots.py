@@ -20,8 +20,8 @@ why); the slot files are refused unless they are regular files of ours with mode
 (slot_file.py); every manifest carries an HMAC and the objects are a sealed pickle (auth.py), so
 a snapshot that does not verify is skipped with a warning and restore falls back to storage.
 
-The names of the slots' layout, files and manifests, and the host-wide scan, are importable from
-here too (`slots.layout`, `slots.scan_host`…), where tests and older callers look for them.
+The slot layout's names and the host-wide scan are importable from here too (`slots.layout`,
+`slots.scan_host`…), where the tests look for them.
 """
 
 from __future__ import annotations
@@ -37,34 +37,26 @@ from ftrun.checkpoint.config import memory_user_dir_name
 from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.host_snapshots import HostSnapshot, scan_host
 from ftrun.checkpoint.memory_manifest import (
-    MEMORY_FORMAT,
     manifest_entries,
     read_manifest,
     verified_objects,
     write_manifest,
 )
-from ftrun.checkpoint.slot_file import TIER_HINT, Slot, open_slot_file
+from ftrun.checkpoint.slot_file import TIER_HINT, Slot
 from ftrun.checkpoint.slot_layout import ALIGN, TensorEntry, entry_view, layout, signature
-from ftrun.checkpoint.tier_space import is_full, mib, space
+from ftrun.checkpoint.tier_space import is_full
 
-__all__ = [
+__all__ = [  # defined here, and the names of its parts that tests import from here
     "ALIGN",
-    "MEMORY_FORMAT",
     "HostSnapshot",
     "MemoryTier",
-    "Slot",
     "SlotState",
     "TensorEntry",
     "ensure_tier_dirs",
     "entry_view",
-    "is_full",
     "layout",
-    "manifest_entries",
-    "mib",
-    "open_slot_file",
     "scan_host",
     "signature",
-    "space",
 ]
 
 
