@@ -6,7 +6,8 @@
     jobview stands alone too: the journal read back for status/inspect, imported by cli only
 
 No module-level import loop anywhere; the controller and agent never import torch, typer or
-rich; only ftrun.cli imports typer and rich; `import ftrun` does no work.
+rich; only ftrun.cli imports typer and rich; `import ftrun` does no work; no module is over
+350 lines.
 """
 
 from __future__ import annotations
@@ -189,3 +190,12 @@ def test_only_the_cli_imports_typer_or_rich() -> None:
             )
             offenders += [f"{module}: {n}" for n in names if n.split(".")[0] in ("typer", "rich")]
     assert offenders == []
+
+
+MAX_LINES = 350  # STYLE.md: small modules, one concept each (issue 35)
+
+
+def test_no_module_is_over_the_size_of_one_concept() -> None:
+    sizes = {module: len(path.read_text().splitlines()) for module, path in modules().items()}
+    assert len(sizes) > 100  # the rule covers the tree, not an empty listing
+    assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
