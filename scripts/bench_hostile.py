@@ -44,6 +44,11 @@ def step_times(lines: list[str], start: float, end: float) -> list[float]:
     return [b - a for a, b in zip(inside, inside[1:], strict=False)]
 
 
+def _ms(late: tuple[float | None, float | None, int]) -> str:
+    p99, top, n = late
+    return "no sample" if not n else f"{p99:.0f}/{top:.0f} ms ({n} beats)"
+
+
 def planted_memory_tier(root: Path) -> tuple[attacks.Outcome, str, int]:
     """Another user made `/dev/shm/ftrun-<job>` before the job (a job id is easy to guess),
     where the tier used to be: the tier is now in the user's private parent
@@ -109,10 +114,12 @@ def main() -> int:
             fds_before, rss_before = controller.num_fds(), controller.memory_info().rss
             began = time.time()
             outcomes = []
+            fds_by_attack: list[int] = []
             for attack in attacks.ATTACKS:
                 t0 = time.time()
                 outcome = asyncio.run(attack(attacks.Target.of_job(job_dir)))
                 outcomes.append((outcome, time.time() - t0))
+                fds_by_attack.append(controller.num_fds())  # what the attack left open
             ended = time.time()
             fds_after, rss_after = controller.num_fds(), controller.memory_info().rss
             code = run.wait(600)
@@ -126,16 +133,19 @@ def main() -> int:
         before = step_times(run.lines, 0, began)
         during = step_times(run.lines, began, ended)
 
+    late_before = hostile_figures.lateness(events, 0.0, began)
+    late_under = hostile_figures.lateness(events, began, ended + 11.0)  # the period they ended in
     rows = [
         {
             "attack": o.attack,
+            "fds": fds,
             "outcome": "refused" if o.refused else "NOT REFUSED",
             "survived": "yes" if survived else "NO",
             "outside_bytes": outside,
             "seconds": s,
             "detail": o.detail,
         }
-        for o, s in outcomes
+        for (o, s), fds in zip(outcomes, fds_by_attack, strict=True)
     ]
     if os.geteuid() == 0:
         with tempfile.TemporaryDirectory(prefix="bench-hostile-") as scratch:
@@ -159,6 +169,7 @@ def main() -> int:
             Column(key="outcome", header="outcome", align="<"),
             Column(key="survived", header="job survived", align="<"),
             Column(key="outside_bytes", header="bytes outside job", spec="d"),
+            Column(key="fds", header="controller fds after", spec="d"),
             Column(key="seconds", header="s", spec=".1f"),
             Column(key="detail", header="detail", align="<"),
         ]
@@ -182,7 +193,8 @@ def main() -> int:
     print(step_table.render(step_rows))
     print(
         f"\njob exit {code}, state {finished.get('state')}, restarts forced {restarts}; "
-        f"controller fds {fds_before} -> {fds_after}, "
+        f"controller fds {fds_before} -> {fds_after}, heartbeat lateness p99/max "
+        f"{_ms(late_before)} before the attacks, {_ms(late_under)} under them; "
         f"RSS {rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB; "
         f"refusals journaled: "
         f"{sum(e['kind'] in ('message_refused', 'connection_refused') for e in events)}"
@@ -196,6 +208,7 @@ def main() -> int:
                 "exit_code": code,
                 "restarts_forced": restarts,
                 "fds": [fds_before, fds_after],
+                "heartbeat_late_ms": {"before": late_before[:2], "under": late_under[:2]},
                 "rss_bytes": [rss_before, rss_after],
             },
         )

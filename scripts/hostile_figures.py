@@ -38,7 +38,7 @@ def _attacker(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _lateness(events: list[dict[str, Any]], start: float, end: float) -> tuple[Any, Any, int]:
+def lateness(events: list[dict[str, Any]], start: float, end: float) -> tuple[Any, Any, int]:
     stats = [e for e in events if e["kind"] == "heartbeat_stats" and start <= e["t"] <= end]
     if not stats:
         return None, None, 0
@@ -86,8 +86,8 @@ def metrics_rows(root: Path, *, connections: int = 1000, scrapes: int = 10_000) 
     job_dir = next(run_dir.iterdir())
     events = [json.loads(x) for x in (job_dir / "events.jsonl").read_text().splitlines()]
     faults = sum(e["kind"] == "fault_detected" for e in events)
-    p99_0, max_0, n_0 = _lateness(events, 0, began)
-    p99_1, max_1, n_1 = _lateness(events, began, ended + 10)
+    p99_0, max_0, n_0 = lateness(events, 0, began)
+    p99_1, max_1, n_1 = lateness(events, began, ended + 10)
     loris, flood_out = results
     detail = (f"{loris['opened']} slow connections opened, {flood_out['ok']} of {scrapes} "
               f"scrapes answered in {flood_out['seconds']} s; faults {faults}")  # fmt: skip
