@@ -37,8 +37,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
-                                 nn.Dropout(0.1))  # draws from the RNG: it is in the checkpoint
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(0.1)
+        )  # draws from the RNG: it is in the checkpoint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.size(1)
@@ -81,10 +82,11 @@ class Batches:
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         self.position += 1
-        starts = torch.randint(0, len(self.data) - self.context - 1, (self.batch,),
-                               generator=self.generator)
-        x = torch.stack([self.data[s:s + self.context] for s in starts])
-        y = torch.stack([self.data[s + 1:s + self.context + 1] for s in starts])
+        starts = torch.randint(
+            0, len(self.data) - self.context - 1, (self.batch,), generator=self.generator
+        )
+        x = torch.stack([self.data[s : s + self.context] for s in starts])
+        y = torch.stack([self.data[s + 1 : s + self.context + 1] for s in starts])
         return x, y
 
     def state_dict(self) -> dict:
@@ -104,8 +106,11 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--ckpt-every", type=int, default=1, help="snapshot every N steps")
-    p.add_argument("--ckpt-dir", default=None,
-                   help="default: <ftrun job dir>/checkpoints, or ./checkpoints outside ftrun")
+    p.add_argument(
+        "--ckpt-dir",
+        default=None,
+        help="default: <ftrun job dir>/checkpoints, or ./checkpoints outside ftrun",
+    )
     args = p.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -136,8 +141,11 @@ def main() -> None:
         if step % args.ckpt_every == 0:
             mgr.save(step, state)  # returns at once; the copy overlaps the next step
         if rank == 0 and (step % 10 == 0 or step == start + 1):
-            print(f"step {step} loss {loss.item():.4f} ppl {math.exp(loss.item()):.1f} "
-                  f"({(time.perf_counter() - t0) * 1000:.0f} ms)", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} ppl {math.exp(loss.item()):.1f} "
+                f"({(time.perf_counter() - t0) * 1000:.0f} ms)",
+                flush=True,
+            )
 
     mgr.close()  # persists the last snapshot if the background persist had not reached it
     dist.barrier()

@@ -122,8 +122,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="initial weights and data")
     p.add_argument("--memory-budget", default=None, help="per device, e.g. 64MiB")
     p.add_argument("--ckpt-every", type=int, default=1, help="snapshot every N steps (0: never)")
-    p.add_argument("--ckpt-dir", default=None,
-                   help="default: <ftrun job dir>/checkpoints, or ./checkpoints outside ftrun")
+    p.add_argument(
+        "--ckpt-dir",
+        default=None,
+        help="default: <ftrun job dir>/checkpoints, or ./checkpoints outside ftrun",
+    )
     args = p.parse_args()
 
     torch.manual_seed(args.seed)  # the same full model on every rank, then each keeps its part
@@ -133,15 +136,23 @@ def main() -> None:
     def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
-    run = Parallel(model, loss_fn=lm_loss, samples=corpus.samples,
-                   global_batch=args.global_batch, micro_batch=args.micro_batch,
-                   memory_budget=args.memory_budget)
+    run = Parallel(
+        model,
+        loss_fn=lm_loss,
+        samples=corpus.samples,
+        global_batch=args.global_batch,
+        micro_batch=args.micro_batch,
+        memory_budget=args.memory_budget,
+    )
     del model  # the rank keeps only its layers: run.module
     opt = torch.optim.AdamW(run.module.parameters(), lr=args.lr)
     plan, rank = run.plan, run.rank
     if rank == 0:
-        print(f"plan dp {plan.dp} x pp {plan.pp} {plan.schedule}, micro-batches "
-              f"{plan.micro_batches} x {plan.micro_batch}, stages {list(plan.stages)}", flush=True)
+        print(
+            f"plan dp {plan.dp} x pp {plan.pp} {plan.schedule}, micro-batches "
+            f"{plan.micro_batches} x {plan.micro_batch}, stages {list(plan.stages)}",
+            flush=True,
+        )
 
     # The data position is the global sample count, the same on every rank: not PerRank state.
     data = {"samples": 0, "global_batch": args.global_batch}
@@ -149,8 +160,10 @@ def main() -> None:
     mgr = ckpt.Manager(args.ckpt_dir)
     start = mgr.restore(state)  # every run calls it: 0 and nothing loaded when there is none
     if data["samples"] != start * args.global_batch:
-        raise SystemExit(f"checkpoint of step {start} has {data['samples']} samples, not "
-                         f"{start} x --global-batch {args.global_batch}: keep the global batch")
+        raise SystemExit(
+            f"checkpoint of step {start} has {data['samples']} samples, not "
+            f"{start} x --global-batch {args.global_batch}: keep the global batch"
+        )
     if rank == 0 and start:
         print(f"resumed from step {start} ({mgr.restored.tier})", flush=True)
 
@@ -162,8 +175,10 @@ def main() -> None:
         if args.ckpt_every and step % args.ckpt_every == 0:
             mgr.save(step, state)  # returns at once; the copy overlaps the next step
         if rank == 0:
-            print(f"step {step} loss {loss:.8f} ({(time.perf_counter() - t0) * 1000:.0f} ms)",
-                  flush=True)
+            print(
+                f"step {step} loss {loss:.8f} ({(time.perf_counter() - t0) * 1000:.0f} ms)",
+                flush=True,
+            )
 
     mgr.close()  # persists the last snapshot if the background persist had not reached it
     if dist.is_initialized():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftrun import protocol
+from ftrun.wire import protocol
 
 CLOSE_TIMEOUT_S = protocol.NONCE_SEND_TIMEOUT_S + 5.0  # the server's hello deadline, and margin
 

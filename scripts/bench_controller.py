@@ -33,8 +33,9 @@ import benchlib
 import psutil
 from benchlib import Column, Table
 
-from ftrun import protocol, tls
+from ftrun import tls
 from ftrun.controller.server import ControlServer
+from ftrun.wire import protocol
 
 HEARTBEAT_S = 0.5  # 2 Hz
 LOST_TIMEOUT_S = 1.0  # ftrun's default

@@ -45,7 +45,7 @@ import benchlib  # noqa: E402
 from benchlib import Column, Table  # noqa: E402
 
 from ftrun.controller.lateness import Histogram  # noqa: E402
-from ftrun.journal_read import read_events  # noqa: E402
+from ftrun.journal.read import read_events  # noqa: E402
 
 SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
 PY = sys.executable

@@ -39,7 +39,7 @@ from ftrun.agent.stallguard import StallGuard
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
 from ftrun.errors import ProtocolError
 from ftrun.netutil import ALL_INTERFACES, free_port
-from ftrun.protocol import Channel, open_channel
+from ftrun.wire.protocol import Channel, open_channel
 
 log = logging.getLogger("ftrun.agent")
 

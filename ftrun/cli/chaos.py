@@ -17,8 +17,8 @@ from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
 from ftrun.controller.chaos import ACTIONS
 from ftrun.errors import UsageError
-from ftrun.journal_read import find_job_dir
-from ftrun.message_schema import MAX_RANKS, MAX_STEP
+from ftrun.journal.read import find_job_dir
+from ftrun.wire.schema import MAX_RANKS, MAX_STEP
 
 console = make_console(stderr=True)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrun.errors import ProtocolError, UsageError
-from ftrun.protocol import open_channel
+from ftrun.wire.protocol import open_channel
 
 REPLY_TIMEOUT_S = 10.0
 

@@ -17,7 +17,7 @@ from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
 from ftrun.errors import UsageError
 from ftrun.hostlist import split_target
-from ftrun.journal_read import find_job_dir
+from ftrun.journal.read import find_job_dir
 
 console = make_console(stderr=True)
 ACTIONS = ("add", "remove")

@@ -25,7 +25,7 @@ from ftrun.errors import UsageError
 from ftrun.jobview import Generation, Incident, JobView, load_job
 from ftrun.jobview.goodput import GoodputReport, job_goodput
 from ftrun.jobview.timeline import build_timeline
-from ftrun.journal_read import JournalParser, find_job_dir, stream_journal
+from ftrun.journal.read import JournalParser, find_job_dir, stream_journal
 from ftrun.outputs import write_output
 
 console = make_console()

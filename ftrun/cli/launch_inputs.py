@@ -22,7 +22,7 @@ from ftrun import filemodes, jobfiles, numbers
 from ftrun.config import signal_name
 from ftrun.controller.policy_file import FaultPolicy, load_policy
 from ftrun.errors import FtrunError, UsageError
-from ftrun.journal_read import check_run_dir_path
+from ftrun.journal.read import check_run_dir_path
 from ftrun.planner import Profile, parse_size
 from ftrun.timeouts import FLAGS as TIMEOUT_FLAGS
 from ftrun.timeouts import ControlTimeouts

@@ -15,8 +15,8 @@ from ftrun.agent import procs
 from ftrun.config import new_job_id
 from ftrun.errors import UsageError
 from ftrun.jobview.fold import controller_alive
-from ftrun.journal_read import ResumePoint, check_run_dir_path, read_events
-from ftrun.journal_read import resume_point as resume_point_of
+from ftrun.journal.read import ResumePoint, check_run_dir_path, read_events
+from ftrun.journal.read import resume_point as resume_point_of
 from ftrun.transport.slurm_allocation import Allocation
 
 

@@ -34,7 +34,7 @@ from ftrun.config import resolve_run_dir
 from ftrun.errors import FtrunError, UsageError
 from ftrun.jobview import load_job
 from ftrun.jobview.goodput import job_goodput
-from ftrun.journal_read import find_job_dir, read_journal
+from ftrun.journal.read import find_job_dir, read_journal
 from ftrun.sim.trace import Trace, TraceEvent, read_trace
 
 console = make_console()

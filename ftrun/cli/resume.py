@@ -34,7 +34,7 @@ from ftrun.errors import UsageError
 from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import controller_alive
 from ftrun.journal import CONFIG_FILE, EVENTS_FILE
-from ftrun.journal_read import find_job_dir, read_events, resume_point
+from ftrun.journal.read import find_job_dir, read_events, resume_point
 from ftrun.transport.registry import backend
 
 # LaunchConfig fields that config.json holds as lists.

@@ -26,7 +26,7 @@ from ftrun.controller.reporting import JobOutcome, OutcomeState
 from ftrun.errors import FtrunError
 from ftrun.jobview.keeper import keeping_summary
 from ftrun.journal import Journal
-from ftrun.journal_read import ResumePoint
+from ftrun.journal.read import ResumePoint
 from ftrun.transport.registry import backend
 
 console = make_console(stderr=True)

@@ -24,7 +24,7 @@ from ftrun.cli.plan import _load as load_profile
 from ftrun.cli.render import make_console
 from ftrun.config import resolve_run_dir
 from ftrun.errors import UsageError
-from ftrun.journal_read import find_job_dir, read_journal
+from ftrun.journal.read import find_job_dir, read_journal
 from ftrun.sim.baseline import Baseline, young_daly_interval_s
 from ftrun.sim.costs import DEFAULT_COSTS, Costs, costs_from_journal
 from ftrun.sim.run import CHECKPOINT_RESTART, FTRUN, IDEAL, Outcome, Setup, simulate

@@ -33,7 +33,7 @@ from ftrun.cli.safetext import clean, plain
 from ftrun.jobview import JobView, load_job
 from ftrun.jobview.goodput import job_goodput
 from ftrun.jobview.series import RATE_WINDOW_S
-from ftrun.journal_read import find_job_dir, list_job_dirs
+from ftrun.journal.read import find_job_dir, list_job_dirs
 
 
 @dataclass

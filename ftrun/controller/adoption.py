@@ -23,7 +23,7 @@ from typing import Any
 from ftrun import tls
 from ftrun.config import LaunchConfig
 from ftrun.jobfiles import JobDir
-from ftrun.journal_read import ResumePoint
+from ftrun.journal.read import ResumePoint
 
 CONTROL_FILE = "control.json"
 TLS_FILE = "control.tls"

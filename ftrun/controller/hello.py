@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role, validate
-from ftrun.protocol import Channel, accept_channel
+from ftrun.wire.messages import Role, validate
+from ftrun.wire.protocol import Channel, accept_channel
 
 HELLO_TIMEOUT_S = 5.0
 

@@ -20,7 +20,7 @@ from ftrun.controller.incidents import Incidents
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.journal import Journal
-from ftrun.journal_read import ResumePoint
+from ftrun.journal.read import ResumePoint
 
 
 class Interrupted(Exception):

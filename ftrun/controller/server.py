@@ -36,8 +36,8 @@ from ftrun.controller.listener import Listener
 from ftrun.controller.refusals import Refusals
 from ftrun.controller.silence import EventSink, Liveness, SilenceWatch
 from ftrun.errors import ProtocolError
-from ftrun.messages import MAX_LINE, Role
 from ftrun.tasks import TaskSupervisor
+from ftrun.wire.messages import MAX_LINE, Role
 
 log = logging.getLogger("ftrun.controller")
 

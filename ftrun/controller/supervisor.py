@@ -43,11 +43,11 @@ from ftrun.controller.resumption import Interrupted
 from ftrun.controller.roster import NotEnoughHosts
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
-from ftrun.journal_read import ResumePoint
+from ftrun.journal.read import ResumePoint
 from ftrun.planner import NoLayoutFits
-from ftrun.protocol import new_secret
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
+from ftrun.wire.protocol import new_secret
 
 
 class Supervisor:

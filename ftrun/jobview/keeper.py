@@ -22,7 +22,7 @@ from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import JobFolder
 from ftrun.jobview.summary import read_summary, write_summary
 from ftrun.jobview.views import JobView
-from ftrun.journal_read import JournalParser, stream_journal
+from ftrun.journal.read import JournalParser, stream_journal
 
 SUMMARY_INTERVAL_S = 1.0
 STOP_TIMEOUT_S = 10.0

@@ -15,7 +15,7 @@ from ftrun.errors import UsageError
 from ftrun.jobview.fold import JobFolder
 from ftrun.jobview.summary import read_summary
 from ftrun.jobview.views import JobView
-from ftrun.journal_read import JournalParser, stream_journal
+from ftrun.journal.read import JournalParser, stream_journal
 
 # Printed by ftrun.checkpoint on restore (ftrun/checkpoint/restore.py, `_done`); not imported
 # from there because that module imports torch. tests/unit/test_jobview.py checks both agree.

@@ -26,7 +26,7 @@ from ftrun.jobview.ranks import RanksFold
 from ftrun.jobview.series import Series
 from ftrun.jobview.views import Generation, Incident
 from ftrun.journal import EVENTS_FILE
-from ftrun.journal_read import JournalParser
+from ftrun.journal.read import JournalParser
 
 SUMMARY_FILE = "summary.json"
 VERSION = 1

@@ -24,9 +24,9 @@ from typing import Any
 from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.storage import Invalid
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role
 from ftrun.peercopy import files, wire
-from ftrun.protocol import open_channel
+from ftrun.wire.messages import Role
+from ftrun.wire.protocol import open_channel
 
 FETCH_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0

@@ -19,9 +19,9 @@ from pathlib import Path
 from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.storage import Invalid
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role
 from ftrun.peercopy import files, wire
-from ftrun.protocol import Channel, open_channel
+from ftrun.wire.messages import Role
+from ftrun.wire.protocol import Channel, open_channel
 
 log = logging.getLogger("ftrun.agent")
 

@@ -20,9 +20,9 @@ from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.storage import Invalid
 from ftrun.claims import read_claim
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role, validate
 from ftrun.peercopy import files, wire
-from ftrun.protocol import Channel, accept_channel
+from ftrun.wire.messages import Role, validate
+from ftrun.wire.protocol import Channel, accept_channel
 
 log = logging.getLogger("ftrun.agent")
 

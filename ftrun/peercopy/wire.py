@@ -23,7 +23,7 @@ from typing import Any
 
 from ftrun.errors import ProtocolError
 from ftrun.peercopy import files
-from ftrun.protocol import Channel
+from ftrun.wire.protocol import Channel
 
 SEND_TIMEOUT_S = 30.0  # a receiver that stops reading for this long is given up on
 # Within a snapshot, the longest wait for its next frame: a sender whose host lost power says

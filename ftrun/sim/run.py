@@ -17,7 +17,7 @@ from ftrun.config import LaunchConfig
 from ftrun.errors import UsageError
 from ftrun.jobview.goodput import GoodputReport, account
 from ftrun.journal import Journal
-from ftrun.journal_read import read_journal
+from ftrun.journal.read import read_journal
 from ftrun.planner import Profile
 from ftrun.sim.baseline import Baseline
 from ftrun.sim.costs import Costs

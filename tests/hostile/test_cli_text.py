@@ -150,7 +150,7 @@ def test_damaged_journal_is_marked_not_fatal(tmp_path: Path):
 
 
 def test_an_oversized_line_is_skipped_without_reading_it_whole(tmp_path: Path, monkeypatch):
-    import ftrun.journal_read as journal
+    import ftrun.journal.read as journal
 
     monkeypatch.setattr(journal, "MAX_EVENT_BYTES", 1024)
     event = {"t": 1.0, "kind": "job_started", "name": "after"}
@@ -164,7 +164,7 @@ def test_an_oversized_line_is_skipped_without_reading_it_whole(tmp_path: Path, m
 
 
 def test_a_torn_last_line_is_not_damage(tmp_path: Path):
-    from ftrun.journal_read import read_journal
+    from ftrun.journal.read import read_journal
 
     write_job(tmp_path, "torn", b'{"t": 1, "kind": "job_started"}\n{"t": 2, "kind": "pro\xe2\x82')
     read = read_journal(tmp_path / "torn")
@@ -259,7 +259,7 @@ def test_a_job_directory_named_with_markup_and_escapes(tmp_path: Path):
 
 def test_a_torn_line_a_resumed_controller_closed_is_not_damage(tmp_path: Path):
     from ftrun.journal import Journal
-    from ftrun.journal_read import read_journal
+    from ftrun.journal.read import read_journal
 
     write_job(tmp_path, "resumed", b'{"t": 1, "kind": "job_started"}\n{"t": 2, "kind": "pro')
     journal = Journal(tmp_path / "resumed", existing=True)  # a requeued job: it closes the line

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftrun.jobview import load_job
-from ftrun.journal_read import read_journal
+from ftrun.journal.read import read_journal
 from tests.hostile.clidriver import ftrun_cli
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

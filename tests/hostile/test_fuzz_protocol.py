@@ -10,9 +10,9 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftrun import protocol
 from ftrun.errors import ProtocolError
-from ftrun.messages import SCHEMAS, Role, validate
+from ftrun.wire import protocol
+from ftrun.wire.messages import SCHEMAS, Role, validate
 
 KEY = protocol.direction_key(protocol.new_secret(), b"s" * 16, b"c" * 16, b"c2s")
 FUZZ = settings(max_examples=300, deadline=None)

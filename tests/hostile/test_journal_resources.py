@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ftrun.journal import RESERVE_FILE, Journal
-from ftrun.journal_read import read_events
+from ftrun.journal.read import read_events
 
 
 def events_of(job_dir: Path) -> list[dict]:

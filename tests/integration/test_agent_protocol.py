@@ -9,7 +9,7 @@ import struct
 import subprocess
 import sys
 
-from ftrun import protocol
+from ftrun.wire import protocol
 from tests.conftest import spawn_agent
 
 

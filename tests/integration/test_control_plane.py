@@ -58,7 +58,7 @@ def test_authenticated_but_stale_agents_are_refused(ftrun):
     import asyncio
     import json
 
-    from ftrun.protocol import open_channel
+    from ftrun.wire.protocol import open_channel
 
     proc = ftrun.start("launch", str(BIN / "sleeper.py"))
     out = Output(proc)

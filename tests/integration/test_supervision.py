@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-from ftrun import protocol
 from ftrun.config import LaunchConfig
 from ftrun.controller.generation import GenWatch
 from ftrun.controller.policy_file import FaultPolicy
@@ -17,8 +16,9 @@ from ftrun.controller.server import ControlServer
 from ftrun.controller.supervisor import Supervisor
 from ftrun.errors import EXIT_JOB_FAILED
 from ftrun.journal import Journal
-from ftrun.journal_read import read_events
+from ftrun.journal.read import read_events
 from ftrun.transport.local import LocalTransport
+from ftrun.wire import protocol
 from tests.conftest import BIN, spawn_agent
 
 

@@ -30,10 +30,10 @@ from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.controller.server import ControlServer
 from ftrun.errors import FtrunError
-from ftrun.protocol import new_secret
 from ftrun.transport.local import LocalTransport
 from ftrun.transport.slurm import SrunTransport
 from ftrun.transport.ssh import SshTransport
+from ftrun.wire.protocol import new_secret
 from tests.conftest import sweep_stale_agent_dirs
 from tests.slurmbed import SlurmBed, slurm_bed_fixture
 from tests.testbed import Testbed, ssh_testbed_fixture

@@ -19,7 +19,7 @@ from ftrun.controller.server import ControlServer
 from ftrun.envcontract import forwarded
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
-from ftrun.journal_read import read_events
+from ftrun.journal.read import read_events
 
 
 class Handle:

@@ -21,7 +21,7 @@ from ftrun.jobview.keeper import SummaryKeeper
 from ftrun.jobview.series import MAX_POINTS_PER_GENERATION, RATE_POINTS
 from ftrun.jobview.summary import SUMMARY_FILE, read_summary
 from ftrun.jobview.timeline import build_timeline
-from ftrun.journal_read import JournalParser, stream_journal
+from ftrun.journal.read import JournalParser, stream_journal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import longjournal

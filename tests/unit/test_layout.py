@@ -1,6 +1,7 @@
 """Imports point one way (STYLE.md), checked from the source of every module in ftrun/:
 
-    cli ─▶ controller ─▶ transport ─▶ agent ─▶ ground floor (ftrun/*.py: config, errors, protocol…)
+    cli ─▶ controller ─▶ transport ─▶ agent ─▶ ground floor (ftrun/*.py: config, errors…, and
+    the small packages journal/ and wire/)
     checkpoint, parallel, planner stand alone: they run inside ranks or stay pure (the
     controller may import the planner: it plans with it)
     jobview stands alone too: the journal read back for status/inspect, imported by cli only
@@ -38,6 +39,10 @@ FORBIDDEN.update({part: set(LAYERS) - {"ground"} for part in STANDALONE})
 FORBIDDEN["peercopy"] = (set(LAYERS) - {"ground"}) | (STANDALONE - {"checkpoint"})
 for part in ("controller", "transport", "ground", *STANDALONE):
     FORBIDDEN[part].add("peercopy")
+# The journal and the wire are small packages of the ground floor (issue 35): what the ground
+# floor may not reach, they may not either; whatever may import the ground floor imports them.
+for part in ("journal", "wire"):
+    FORBIDDEN[part] = set(FORBIDDEN["ground"]) | {"sim"}
 # The simulator drives the controller's own decisions on a simulated clock: no hosts, no ranks.
 FORBIDDEN["sim"] = {"cli", "transport", "agent", "peercopy", "checkpoint"}
 for part in LAYERS[1:] + sorted(STANDALONE):

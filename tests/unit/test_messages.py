@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ftrun.errors import ProtocolError
-from ftrun.messages import MAX_LINE, SCHEMAS, Role, validate
+from ftrun.wire.messages import MAX_LINE, SCHEMAS, Role, validate
 
 
 def body(kind: str, **fields):

@@ -16,13 +16,13 @@ import pytest
 from ftrun.checkpoint.config import memory_tier_dir
 from ftrun.controller.peer_plan import peer_fields
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role
 from ftrun.peercopy import files, wire
 from ftrun.peercopy.fetch import fetch
 from ftrun.peercopy.replicator import Replicator
 from ftrun.peercopy.store import MAX_UNAUTHENTICATED as MAX_UNAUTH
 from ftrun.peercopy.store import PeerStore
-from ftrun.protocol import accept_channel, new_secret, open_channel
+from ftrun.wire.messages import Role
+from ftrun.wire.protocol import accept_channel, new_secret, open_channel
 from tests.conftest import wait_for
 from tests.integration.ckpt_helpers import Managers, Toy, assert_same
 

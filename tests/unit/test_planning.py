@@ -15,7 +15,7 @@ from ftrun.config import LaunchConfig
 from ftrun.controller.generation import Reconfigure
 from ftrun.controller.planning import PROFILE_FILE, PlanDesk, Unplanned, plan_desk
 from ftrun.journal import Journal
-from ftrun.journal_read import read_events
+from ftrun.journal.read import read_events
 from ftrun.planner import NoLayoutFits
 
 PROFILE = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json"

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from ftrun import protocol
 from ftrun.errors import ProtocolError
+from ftrun.wire import protocol
 
 SECRET = protocol.new_secret()
 KEY = protocol.direction_key(SECRET, protocol.new_nonce(), protocol.new_nonce(), b"c2s")

@@ -13,7 +13,7 @@ from ftrun.controller.host_health import HostHealth, QuarantinePolicy
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.policy import History, Tier, classify
 from ftrun.journal import Journal
-from ftrun.journal_read import resume_point
+from ftrun.journal.read import resume_point
 
 
 def test_lost_hosts_do_not_spend_the_restart_budget(tmp_path: Path) -> None:

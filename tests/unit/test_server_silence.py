@@ -8,9 +8,9 @@ import asyncio
 import time
 from typing import Any
 
-from ftrun import protocol
 from ftrun.controller.lateness import Histogram
 from ftrun.controller.server import ControlServer
+from ftrun.wire import protocol
 
 HB, LOST = 0.05, 0.3
 

@@ -10,7 +10,7 @@ import pytest
 
 from ftrun.errors import UsageError
 from ftrun.jobview.goodput import account
-from ftrun.journal_read import read_journal
+from ftrun.journal.read import read_journal
 from ftrun.planner import Profile
 from ftrun.sim.baseline import Baseline, young_daly_interval_s
 from ftrun.sim.costs import DEFAULT_COSTS, Costs, costs_from_journal

@@ -11,7 +11,7 @@ import pytest
 
 from ftrun.cli.launch_job_id import slurm_job_id
 from ftrun.errors import UsageError
-from ftrun.journal_read import resume_point
+from ftrun.journal.read import resume_point
 from ftrun.transport.slurm_allocation import Allocation
 
 

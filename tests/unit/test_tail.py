@@ -8,7 +8,7 @@ from ftrun.agent import lines as lines_mod
 from ftrun.agent import tail as tail_mod
 from ftrun.agent.lines import LineSplitter, batches, clip, shrunk
 from ftrun.agent.tail import GenerationLogs, exception_line, extract_traceback
-from ftrun.protocol import MAX_FRAME_BYTES, encode
+from ftrun.wire.protocol import MAX_FRAME_BYTES, encode
 
 
 def test_follows_rank_files_and_progress(tmp_path):

@@ -12,7 +12,7 @@ from ftrun.controller.preemption import Preempted, under
 from ftrun.controller.reporting import OutcomeState
 from ftrun.controller.waiters import Waiter, earliest
 from ftrun.journal import Journal
-from ftrun.journal_read import read_events
+from ftrun.journal.read import read_events
 
 
 class Broadcasts:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ftrun import protocol, tls
+from ftrun import tls
 from ftrun.controller.server import ControlServer
+from ftrun.wire import protocol
 from tests.conftest import spawn_agent
 
 

@@ -23,7 +23,7 @@ import enum
 from typing import Any
 
 from ftrun.errors import ProtocolError
-from ftrun.message_schema import (
+from ftrun.wire.schema import (
     CHAOS_ACTIONS,
     EXIT_CODE,
     GEN,

@@ -34,8 +34,8 @@ import struct
 from typing import Any
 
 from ftrun.errors import ProtocolError
-from ftrun.messages import Role, validate
 from ftrun.tls import client_context
+from ftrun.wire.messages import Role, validate
 
 VERSION = 2
 MAX_FRAME_BYTES = 1 << 20

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from ftrun.errors import UsageError
 from ftrun.journal import EVENTS_FILE
-from ftrun.journal_schema import event_problem
+from ftrun.journal.schema import event_problem
 
 # One event is a few KiB (a traceback, a rank's stacks); a line past this is not one of ftrun's,
 # and is skipped without being held in memory whole.
