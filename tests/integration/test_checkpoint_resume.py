@@ -124,8 +124,9 @@ def test_a_live_snapshot_restores_the_step_every_rank_saved_else_the_last_full_c
     """Two DDP ranks whose state (19 MiB each) lives in the memory tier's file, with a full copy
     every 4 saves (steps 1, 5, 9). Rank 1 killed after its forward pass at step 7: rank 0 waits
     in the all-reduce, both still hold step 6 live, and both restore it. Killed after its
-    backward pass instead: rank 0 has gone on to step 7, whose optimizer step changed its
-    live file, so they restore the last full copy both hold, step 5. Exact either way."""
+    backward pass instead: once rank 0's optimizer step of 7 has changed its live file, they
+    restore the last full copy both hold, step 5 (step 6 if rank 0 was torn down first).
+    Exact either way."""
     common = [
         "launch", "--nproc-per-node", "2", TRAIN, "--steps", "10", "--width", "1280",
         "--full-copy-every", "4", "--persist-every", "1000", "--live-snapshot",
@@ -135,7 +136,10 @@ def test_a_live_snapshot_restores_the_step_every_rank_saved_else_the_last_full_c
         assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
         want = losses(clean.stdout)
         assert set(want) == {(r, s) for r in (0, 1) for s in range(1, 11)}
-        for where, expected in (("forward", 6), ("backward", 5)):
+        # Killed after its backward pass, rank 0 may still be torn down before its own optimizer
+        # step of 7 runs (a loaded machine: seen in CI): its live file then still holds step 6,
+        # and 6 is what both restore, exactly (the losses below).
+        for where, allowed in (("forward", {6}), ("backward", {5, 6})):
             run = ftrun.run(
                 *common, "--fail-at", "7", "--fail-rank", "1", "--fail-in", where,
                 "--fail-once", str(tmp_path / f"failed-{where}"), timeout=120,
@@ -144,10 +148,9 @@ def test_a_live_snapshot_restores_the_step_every_rank_saved_else_the_last_full_c
             restored = re.findall(
                 r"\[rank(\d)\]: ftrun-checkpoint: restored step (\d+) from (\w+)", run.stdout
             )
-            assert sorted(restored) == [
-                ("0", str(expected), "memory"),
-                ("1", str(expected), "memory"),
-            ]
+            [step] = {s for _, s, _ in restored}  # one step, the same on both ranks
+            assert int(step) in allowed, (where, restored)
+            assert sorted(restored) == [("0", step, "memory"), ("1", step, "memory")]
             got = losses(run.stdout)
             assert set(got) == set(want)
             for key, values in got.items():
