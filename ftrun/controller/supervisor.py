@@ -24,11 +24,9 @@ restarted or ends the job with it as the root cause, never a controller that sil
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import ssl
 import time
-from collections.abc import Callable
 
 import psutil
 
@@ -37,14 +35,13 @@ from ftrun.config import LaunchConfig
 from ftrun.controller.adoption import CONTROL_FILE, Adoption, save_identity
 from ftrun.controller.desks import wire_desks
 from ftrun.controller.generation import Ending, GenWatch
+from ftrun.controller.job import End, JobMachine, LaunchSpec, Relaunch
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.controller.resumption import Interrupted
-from ftrun.controller.roster import NotEnoughHosts
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
-from ftrun.planner import NoLayoutFits
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
 from ftrun.wire.protocol import new_secret
@@ -86,12 +83,25 @@ class Supervisor:
         self.inbox, self.stalls, self.judge = desks.inbox, desks.stalls, desks.judge
         self.teardown, self.signals, self.plans = desks.teardown, desks.signals, desks.plans
         self.resumption, self.watcher = desks.resumption, desks.watcher
-        self.generation = 0
+        self.job = JobMachine(
+            config,
+            policy=policy,
+            roster=self.roster,
+            plans=self.plans,
+            incidents=self.incidents,
+            health=self.health,
+            journal=journal,
+        )
         if resume is not None:  # a requeued job goes on where its journal left off
-            self.generation = resume.generation
+            self.job.generation = resume.generation
             self.incidents.count = resume.incidents
             self.incidents.restarts = resume.restarts
             self.incidents.replacements = resume.replacements
+
+    @property
+    def generation(self) -> int:
+        """The last generation launched (the job machine's count)."""
+        return self.job.generation
 
     # ---- top level --------------------------------------------------------------------------
 
@@ -207,24 +217,22 @@ class Supervisor:
 
     async def _supervise(self, adopted: GenWatch | None = None) -> JobOutcome:
         """Launch, watch, end and relaunch generations until the job ends; the first one is
-        `adopted` when a resumed controller took a running generation over."""
+        `adopted` when a resumed controller took a running generation over. What to do next is
+        the job machine's decision (job.py); waiting, launching and tearing down are ours."""
         if adopted is not None:
             hosts = list(adopted.hosts.values())
         else:
-            try:
-                hosts = self._plan("launch")
-            except NotEnoughHosts as e:
-                return JobOutcome.failed(e.explain("cannot start"), {"hint": e.hint})
-            except NoLayoutFits as e:
-                return JobOutcome.failed(f"cannot start: {e.message}", {"hint": e.hint})
+            first = self.job.first_plan()
+            if isinstance(first, End):
+                return first.outcome
+            hosts = first
         while True:
             if self.signals.count or self.signals.preempt_pending:
                 return self._interrupted()  # a Ctrl-C or a notice while we tore down or waited
             if adopted is not None:
                 watch, adopted = adopted, None
             else:
-                self.generation += 1
-                watch = self._launch(self.generation, hosts)
+                watch = self._launch(self.job.launch(hosts))
             result = await self.watcher.watch(watch)
             end = self.judge(watch, result, stop_requests=self.signals.count)
             if end.graceful is not None:
@@ -238,16 +246,19 @@ class Supervisor:
             )
             if end.notice is not None:
                 self.reporter.notice(end.notice[0], level=end.notice[1])
-            if end.job is not None:
-                return end.job
-            next_hosts = await self._next_hosts(watch, end)
+            after = self.job.after(end)
+            if isinstance(after, End):
+                return after.outcome
+            next_hosts = await self._next_hosts(watch, end, after.delay_s)
             if isinstance(next_hosts, JobOutcome):
                 return next_hosts
             hosts = next_hosts
 
-    async def _next_hosts(self, watch: GenWatch, end: Ending) -> list[str] | JobOutcome:
-        """Between a torn-down generation and the next: the backoff after a fault waited out,
-        then the plan. A JobOutcome when the job ends here instead. A lost host's ranks may
+    async def _next_hosts(
+        self, watch: GenWatch, end: Ending, delay: float
+    ) -> list[str] | JobOutcome:
+        """Between a torn-down generation and the next: the back-off waited out, then the job
+        machine's plan. A JobOutcome when the job ends here instead. A lost host's ranks may
         still run (a partition): the next generation starts anyway, because nothing they do can
         reach it (docs/fencing.md)."""
         self.fleet.release_removed()
@@ -256,30 +267,16 @@ class Supervisor:
             # ranks and the controller at once, and a rank's SIGTERM can win by milliseconds.
             # The job was stopped, not failed for want of the hosts the stop took away.
             return self._interrupted()
-        delay = self.incidents.backoff_s() if end.failure is not None else 0.0
         if delay:
             self.reporter.notice(f"{end.why}; next attempt in {delay:g} s", level="warning")
             if await self.inbox.stop_requested_within(delay):
                 return self._interrupted()
-        # Planned only now, right before the launch: hosts may have been lost (or come back)
-        # while we waited.
-        try:
-            hosts = self._plan(end.why)
-        except (NotEnoughHosts, NoLayoutFits) as e:
-            reason = e.explain(end.why) if isinstance(e, NotEnoughHosts) else f"{end.why}; {e}"
-            if end.failure is None:
-                return JobOutcome.failed(reason)
-            self.reporter.notice(f"fatal: {reason}", level="error")
-            return JobOutcome.failed(reason, watch.root_cause(end.failure))
-        if end.failure is not None:
-            self.fleet.journal_replan(self.incidents.count, list(watch.hosts.values()), hosts)
-            self.incidents.restarted(end.failure, next_gen=self.generation + 1, backoff_s=delay)
-            # After a back-off the fault was said already, with the wait: not a second failure.
-            said = f"back-off of {delay:g} s over" if delay else end.why
-            self.reporter.notice(
-                f"{said} ({self.incidents.budget_note(end.failure)})", level="warning"
-            )
-        return hosts
+        relaunch = self.job.relaunch(end, watch, backoff_s=delay)
+        notices = relaunch.notices if isinstance(relaunch, Relaunch) else [relaunch.notice]
+        for notice in notices:
+            if notice is not None:
+                self.reporter.notice(notice[0], level=notice[1])
+        return relaunch.hosts if isinstance(relaunch, Relaunch) else relaunch.outcome
 
     def _interrupted(self) -> JobOutcome:
         """A stop, or a preemption notice that came with no generation running (while agents
@@ -291,38 +288,14 @@ class Supervisor:
             why + ("; requeueing" if self.config.requeue else ""), requeue=self.config.requeue
         )
 
-    def _plan(self, why: str) -> list[str]:
-        """The next generation's hosts; in a planned job, those its DP x PP layout uses (the
-        rest wait as spares)."""
-        hosts = self.roster.plan(excluded=self._excluded())
-        used = self.plans.choose(hosts, gen=self.generation + 1, why=why)
-        self.roster.keep(used)
-        return used
-
-    def _excluded(self) -> Callable[[str], bool]:
-        return self.health.excluded(time.monotonic())  # quarantined: not planned, no growing
-
-    def _launch(self, number: int, hosts: list[str]) -> GenWatch:
-        hang = dataclasses.replace(
-            self.policy.hang,
-            expect_progress=(
-                self.policy.hang.expect_progress
-                or bool(self.config.progress_regex)
-                or self.incidents.ever_progressed
-            ),
-        )
+    def _launch(self, spec: LaunchSpec) -> GenWatch:
         agents = self.fleet.launch(
-            number,
-            hosts,
-            hang=dataclasses.asdict(hang),
-            restarts=self.incidents.relaunches,
-            env={**self.plans.rank_env(), **self.incidents.rank_env()},
+            spec.number, spec.hosts, hang=spec.hang, restarts=spec.restarts, env=spec.env
         )
-        self.plans.launched()
         return GenWatch(
-            number,
+            spec.number,
             set(agents),
-            dict(zip(agents, hosts, strict=True)),
+            dict(zip(agents, spec.hosts, strict=True)),
             order=agents,
             stall=self.stalls.watch(set(agents)),
             journal=self.journal,

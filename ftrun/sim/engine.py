@@ -1,10 +1,13 @@
 """A job through an availability trace, in simulated time, decided by the controller's own code.
 
-What happens when a host leaves or joins is decided by the very objects the supervisor uses:
-the Roster (which hosts a generation runs on, spares, growing back), Incidents with the fault
-policy and quarantine (what tier a lost host is), GenWatch.reconfiguration (when a ready host
-is a reason to grow) and the PlanDesk (which DP x PP layout, and whether a grow pays for its
-restart, weighed with the switch cost it measures on the simulated clock). Only time is not
+What happens when a host leaves or joins is decided by the supervisor's own job machine
+(controller/job.py), driven here on the simulated clock: the hosts and DP x PP layout of each
+generation (the Roster, the PlanDesk, quarantined hosts left out), each fault's tier (the fault
+policy, then quarantine), the back-off after faults in a row without progress, the restart
+budget, and whether a ready host is a reason to grow (a grow pays for its restart, weighed with
+the switch cost the PlanDesk measures on the simulated clock). One difference, on purpose: with
+too few hosts for a plan the controller ends the job, while a simulated spot job waits for
+hosts to come (a trace is about what the job does as they do). Only time is not
 real: each phase of a recovery is charged from Costs (measured, costs.py), and training is
 steps at the plan's step time. The simulated job writes a real journal (`Journal` with a
 simulated clock), so goodput is computed by the same code as for a real job
@@ -24,21 +27,18 @@ from collections.abc import Callable
 
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
-from ftrun.controller.generation import GenWatch
-from ftrun.controller.host_health import HostHealth
-from ftrun.controller.incidents import Incidents
-from ftrun.controller.planning import PlanDesk, Unplanned
+from ftrun.controller.generation import Ending, GenWatch
+from ftrun.controller.job import End, Relaunch
 from ftrun.controller.policy import Tier
-from ftrun.controller.policy_file import FaultPolicy
-from ftrun.controller.roster import HostState, NotEnoughHosts, Roster
-from ftrun.controller.stall import StallWatch
+from ftrun.controller.reporting import JobOutcome
+from ftrun.controller.roster import HostState
 from ftrun.journal import Journal
-from ftrun.planner import NoLayoutFits, Profile
-from ftrun.sim.baseline import Baseline, DataParallelOnly
+from ftrun.planner import Profile
+from ftrun.sim.baseline import Baseline
 from ftrun.sim.charges import Charges
 from ftrun.sim.clock import EventClock
 from ftrun.sim.costs import Costs
-from ftrun.sim.quiet import Quiet
+from ftrun.sim.desks import generation_watch, job_machine
 from ftrun.sim.trace import Trace, TraceEvent
 from ftrun.sim.training import Training
 
@@ -66,25 +66,32 @@ class Simulation:
         self.at = self.clock.at
         self.wall0 = start_wall_t - start_s  # the journal's times: the job starts at start_wall_t
         self.journal = journal_for(lambda: self.wall0 + self.t)
-        self.roster = Roster(config.hosts, min_nodes=config.min_nodes, max_nodes=config.max_nodes)
-        policy = FaultPolicy()
-        self.incidents = Incidents(
-            config, rules=policy.rules, health=HostHealth(policy.quarantine), journal=self.journal
+        self.job = job_machine(
+            config,
+            profile=profile,
+            baseline=baseline,
+            journal=self.journal,
+            now=self.clock.now,
+            wall=lambda: self.wall0 + self.t,
         )
-        desk = PlanDesk if baseline is None else DataParallelOnly
-        self.plans: PlanDesk | Unplanned = (
-            desk(config, profile, journal=self.journal, reporter=Quiet(), clock=self.clock.now)
-            if profile is not None
-            else Unplanned()
+        self.roster, self.plans, self.incidents = (
+            self.job.roster,
+            self.job.plans,
+            self.job.incidents,
         )
         self.watch: GenWatch | None = None
-        self.generation = 0
         self.phase = "down"  # down | launching | training | ending
         full_world = (config.max_nodes or len(config.hosts)) * config.nproc_per_node
         self.training = Training(self.charges, full_world=full_world)
         self.first_launch = False
-        self.waiting = False  # too few hosts: the next generation waits for one to come
+        # Too few hosts for a plan: what plans again once a host comes (a simulated spot job
+        # waits for hosts where the controller would end the job).
+        self.waiting: Callable[[], None] | None = None
         self.done = False
+
+    @property
+    def generation(self) -> int:
+        return self.job.generation
 
     @property
     def t(self) -> float:
@@ -121,7 +128,7 @@ class Simulation:
         )
         for host in cfg.hosts:
             self.start_agent(host)
-        self.at(self.t + self.costs.agent_start_s, self.next_generation)
+        self.at(self.t + self.costs.agent_start_s, self.first_generation)
         self.first_launch = True
 
     def stop(self) -> None:
@@ -169,8 +176,8 @@ class Simulation:
         self.journal.record("agent_connected", host=self.roster.host_of(agent_id), agent=agent_id)
         if self.phase == "training":
             self.maybe_reconfigure()
-        elif self.waiting:
-            self.next_generation()  # too few hosts: one came
+        elif self.waiting is not None:
+            self.waiting()  # too few hosts: one came
 
     def host_gone(self, host: str) -> None:
         """A spot reclaim: every process of the host dies, without warning."""
@@ -196,63 +203,68 @@ class Simulation:
         failure = evidence.host_lost({"reason": "simulated"}, host, step)
         failure.fault_t = self.wall0 + fault_t
         failure.detected_t = self.wall0 + self.t
-        self.incidents.open()
-        decision = self.incidents.classify(watch, failure, now=self.t, wall_t=self.wall0 + self.t)
-        incident = self.incidents.count
-        self.at(
-            self.t + self.charges.teardown_s(),
-            lambda: self.torn_down(incident, decision.tier, failure),
-        )
+        incident = self.incidents.open()
+        decision = self.job.classify(watch, failure)  # as judge.py
+        if decision.tier is Tier.FATAL:
+            outcome = JobOutcome.failed(decision.reason, watch.root_cause(failure))
+            end = Ending("failed", False, incident, outcome)
+        else:
+            end = Ending("failed", False, incident, why=decision.reason, failure=failure)
+        self.at(self.t + self.charges.teardown_s(), lambda: self.torn_down(end, watch))
 
-    def torn_down(self, incident: int, tier: Tier, failure: evidence.Failure) -> None:
+    def torn_down(self, end: Ending, watch: GenWatch) -> None:
         self.plans.torn_down(self.charges.teardown_s())
-        self.journal.record("torn_down", incident=incident, gen=self.generation)
-        self.end_generation("failed")
-        if tier is Tier.FATAL:
-            self.finish("failed", "a fatal fault")
+        self.journal.record("torn_down", incident=end.incident, gen=self.generation)
+        self.end_generation(end.outcome)
+        self.after(end, watch)
+
+    # ---- generations (the job machine's decisions, as supervisor._supervise) ------------------
+
+    def after(self, end: Ending, watch: GenWatch) -> None:
+        """A generation is down: the job's end, or the back-off and then the next generation."""
+        after = self.job.after(end)
+        if isinstance(after, End):
+            self.finish(after.outcome)
             return
-        self.relaunch_after(failure)
+        self.at(self.t + after.delay_s, lambda: self.relaunch(end, watch, after.delay_s))
 
-    def relaunch_after(self, failure: evidence.Failure) -> None:
-        self.incidents.restarted(failure, next_gen=self.generation + 1, backoff_s=0.0)
-        self.next_generation()
+    def relaunch(self, end: Ending, watch: GenWatch, backoff_s: float) -> None:
+        decision = self.job.relaunch(end, watch, backoff_s=backoff_s)
+        if isinstance(decision, Relaunch):
+            self.waiting = None
+            self.launch(decision.hosts)
+        else:
+            self.wait_for_hosts(lambda: self.relaunch(end, watch, backoff_s))
 
-    # ---- generations -----------------------------------------------------------------------
+    def first_generation(self) -> None:
+        first = self.job.first_plan()
+        if isinstance(first, End):
+            self.wait_for_hosts(self.first_generation)
+        else:
+            self.waiting = None
+            self.launch(first)
 
-    def next_generation(self) -> None:
-        """Plan on the usable hosts and launch (supervisor._plan and _launch)."""
-        try:
-            hosts = self.roster.plan()
-            used = self.plans.choose(hosts, gen=self.generation + 1, why="simulated")
-        except (NotEnoughHosts, NoLayoutFits):
-            # The controller would end the job here; a spot job waits for hosts to come.
-            self.watch = None
-            self.phase = "down"
-            self.waiting = True
-            return
-        self.waiting = False
-        self.roster.keep(used)
-        self.generation += 1
+    def wait_for_hosts(self, then: Callable[[], None]) -> None:
+        """Too few hosts for a plan: the controller would end the job here; a spot job waits
+        for hosts to come."""
+        self.watch = None
+        self.phase = "down"
+        self.waiting = then
+
+    def launch(self, hosts: list[str]) -> None:
+        """Launch the next generation on `hosts` (supervisor._launch): its first step comes
+        after the start-up (the job's first) or a relaunch, and the restore."""
+        spec = self.job.launch(hosts)
+        used = spec.hosts
         world = len(used) * self.config.nproc_per_node
-        self.journal.record("generation_launched", gen=self.generation, hosts=used,
+        self.journal.record("generation_launched", gen=spec.number, hosts=used,
                             world_size=world)  # fmt: skip
-        self.plans.launched()
         agents = [self.roster.slots[h].agent_id or h for h in used]
-        self.watch = GenWatch(
-            self.generation,
-            set(agents),
-            dict(zip(agents, used, strict=True)),
-            order=agents,
-            stall=StallWatch(
-                set(agents), exit_timeout_s=60.0, idle_timeout_s=0.0, stacks_timeout_s=10.0
-            ),  # fmt: skip
-            journal=self.journal,
-            reporter=Quiet(),
-        )
+        self.watch = generation_watch(spec.number, agents, used, self.journal)
         self.training.launched(world, getattr(self.plans, "current", None))
         self.phase = "launching"
         restore = self.costs.restore_s
-        gen = self.generation
+        gen = spec.number
         if self.first_launch:  # the job's start: agents, rendezvous, imports, the first step
             self.first_launch = False
             delay = max(0.0, self.charges.startup_s() - self.costs.agent_start_s)
@@ -281,29 +293,25 @@ class Simulation:
             self.at(self.t + PROGRESS_EVERY_S, lambda: self.tick(gen))
 
     def maybe_reconfigure(self) -> None:
-        """A ready host: grow if the plan says it pays (supervisor._reconfiguration); the
-        baseline restarts on every change."""
+        """A ready host: grow if the plan says it pays (the job machine, as the watcher asks it);
+        the baseline restarts on every change."""
         watch = self.watch
         assert watch is not None
-        change = watch.reconfiguration(self.roster, lambda host: False)
+        change = self.job.reconfiguration(watch)
         if change is None:
             return
-        if change.why == "grow":
-            joining = self.roster.can_grow()
-            change = self.plans.gate(change, list(watch.hosts.values()), joining)
-            if change is None:
-                return
         step = self.step()
         self.progress(step)
         self.journal.record("reconfigure", gen=self.generation, why=change.why,
                             detail=change.detail, step=step)  # fmt: skip
         self.phase = "ending"
-        self.at(self.t + self.charges.reconfigure_s(), self.reconfigured)
+        end = Ending("reconfigured", True, why=change.detail)  # as judge.py
+        self.at(self.t + self.charges.reconfigure_s(), lambda: self.reconfigured(end, watch))
 
-    def reconfigured(self) -> None:
+    def reconfigured(self, end: Ending, watch: GenWatch) -> None:
         self.plans.torn_down(self.charges.reconfigure_s())
-        self.end_generation("reconfigured")
-        self.next_generation()
+        self.end_generation(end.outcome)
+        self.after(end, watch)
 
     def end_generation(self, outcome: str) -> None:
         self.journal.record("generation_ended", gen=self.generation, outcome=outcome,
@@ -311,9 +319,10 @@ class Simulation:
         self.watch = None
         self.phase = "down"
 
-    def finish(self, state: str, reason: str) -> None:
-        self.journal.record("job_finished", state=state, exit_code=1, reason=reason,
-                            root_cause=None, restarts=self.incidents.restarts,
+    def finish(self, outcome: JobOutcome) -> None:
+        self.journal.record("job_finished", state=outcome.state.value,
+                            exit_code=outcome.exit_code, reason=outcome.reason,
+                            root_cause=outcome.root_cause, restarts=self.incidents.restarts,
                             generation=self.generation)  # fmt: skip
         self.done = True
 
