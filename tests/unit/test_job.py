@@ -20,7 +20,8 @@ from ftrun.sim.costs import DEFAULT_COSTS
 from ftrun.sim.desks import generation_watch, job_machine
 from ftrun.sim.run import FTRUN, simulate
 from ftrun.sim.trace import parse_trace
-from tests.unit.test_sim import setup
+from tests.decisions import decisions
+from tests.unit.test_sim import SMALL_4, setup
 
 HOSTS = ("node1", "node2", "node3")
 
@@ -159,3 +160,26 @@ def test_a_simulated_fault_before_the_first_step_of_a_relaunch_backs_off(tmp_pat
     launched = [e["t"] for e in events if e["kind"] == "generation_launched"]
     torn = [e["t"] for e in events if e["kind"] == "torn_down"]
     assert launched[2] - torn[1] == pytest.approx(1.0)
+
+
+def test_a_simulated_jobs_decisions_are_each_kind_the_controller_journals(tmp_path: Path) -> None:
+    # What the replay test compares between a real run and its simulation (tests/decisions.py):
+    # here, that the simulation journals every kind of it, in the controller's order.
+    events = run_trace(tmp_path, SMALL_4)
+    assert decisions(events) == [
+        ("launch", ("node1", "node2", "node3", "node4")),
+        ("fault", "host-lost", "node3"),
+        ("tier", "replace-node", "restart"),
+        ("hosts", "shrunk", ("node3",), ()),
+        ("restart", False, False),
+        ("launch", ("node1", "node2", "node4")),
+        ("reconfigure", "grow"),
+        ("launch", ("node1", "node2", "node4", "node3")),
+        ("fault", "host-lost", "node2"),
+        ("tier", "replace-node", "restart"),
+        ("hosts", "shrunk", ("node2",), ()),
+        ("restart", False, False),
+        ("launch", ("node1", "node4", "node3")),
+        ("reconfigure", "grow"),
+        ("launch", ("node1", "node4", "node3", "node5")),
+    ]
