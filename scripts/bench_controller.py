@@ -36,6 +36,7 @@ from benchlib import Column, Table
 from ftrun import tls
 from ftrun.controller.server import ControlServer
 from ftrun.wire import protocol
+from ftrun.wire.inbound import AgentLost
 
 HEARTBEAT_S = 0.5  # 2 Hz
 LOST_TIMEOUT_S = 1.0  # ftrun's default
@@ -68,7 +69,7 @@ def serve(
                 agent_id, msg = await asyncio.wait_for(server.inbox.get(), 0.2)
             except asyncio.TimeoutError:
                 continue
-            if msg["kind"] == "agent_lost":
+            if isinstance(msg, AgentLost):
                 lost_q.put((agent_id, time.time()))
         await server.close()
 

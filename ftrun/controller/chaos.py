@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
+from ftrun.wire.inbound import Chaos, Injected, Message, Progress
 
 if TYPE_CHECKING:
     from ftrun.controller.generation import GenWatch
@@ -35,36 +36,37 @@ class ChaosDesk:
         self.stepping: set[str] = set()  # its agents whose ranks have reported a step
         self.held: list[tuple[str, dict[str, Any]]] = []  # (target agent, inject) by at_step
 
-    def handle(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
+    def handle(self, sender: str, msg: Message, watch: GenWatch | None) -> bool:
         """Take a chaos request or an agent's injection report; False for anything else
         (progress is looked at on its way to the generation's watch)."""
-        if msg["kind"] == "progress":
-            if watch is not None and msg.get("gen") == watch.number and msg.get("step") is not None:
-                self._progress(sender, int(msg["step"]), watch)
-            return False
-        if msg["kind"] == "chaos" and sender in self.server.clients:
-            self._request(sender, msg, watch)
-            return True
-        if msg["kind"] == "injected":
-            event = self.journal.record(
-                "fault_injected",
-                gen=msg.get("gen"),
-                action=msg.get("action"),
-                rank=msg.get("rank"),
-                host=self.server.host_of(sender),  # its own, whatever it claims
-                injected_t=msg.get("t"),
-            )
-            if watch is not None and msg.get("gen") == watch.number:
-                watch.injected = {
-                    "action": msg.get("action"),
-                    "rank": msg.get("rank"),
-                    "t": msg.get("t") or event["t"],
-                }
-            return True
+        match msg:
+            case Progress():
+                if watch is not None and msg.gen == watch.number and msg.step is not None:
+                    self._progress(sender, int(msg.step), watch)
+                return False
+            case Chaos() if sender in self.server.clients:
+                self._request(sender, msg, watch)
+                return True
+            case Injected():
+                event = self.journal.record(
+                    "fault_injected",
+                    gen=msg.gen,
+                    action=msg.action,
+                    rank=msg.rank,
+                    host=self.server.host_of(sender),  # its own, whatever it claims
+                    injected_t=msg.t,
+                )
+                if watch is not None and msg.gen == watch.number:
+                    watch.injected = {
+                        "action": msg.action,
+                        "rank": msg.rank,
+                        "t": msg.t or event["t"],
+                    }
+                return True
         return False
 
-    def _request(self, client: str, msg: dict[str, Any], watch: GenWatch | None) -> None:
-        action, rank, host = msg.get("action"), msg.get("rank"), msg.get("host")
+    def _request(self, client: str, msg: Chaos, watch: GenWatch | None) -> None:
+        action, rank, host = msg.action, msg.rank, msg.host
         error = None
         target = None
         if action not in ACTIONS:
@@ -88,7 +90,7 @@ class ChaosDesk:
         if error is not None or watch is None or target is None:
             self.server.send(client, "chaos_ack", ok=False, message=error)
             return
-        at_step = msg.get("at_step")
+        at_step = msg.at_step
         self.journal.record(
             "chaos_requested",
             gen=watch.number,

@@ -8,10 +8,12 @@ from each kind of report (a rank's crash or hang, torchrun's exit, a lost host, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ftrun.controller.stall import Idle
+from ftrun.wire.inbound import AgentLost, GenExited, RankExited, RankHung
 
 HOST_LOST = "host-lost"
 KINDS = ("crash", "hang", HOST_LOST)
@@ -84,36 +86,36 @@ class Failure:
             self.detail["injected"] = injected["action"]
 
 
-def crash(msg: dict[str, Any], host: str, step: int | None) -> Failure:
-    tail = msg.get("tail") or []
+def crash(msg: RankExited, host: str, step: int | None) -> Failure:
+    tail = msg.tail or []
     return Failure(
         Evidence(
             kind="crash",
             host=host,
-            rank=msg.get("rank"),
-            exit_code=msg.get("exit_code"),
-            signal=msg.get("signal"),
-            exception=msg.get("exception"),
-            usage_error=bool(msg.get("usage_error")),
+            rank=msg.rank,
+            exit_code=msg.exit_code,
+            signal=msg.signal,
+            exception=msg.exception,
+            usage_error=bool(msg.usage_error),
             step=step,
             log_tail=tuple(tail),
         ),
-        fault_t=msg.get("t_exit"),
+        fault_t=msg.t_exit,
         detail={
-            "traceback": msg.get("traceback"),
+            "traceback": msg.traceback,
             "tail": tail,
-            "traceback_source": msg.get("traceback_source"),
+            "traceback_source": msg.traceback_source,
         },
     )
 
 
-def torchrun_exit(msg: dict[str, Any], host: str, step: int | None, now: float) -> Failure:
-    tail = msg.get("tail") or []
+def torchrun_exit(msg: GenExited, host: str, step: int | None, now: float) -> Failure:
+    tail = msg.tail or []
     return Failure(
         Evidence(
             kind="crash",
             host=host,
-            exit_code=msg.get("exit_code"),
+            exit_code=msg.exit_code,
             exception=tail[-1] if tail else None,
             step=step,
             log_tail=tuple(tail),
@@ -131,16 +133,16 @@ HANG_NOTES = {
 }
 
 
-def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
-    tail = msg.get("tail") or []
-    detected = msg.get("detected_t")
-    deadline = (msg.get("last_progress_t") or 0.0) + (msg.get("allowance_s") or 0.0)
-    note = HANG_NOTES.get(str(msg.get("why")))
+def hang(msg: RankHung, host: str, step: int | None) -> Failure:
+    tail = msg.tail or []
+    detected = msg.detected_t
+    deadline = (msg.last_progress_t or 0.0) + (msg.allowance_s or 0.0)
+    note = HANG_NOTES.get(str(msg.why))
     return Failure(
         Evidence(
             kind="hang",
             host=host,
-            rank=msg.get("rank"),
+            rank=msg.rank,
             step=step,
             log_tail=tuple(tail),
             note=note,
@@ -148,24 +150,31 @@ def hang(msg: dict[str, Any], host: str, step: int | None) -> Failure:
         fault_t=None,
         detected_t=detected,
         detail={
-            "allowance_s": msg.get("allowance_s"),
-            "section": msg.get("section"),
-            "last_progress_t": msg.get("last_progress_t"),
+            "allowance_s": msg.allowance_s,
+            "section": msg.section,
+            "last_progress_t": msg.last_progress_t,
             "past_allowance_s": None if detected is None else round(detected - deadline, 3),
-            "stacks": msg.get("stacks"),
-            "states": msg.get("states"),
-            "overdue_ranks": msg.get("overdue"),
-            "why": msg.get("why"),
+            "stacks": msg.stacks,
+            "states": msg.states,
+            "overdue_ranks": msg.overdue,
+            "why": msg.why,
             "tail": tail,
         },
     )
 
 
-def host_lost(msg: dict[str, Any], host: str, step: int | None) -> Failure:
+def host_lost(lost: AgentLost | Mapping[str, Any], host: str, step: int | None) -> Failure:
+    """A host lost: the server's AgentLost, or (the simulator's) a mapping with its reason."""
+    heard_t: float | None  # when we last heard from the host
+    reason: str | None
+    if isinstance(lost, AgentLost):
+        heard_t, reason = lost.last_heard_t, lost.reason
+    else:
+        heard_t, reason = lost.get("last_heard_t"), lost.get("reason")
     return Failure(
         Evidence(kind="host-lost", host=host, step=step),
-        fault_t=msg.get("last_heard_t"),  # the server's: when we last heard from the host
-        detail={"evidence": msg.get("reason")},
+        fault_t=heard_t,
+        detail={"evidence": reason},
     )
 
 

@@ -24,6 +24,7 @@ from ftrun.controller.shm_notes import hello_note
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import Transport
+from ftrun.wire.inbound import Hello, Hosts, Stopped
 
 
 class Fleet:
@@ -125,18 +126,25 @@ class Fleet:
 
     # ---- what agents say ----------------------------------------------------------------------
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> bool:
-        """hello (ready, where) and stopped (a fresh port); True when the message was a hello."""
-        self.rendezvous.heard(agent_id, msg)
-        if msg["kind"] != "hello":
-            return False
+    def on_stopped(self, agent_id: str, msg: Stopped) -> None:
+        """An agent's ranks are stopped: the fresh port its host offers."""
+        self.rendezvous.heard(agent_id, {"port": msg.port})
+
+    def on_hello(self, agent_id: str, msg: Hello) -> None:
+        """An agent said hello: the port its host offers, and, from the host's current agent,
+        that it is ready and where."""
+        self.rendezvous.heard(agent_id, {"port": msg.port})
         host = self.roster.host_of(agent_id)  # None: not the host's current agent (a stale one)
         if host is None or not self.roster.ready(agent_id):
-            return True
-        addr = self.rendezvous.connected(agent_id, msg)
-        shm = {k: msg[k] for k in ("shm_total", "shm_free") if msg.get(k) is not None}
+            return
+        addr = self.rendezvous.connected(agent_id, {"addr": msg.addr, "peer_port": msg.peer_port})
+        shm = {
+            k: v
+            for k, v in (("shm_total", msg.shm_total), ("shm_free", msg.shm_free))
+            if v is not None
+        }
         self.journal.record(
-            "agent_connected", host=host, pid=msg.get("pid"), addr=addr, agent=agent_id, **shm
+            "agent_connected", host=host, pid=msg.pid, addr=addr, agent=agent_id, **shm
         )
         note = hello_note(host, msg)  # /dev/shm too small for a memory tier: said once
         if note is not None and self.roster.slots[host].incarnation <= 1:
@@ -144,7 +152,6 @@ class Fleet:
         self.agents.reset_backoff(host)
         if self.roster.slots[host].incarnation > 1:
             self.reporter.notice(f"{host} is back (ready to join)")
-        return True
 
     def on_lost(self, agent_id: str) -> str | None:
         """The agent's connection or heartbeats are gone: the host is LOST, and retried later.
@@ -224,8 +231,8 @@ class Fleet:
 
     # ---- `ftrun hosts JOB add|remove HOST` ----------------------------------------------------
 
-    def request(self, msg: dict[str, Any]) -> tuple[bool, str]:
-        action, host = msg.get("action"), msg.get("host")
+    def request(self, msg: Hosts) -> tuple[bool, str]:
+        action, host = msg.action, msg.host
         if not isinstance(host, str) or not host:
             return False, "name a host"
         if not self.config.remote:

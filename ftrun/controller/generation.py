@@ -21,16 +21,32 @@ from ftrun.controller.roster import Roster
 from ftrun.controller.shm_notes import tier_note
 from ftrun.controller.stall import ExitHang, StallWatch
 from ftrun.journal import Journal
+from ftrun.wire.inbound import (
+    CheckpointCommitted,
+    CheckpointRestored,
+    CheckpointTier,
+    GenExited,
+    Log,
+    PeerFetched,
+    Progress,
+    RankExited,
+    RankHung,
+    RankStarted,
+    Report,
+    Signalled,
+    pick,
+)
 
 # How often the journal takes the job's step while it trains: the resolution of the step rate in
 # `inspect --html` and of goodput's account of a generation's last seconds (a line a second is
 # ~3 MiB over ten hours).
 PROGRESS_EVENT_INTERVAL_S = 1.0
 
-
 # What the journal keeps of a rank's exit; of a failing one also its evidence.
 EXIT_FIELDS = ("rank", "pid", "exit_code", "signal", "t_exit", "step")
 EXIT_EVIDENCE = ("exception", "traceback", "traceback_source")
+PEER_FETCHED_FIELDS = ("source", "which", "ranks", "snapshots", "bytes", "seconds", "error")
+TIER_FIELDS = ("rank", "tier", "from", "why", "need", "free", "total")
 
 
 class Seen(enum.Enum):
@@ -94,7 +110,7 @@ class GenWatch:
         first = self.node_rank[agent_id] * self.nproc_per_node
         return all(r in self.clean_ranks for r in range(first, first + self.nproc_per_node))
 
-    def forged(self, agent_id: str, msg: dict[str, Any]) -> str | None:
+    def forged(self, agent_id: str, msg: Report) -> str | None:
         """Why this message of the generation is not its sender's to send; None if it is. An
         agent speaks for its own host's ranks only: a holder of the job's keys must not report
         another host's rank as crashed (messages.py has already checked every field's shape)."""
@@ -112,127 +128,117 @@ class GenWatch:
             )
         return None
 
-    def on_message(
-        self, agent_id: str, msg: dict[str, Any]
-    ) -> Seen | Failure | OutcomeState | None:
+    def on_message(self, agent_id: str, msg: Report) -> Seen | Failure | OutcomeState | None:
         """A message of this generation from one of its agents: output (Seen), a Failure, or
         SUCCEEDED once every host's torchrun exited 0. None: not the watch's to judge (the
         stall desk's: clean rank exits, late hang reports, idle reports, stacks)."""
-        kind, host = msg["kind"], self.hosts.get(agent_id, "?")
+        host = self.hosts.get(agent_id, "?")
         if self.record_output(host, msg):
-            if kind != "progress":
+            if not isinstance(msg, Progress):
                 return Seen.OUTPUT
             self.stall.on_progress(time.monotonic())
             return Seen.PROGRESS
-        if kind in ("rank_exited", "rank_hung") and msg.get("step") is not None:
-            self.max_step = max(self.max_step or 0, msg["step"])
-        if kind == "rank_exited":  # every exit, 0 too: `ftrun status JOB` lists each rank's
-            failed = msg.get("exit_code") != 0 or bool(msg.get("signal"))
-            fields = EXIT_FIELDS + (EXIT_EVIDENCE if failed else ())
-            self.journal.record(
-                "rank_exited", gen=self.number, host=host, **{k: msg.get(k) for k in fields}
-            )
-            if failed:
-                return evidence.crash(msg, host, self.max_step)
-            self.clean_ranks.add(msg["rank"])
-        if kind == "rank_hung" and not self.stall.finishing:
-            return evidence.hang(msg, host, self.max_step)
-        if kind == "gen_exited":
-            if msg.get("exit_code") != 0:
-                return evidence.torchrun_exit(msg, host, self.max_step, time.time())
-            return OutcomeState.SUCCEEDED if self.agent_done(agent_id) else Seen.OUTPUT
+        if isinstance(msg, (RankExited, RankHung)) and msg.step is not None:
+            self.max_step = max(self.max_step or 0, msg.step)
+        match msg:
+            case RankExited():  # every exit, 0 too: `ftrun status JOB` lists each rank's
+                failed = msg.exit_code != 0 or bool(msg.signal)
+                fields = EXIT_FIELDS + (EXIT_EVIDENCE if failed else ())
+                self.journal.record("rank_exited", gen=self.number, host=host, **pick(msg, fields))
+                if failed:
+                    return evidence.crash(msg, host, self.max_step)
+                self.clean_ranks.add(msg.rank)
+            case RankHung() if not self.stall.finishing:
+                return evidence.hang(msg, host, self.max_step)
+            case GenExited():
+                if msg.exit_code != 0:
+                    return evidence.torchrun_exit(msg, host, self.max_step, time.time())
+                return OutcomeState.SUCCEEDED if self.agent_done(agent_id) else Seen.OUTPUT
         return None
 
-    def record_output(self, host: str, msg: dict[str, Any]) -> bool:
+    def record_output(self, host: str, msg: Report) -> bool:
         """Logs, progress, signal deliveries and rank starts (also while the generation is torn
         down); True when the message was one of those."""
-        kind, journal = msg["kind"], self.journal
-        if kind == "log":
-            rank, lines = msg.get("rank"), msg.get("lines") or []
-            if rank is None:
-                journal.append_log(self.number, f"{host}.torchrun", lines)
-                self.reporter.torchrun_output(host, lines)
-            else:
-                journal.append_log(self.number, f"rank{rank}", lines)
-                self.reporter.rank_output(rank, lines)
-                self.rank_lines += len(lines)
-            return True
-        if kind == "progress":
-            step = msg.get("step")
-            if step is not None:
-                self.max_step = step if self.max_step is None else max(self.max_step, step)
-            if msg.get("stall_s") is not None:
-                self.stall_s = msg["stall_s"]
-            now = time.monotonic()
-            if (msg.get("first") or self.adopted) and not self.first_step_seen:
-                self.first_step_seen = True
+        journal = self.journal
+        match msg:
+            case Log():
+                self._log(host, msg)
+                return True
+            case Progress():
+                self._progress(host, msg)
+                return True
+            case CheckpointCommitted() if msg.rank == 0:
+                now = time.monotonic()
+                if now - self.last_commit_event >= PROGRESS_EVENT_INTERVAL_S:  # per step: many
+                    journal.record("checkpoint_committed", gen=self.number, step=msg.step)
+                    self.last_commit_event = now
+                return False  # a preemption wait also reads it
+            case PeerFetched():  # the snapshots of ranks this host took over (peercopy)
+                fields = pick(msg, PEER_FETCHED_FIELDS)
+                journal.record("peer_fetched", gen=self.number, host=host, **fields)
+                return True
+            case CheckpointRestored() if not self.restored:
+                self.restored = True  # every rank restores the same step; rank 0 tells
+                self.restored_step = msg.step
                 journal.record(
-                    "first_step",
+                    "checkpoint_restored",
+                    gen=self.number,
+                    step=msg.step,
+                    tier=msg.tier,
+                    restore_s=msg.restore_s,
+                    # the candidates skipped before it, and why (a failed check, a rejected step)
+                    **({"skipped": msg.skipped} if msg.skipped else {}),
+                )
+                return True
+            case CheckpointTier():  # a rank's memory tier stepped down: once per rank
+                fields = pick(msg, TIER_FIELDS)
+                journal.record("checkpoint_tier", gen=self.number, host=host, **fields)
+                self.reporter.notice(tier_note(host, msg), level="warning")
+                return True
+            case Signalled():
+                journal.record(
+                    "signal_delivered",
                     gen=self.number,
                     host=host,
-                    rank=msg.get("rank"),
-                    step=step,
-                    rank_t=msg.get("t"),
+                    signal=msg.signal,
+                    ranks=msg.ranks,
                 )
-                self.last_progress_event = now
-            elif now - self.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
-                extra = {} if self.stall_s is None else {"stall_s": self.stall_s}
-                journal.record("progress", gen=self.number, step=self.max_step, **extra)
-                self.last_progress_event = now
-            return True
-        if kind == "checkpoint_committed" and msg.get("rank") == 0:
-            now = time.monotonic()
-            if now - self.last_commit_event >= PROGRESS_EVENT_INTERVAL_S:  # per step: too many
-                journal.record("checkpoint_committed", gen=self.number, step=msg.get("step"))
-                self.last_commit_event = now
-            return False  # a preemption wait also reads it
-        if kind == "peer_fetched":  # the snapshots of ranks this host took over (peercopy)
-            journal.record(
-                "peer_fetched",
-                gen=self.number,
-                host=host,
-                **{
-                    k: msg.get(k)
-                    for k in ("source", "which", "ranks", "snapshots", "bytes", "seconds", "error")
-                },
-            )
-            return True
-        if kind == "checkpoint_restored" and not self.restored:
-            self.restored = True  # every rank restores the same step; rank 0 tells
-            self.restored_step = msg.get("step")
-            journal.record(
-                "checkpoint_restored",
-                gen=self.number,
-                step=msg.get("step"),
-                tier=msg.get("tier"),
-                restore_s=msg.get("restore_s"),
-                # the candidates skipped before it, and why (a failed check, a rejected step)
-                **({"skipped": msg["skipped"]} if msg.get("skipped") else {}),
-            )
-            return True
-        if kind == "checkpoint_tier":  # a rank's memory tier stepped down: once per rank
-            fields = ("rank", "tier", "from", "why", "need", "free", "total")
-            journal.record(
-                "checkpoint_tier", gen=self.number, host=host, **{k: msg.get(k) for k in fields}
-            )
-            self.reporter.notice(tier_note(host, msg), level="warning")
-            return True
-        if kind == "signalled":
-            journal.record(
-                "signal_delivered",
-                gen=self.number,
-                host=host,
-                signal=msg.get("signal"),
-                ranks=msg.get("ranks"),
-            )
-            return True
-        if kind == "rank_started":
-            self.ranks_started += 1
-            journal.record(
-                "rank_started", gen=self.number, host=host, rank=msg.get("rank"), pid=msg.get("pid")
-            )
-            return True
+                return True
+            case RankStarted():
+                self.ranks_started += 1
+                journal.record(
+                    "rank_started", gen=self.number, host=host, rank=msg.rank, pid=msg.pid
+                )
+                return True
         return False
+
+    def _log(self, host: str, msg: Log) -> None:
+        lines = msg.lines or []
+        if msg.rank is None:
+            self.journal.append_log(self.number, f"{host}.torchrun", lines)
+            self.reporter.torchrun_output(host, lines)
+        else:
+            self.journal.append_log(self.number, f"rank{msg.rank}", lines)
+            self.reporter.rank_output(msg.rank, lines)
+            self.rank_lines += len(lines)
+
+    def _progress(self, host: str, msg: Progress) -> None:
+        step = msg.step
+        if step is not None:
+            self.max_step = step if self.max_step is None else max(self.max_step, step)
+        if msg.stall_s is not None:
+            self.stall_s = msg.stall_s
+        now = time.monotonic()
+        if (msg.first or self.adopted) and not self.first_step_seen:
+            self.first_step_seen = True
+            self.journal.record(
+                "first_step", gen=self.number, host=host, rank=msg.rank, step=step, rank_t=msg.t
+            )
+            self.last_progress_event = now
+        elif now - self.last_progress_event >= PROGRESS_EVENT_INTERVAL_S:
+            extra = {} if self.stall_s is None else {"stall_s": self.stall_s}
+            self.journal.record("progress", gen=self.number, step=self.max_step, **extra)
+            self.last_progress_event = now
 
     def no_step_yet(self, waited: float) -> str | None:
         """What a generation slow to its first step is doing, for the person waiting. Ranks that
@@ -295,22 +301,26 @@ class GenWatch:
         }
 
 
-def _claimed_ranks(msg: dict[str, Any]) -> list[int]:
+def _claimed_ranks(msg: Report) -> list[int]:
     """Every rank a message speaks for: `rank`, lists of ranks, and maps keyed by rank. A
     `peer_fetched` report's ranks are whose snapshots the agent fetched, which are another
     host's old ranks when it joined a re-planned job (peercopy/fetch.py): it speaks for none."""
-    if msg.get("kind") == "peer_fetched":
+    if isinstance(msg, PeerFetched):
         return []
     claimed: list[int] = []
-    if isinstance(msg.get("rank"), int):
-        claimed.append(msg["rank"])
-    for name in ("ranks", "overdue", "stacks", "states", "tails"):
-        value = msg.get(name)
+    if isinstance(rank := getattr(msg, "rank", None), int):
+        claimed.append(rank)
+    for name in RANK_FIELDS:
+        value = getattr(msg, name, None)
         if isinstance(value, list):
             claimed += [r for r in value if isinstance(r, int)]
         elif isinstance(value, dict):
             claimed += [int(k) for k in value if str(k).isdigit()]
     return claimed
+
+
+# The fields that name ranks, in whichever report has them: a list of ranks, or a map by rank.
+RANK_FIELDS = ("ranks", "overdue", "stacks", "states", "tails")
 
 
 @dataclass

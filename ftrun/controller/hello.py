@@ -14,9 +14,9 @@ import asyncio
 import time
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ftrun.errors import ProtocolError
+from ftrun.wire.inbound import ClientHello, Hello, typed
 from ftrun.wire.messages import Role, validate
 from ftrun.wire.protocol import Channel, accept_channel
 
@@ -44,20 +44,24 @@ async def handshake(
     expected: Container[str],
     links: Mapping[str, AgentLink],
     client_id: Callable[[], str],
-) -> tuple[AgentLink, dict[str, Any]]:
+) -> tuple[AgentLink, Hello | ClientHello]:
     """Keys, then the hello, which fixes who the peer is for the connection's life: an agent
     in `expected` and not live in `links`, or a client named by `client_id()`. ProtocolError
-    when it may not connect."""
+    when it may not connect. The hello comes back typed (inbound.py), like every message after
+    it."""
     channel = await accept_channel(reader, writer, secret, HELLO_TIMEOUT_S)
-    hello = await channel.receive()
-    if hello["kind"] != "hello":
-        raise ProtocolError(f"first message is {str(hello['kind'])[:40]!r}, not a hello")
-    role = Role.CLIENT if hello.get("role") in ("client", "chaos") else Role.AGENT
-    validate(role, hello)
-    if role is Role.CLIENT:
+    body = await channel.receive()
+    if body["kind"] != "hello":
+        raise ProtocolError(f"first message is {str(body['kind'])[:40]!r}, not a hello")
+    role = Role.CLIENT if body.get("role") in ("client", "chaos") else Role.AGENT
+    hello = typed(role, validate(role, body))
+    if isinstance(hello, ClientHello):
         agent_id, host, pid = client_id(), "client", 0
     else:
-        agent_id, host, pid = hello["agent_id"], hello.get("host", "?"), hello.get("pid", 0)
+        assert isinstance(hello, Hello)
+        agent_id = hello.agent_id
+        host = "?" if hello.host is None else hello.host  # None: absent (never null)
+        pid = 0 if hello.pid is None else hello.pid
         why = None
         if agent_id not in expected:
             why = f"agent {agent_id[:80]!r} is not one this job counts on"

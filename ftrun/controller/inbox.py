@@ -2,13 +2,15 @@
 generation running, a teardown, a backoff): the next message within a deadline, and the side
 channel, what is handled the same whatever the phase: chaos requests, `ftrun hosts`, agents
 connecting and lost, agents' own errors.
+
+Each item is (sender, message), the message typed at the edge (server.py, wire/inbound.py):
+what it is, is its class.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
@@ -16,12 +18,22 @@ from ftrun.controller.generation import GenWatch
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.patience import Patience
 from ftrun.controller.server import ControlServer
+from ftrun.wire.inbound import (
+    AgentError,
+    AgentLost,
+    Hello,
+    Hosts,
+    Message,
+    PreemptNotice,
+    Stopped,
+    StopRequested,
+)
 
 # What ends a wait between generations early: a stop, or a preemption notice (supervisor.py's
 # _interrupted tells them apart).
-INTERRUPTIONS = ("stop_requested", "preempt_notice")
+INTERRUPTIONS = (StopRequested, PreemptNotice)
 
-Message = tuple[str, dict[str, Any]]  # (sender, message)
+Item = tuple[str, Message]  # (sender, message)
 
 
 class Inbox:
@@ -33,7 +45,7 @@ class Inbox:
         self.chaos = chaos
         self.internal = internal
 
-    async def next(self, deadline: float | None) -> Message | None:
+    async def next(self, deadline: float | None) -> Item | None:
         """The next message; None once `deadline` (monotonic; None: no deadline) has passed."""
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
@@ -41,23 +53,26 @@ class Inbox:
         except asyncio.TimeoutError:
             return None
 
-    def side_channel(self, sender: str, msg: dict[str, Any], watch: GenWatch | None) -> bool:
+    def side_channel(self, sender: str, msg: Message, watch: GenWatch | None) -> bool:
         """Chaos, `ftrun hosts`, agents (re)connecting: handled the same in every phase."""
         if self.chaos.handle(sender, msg, watch):
             return True
-        if msg["kind"] == "agent_error":
-            self.internal.on_agent_error(sender, msg)
-            return True
-        if msg["kind"] == "hosts" and sender in self.server.clients:
-            ok, text = self.fleet.request(msg)
-            self.server.send(sender, "hosts_ack", ok=ok, message=text)
-            return True
-        if msg["kind"] == "hello":
-            return self.fleet.on_message(sender, msg)
-        if msg["kind"] == "agent_lost" and (watch is None or sender not in watch.agents):
-            self.fleet.on_lost(sender)
-            return True
-        self.fleet.on_message(sender, msg)  # a stopped agent's fresh port
+        match msg:
+            case AgentError():
+                self.internal.on_agent_error(sender, msg)
+                return True
+            case Hosts() if sender in self.server.clients:
+                ok, text = self.fleet.request(msg)
+                self.server.send(sender, "hosts_ack", ok=ok, message=text)
+                return True
+            case Hello():
+                self.fleet.on_hello(sender, msg)
+                return True
+            case AgentLost() if watch is None or sender not in watch.agents:
+                self.fleet.on_lost(sender)
+                return True
+            case Stopped():
+                self.fleet.on_stopped(sender, msg)  # a stopped agent's fresh port
         return False
 
     async def agents_started(self, waiting: set[str], timeout_s: float) -> bool:
@@ -73,16 +88,17 @@ class Inbox:
                 self.fleet.never_connected(waiting)
                 break
             agent_id, msg = got
-            if msg["kind"] in INTERRUPTIONS:
-                return False
-            if msg["kind"] == "hello":
-                self.fleet.on_message(agent_id, msg)
-                waiting.discard(agent_id)
-            elif msg["kind"] == "agent_lost":
-                self.fleet.on_lost(agent_id)
-                waiting.discard(agent_id)
-            else:
-                self.side_channel(agent_id, msg, None)
+            match msg:
+                case StopRequested() | PreemptNotice():
+                    return False
+                case Hello():
+                    self.fleet.on_hello(agent_id, msg)
+                    waiting.discard(agent_id)
+                case AgentLost():
+                    self.fleet.on_lost(agent_id)
+                    waiting.discard(agent_id)
+                case _:
+                    self.side_channel(agent_id, msg, None)
         return True
 
     async def agents_back(self, waiting: set[str], gen: int, timeout_s: float) -> set[str] | None:
@@ -90,23 +106,24 @@ class Inbox:
         generation `gen`); those that came back running it. None when a stop was requested."""
         deadline = time.monotonic() + timeout_s
         back: set[str] = set()
-        held: list[tuple[str, dict[str, Any]]] = []  # what they said meanwhile: for the watch
+        held: list[Item] = []  # what they said meanwhile: for the watch
         while waiting - back:
             if (got := await self.next(deadline)) is None:
                 break
             agent_id, msg = got
-            if msg["kind"] in INTERRUPTIONS:
-                return None
-            if msg["kind"] == "hello":
-                self.fleet.on_message(agent_id, msg)
-                if agent_id in waiting and msg.get("rejoin") and msg.get("gen") == gen:
-                    back.add(agent_id)
-                elif agent_id in waiting:
-                    waiting.discard(agent_id)  # back, but its ranks are gone
-            elif msg["kind"] == "agent_lost":
-                waiting.discard(agent_id)
-            elif not self.side_channel(agent_id, msg, None):
-                held.append((agent_id, msg))
+            match msg:
+                case StopRequested() | PreemptNotice():
+                    return None
+                case Hello():
+                    self.fleet.on_hello(agent_id, msg)
+                    if agent_id in waiting and msg.rejoin and msg.gen == gen:
+                        back.add(agent_id)
+                    elif agent_id in waiting:
+                        waiting.discard(agent_id)  # back, but its ranks are gone
+                case AgentLost():
+                    waiting.discard(agent_id)
+                case _ if not self.side_channel(agent_id, msg, None):
+                    held.append((agent_id, msg))
         for item in held:
             self.server.inbox.put_nowait(item)
         return back
@@ -127,7 +144,7 @@ class Inbox:
             if (got := await self.next(deadline)) is None:
                 return False
             agent_id, msg = got
-            if msg["kind"] in INTERRUPTIONS:
+            if isinstance(msg, INTERRUPTIONS):
                 return True
             self.side_channel(agent_id, msg, None)
         return False

@@ -14,6 +14,7 @@ from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskFailure, TaskSupervisor
+from ftrun.wire.inbound import AgentError
 
 T = TypeVar("T")
 
@@ -70,27 +71,26 @@ class InternalFailures:
             },
         )
 
-    def on_agent_error(self, sender: str, msg: dict[str, Any]) -> None:
-        fields = {
-            k: msg.get(k)
-            for k in ("gen", "host", "task", "error", "traceback", "restarting", "fatal")
-        }
-        self.journal.record("agent_error", agent=sender, **fields)
-        then = (
-            "; restarting it"
-            if msg.get("restarting")
-            else "; the agent stops"
-            if msg.get("fatal")
-            else ""
+    def on_agent_error(self, sender: str, msg: AgentError) -> None:
+        self.journal.record(
+            "agent_error",
+            agent=sender,
+            gen=msg.gen,
+            host=msg.host,
+            task=msg.task,
+            error=msg.error,
+            traceback=msg.traceback,
+            restarting=msg.restarting,
+            fatal=msg.fatal,
         )
+        then = "; restarting it" if msg.restarting else "; the agent stops" if msg.fatal else ""
         self.reporter.notice(
-            f"agent on {msg.get('host')}: {msg.get('task')} failed: {msg.get('error')}{then}",
-            level="error",
+            f"agent on {msg.host}: {msg.task} failed: {msg.error}{then}", level="error"
         )
-        if msg.get("fatal"):
-            self.agent_errors[sender] = f"its agent failed: {msg.get('task')}: {msg.get('error')}"
+        if msg.fatal:
+            self.agent_errors[sender] = f"its agent failed: {msg.task}: {msg.error}"
 
-    def lost_reason(self, agent_id: str, reason: str | None) -> str | None:
+    def lost_reason(self, agent_id: str, reason: str) -> str:
         """Why a host was lost, with its agent's own failure when it reported one."""
         error = self.agent_errors.get(agent_id)
         return f"{reason}; {error}" if error else reason

@@ -22,6 +22,7 @@ from ftrun.config import LaunchConfig
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
+from ftrun.wire.inbound import PreemptNotice, StopRequested
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -78,14 +79,14 @@ class JobSignals:
         else:
             self.reporter.notice("killing now", level="warning")
             self.server.broadcast("stop", gen=self.generation(), grace_s=0)
-        self.server.inbox.put_nowait(("", {"kind": "stop_requested"}))
+        self.server.inbox.put_nowait(("", StopRequested()))
 
     def _on_preempt(self, sig: signal.Signals) -> None:
         """A preemption notice (preemption.py): the running generation commits a checkpoint
         and stops; one that comes between generations is taken up by the next watch."""
         self.preempt_pending = sig.name
         self.preempt_at = (time.monotonic(), time.time())
-        self.server.inbox.put_nowait(("", {"kind": "preempt_notice", "signal": sig.name}))
+        self.server.inbox.put_nowait(("", PreemptNotice(signal=sig.name)))
 
     def _forward(self, sig: signal.Signals) -> None:
         gen = self.generation()

@@ -21,11 +21,11 @@ script would never answer, and the grow would only wait.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ftrun.controller.generation import Reconfigure
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
+from ftrun.wire.inbound import CheckpointCommitted, Report
 
 # Long enough for the persist in flight and the new one at the default 200 MB/s of a few GiB
 # per rank; a grow that waits longer goes ahead and restores what storage has.
@@ -53,15 +53,15 @@ class PersistFirst:
     def wake_at(self) -> float:
         return self.deadline
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> Reconfigure | None:
+    def on_message(self, agent_id: str, msg: Report) -> Reconfigure | None:
         """Rank 0's report that the persist asked for is committed ends the wait."""
         if (
-            msg["kind"] == "checkpoint_committed"
-            and msg.get("gen") == self.gen
-            and msg.get("rank") == 0
-            and msg.get("preempt")
+            isinstance(msg, CheckpointCommitted)
+            and msg.gen == self.gen
+            and msg.rank == 0
+            and msg.preempt
         ):
-            self.journal.record("persist_committed", gen=self.gen, step=msg.get("step"))
+            self.journal.record("persist_committed", gen=self.gen, step=msg.step)
             return self.change
         return None
 

@@ -17,12 +17,13 @@ requeue the job: the requeued batch step resumes the same job directory from the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ftrun.config import LaunchConfig
 from ftrun.controller.reporting import OutcomeState, Reporter
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
+from ftrun.wire.inbound import CheckpointCommitted, Report
 
 R = TypeVar("R")
 
@@ -71,16 +72,16 @@ class PreemptWait:
     def wake_at(self) -> float:
         return self.deadline
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> Preempted | None:
+    def on_message(self, agent_id: str, msg: Report) -> Preempted | None:
         """Rank 0's commit report for the notice ends the wait. ftrun.checkpoint reports every
         commit; the notice's is marked `preempt` (its step is the script's save step, which
         need not count like the progress steps)."""
-        if msg["kind"] != "checkpoint_committed" or msg.get("gen") != self.gen:
+        if not isinstance(msg, CheckpointCommitted) or msg.gen != self.gen:
             return None
-        if not msg.get("preempt"):
+        if not msg.preempt:
             return None  # an ordinary commit, from before the notice reached the ranks
-        step = msg.get("step")
-        if msg.get("rank") != 0 or not isinstance(step, int):
+        step = msg.step
+        if msg.rank != 0 or not isinstance(step, int):
             return None
         self.committed = step
         return self.result(f"checkpoint of step {step} committed")

@@ -1,5 +1,7 @@
 """The controller's end of the control plane: accepts agents, authenticates them, keeps their
-heartbeats, and turns everything they say into (agent_id, message) items on one inbox queue.
+heartbeats, and turns everything they say into (agent_id, message) items on one inbox queue:
+each message decoded here, once, into its class (wire/inbound.py), so nothing past this edge
+reads a dict or a kind string.
 
 A connection that closes, or an agent silent for host_lost_timeout_s, becomes an `agent_lost`
 item: the supervisor treats both as evidence that the host is gone. A message that fails
@@ -37,6 +39,7 @@ from ftrun.controller.refusals import Refusals
 from ftrun.controller.silence import EventSink, Liveness, SilenceWatch
 from ftrun.errors import ProtocolError
 from ftrun.tasks import TaskSupervisor
+from ftrun.wire.inbound import AgentLost, Heartbeat, Message, typed
 from ftrun.wire.messages import MAX_LINE, Role
 
 log = logging.getLogger("ftrun.controller")
@@ -73,7 +76,7 @@ class ControlServer:
         self.local_stall_timeout_s = local_stall_timeout_s
         self.alive = alive
         self.on_event = on_event
-        self.inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.inbox: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
         self.links: dict[str, AgentLink] = {}
         self.silence = SilenceWatch(
             heartbeat_interval_s=heartbeat_interval_s,
@@ -227,7 +230,7 @@ class ControlServer:
         reason = "its connection closed"
         while not link.lost:
             try:
-                msg = await link.channel.receive()
+                msg = typed(link.role, await link.channel.receive())
             except ProtocolError as e:
                 self.refuse(link.agent_id, None, str(e))
                 # `ftrun chaos` waits for an answer: give it one. A CLI sends one request; a
@@ -240,16 +243,17 @@ class ControlServer:
                 reason = f"its connection closed ({e.__class__.__name__})"
                 break
             now = time.monotonic()
+            beat = isinstance(msg, Heartbeat)
             if link.role is Role.AGENT:
-                self.silence.heard(link, msg["kind"] == "heartbeat", now)
+                self.silence.heard(link, beat, now)
             link.last_seen = now
-            if msg["kind"] != "heartbeat":
+            if not beat:
                 await self.inbox.put((link.agent_id, msg))
         self._lose(link, reason)
 
-    def refuse(self, sender: str, msg: dict[str, Any] | None, why: str) -> None:
+    def refuse(self, sender: str, msg: Message | None, why: str) -> None:
         """A message dropped for what it says (its shape, or who sent it): see refusals.py."""
-        self.refusals.message(sender, str(msg.get("kind"))[:40] if msg else None, why)
+        self.refusals.message(sender, msg.KIND if msg is not None else None, why)
 
     def drop(self, agent_id: str, reason: str) -> None:
         """Stop talking to an agent we no longer trust (it fences for lack of our heartbeats)."""
@@ -272,14 +276,13 @@ class ControlServer:
         self.inbox.put_nowait(
             (
                 link.agent_id,
-                {
-                    "kind": "agent_lost",
-                    "reason": reason,
-                    "host": link.host,
-                    "t": time.time(),
+                AgentLost(
+                    reason=reason,
+                    host=link.host,
+                    t=time.time(),
                     # The last we heard of it: when the host was last known alive, the fault's
                     # time as well as we can know it (within a heartbeat interval).
-                    "last_heard_t": time.time() - (time.monotonic() - link.last_seen),
-                },
+                    last_heard_t=time.time() - (time.monotonic() - link.last_seen),
+                ),
             )
         )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftrun.wire.inbound import CheckpointTier, Hello
+
 # Below this much free /dev/shm a host is named at launch: the tier takes 3 x each rank's state
 # (three slots; the live snapshot adds one more), and 1 GiB holds the tier of one rank with ~340
 # MiB of state.
@@ -19,9 +21,9 @@ def mib(n: Any) -> str:
     return f"{n / 2**20:,.0f} MiB" if isinstance(n, int) and n >= 0 else "?"
 
 
-def hello_note(host: str, msg: dict[str, Any]) -> str | None:
+def hello_note(host: str, msg: Hello) -> str | None:
     """A note when the host's /dev/shm is small for a memory tier; None otherwise."""
-    free, total = msg.get("shm_free"), msg.get("shm_total")
+    free, total = msg.shm_free, msg.shm_total
     if not isinstance(free, int) or free >= SMALL_SHM_BYTES:
         return None
     return (
@@ -31,15 +33,15 @@ def hello_note(host: str, msg: dict[str, Any]) -> str | None:
     )
 
 
-def tier_note(host: str, msg: dict[str, Any]) -> str:
+def tier_note(host: str, msg: CheckpointTier) -> str:
     """A rank's tier stepped down: where, to what, with the figures."""
-    need, free, total = msg.get("need"), msg.get("free"), msg.get("total")
+    need, free, total = msg.need, msg.free, msg.total
     figures = (
         f" (needs up to {mib(need)}; /dev/shm has {mib(free)} free of {mib(total)})"
         if isinstance(need, int) and need > 0
         else ""
     )
     return (
-        f"{host} rank {msg.get('rank')}: the checkpoint memory tier steps down from "
-        f"{msg.get('from')} to {msg.get('tier')}{figures}: {str(msg.get('why'))[:300]}"
+        f"{host} rank {msg.rank}: the checkpoint memory tier steps down from "
+        f"{msg.from_} to {msg.tier}{figures}: {str(msg.why)[:300]}"
     )

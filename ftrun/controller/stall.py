@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from ftrun.agent.verdict import in_teardown
+from ftrun.wire.inbound import Stacks
 
 STACK_TEXT_MAX = 48 * 1024  # per rank, so a reply of 8 ranks stays well under a frame
 
@@ -68,15 +68,15 @@ class StackRequest:
     overdue: dict[int, float] = field(default_factory=dict)  # IDLE: rank → allowance passed
     asked_wall_t: float = 0.0
 
-    def on_reply(self, agent_id: str, msg: dict[str, Any]) -> None:
+    def on_reply(self, agent_id: str, msg: Stacks) -> None:
         if agent_id not in self.waiting:
             return
         self.waiting.discard(agent_id)
-        for rank, text in (msg.get("stacks") or {}).items():
+        for rank, text in (msg.stacks or {}).items():
             self.stacks[str(rank)] = str(text)[:STACK_TEXT_MAX]
             self.rank_agents[int(rank)] = agent_id
-        self.states.update({str(r): str(s) for r, s in (msg.get("states") or {}).items()})
-        self.tails.update({str(r): list(t)[-20:] for r, t in (msg.get("tails") or {}).items()})
+        self.states.update({str(r): str(s) for r, s in (msg.states or {}).items()})
+        self.tails.update({str(r): list(t)[-20:] for r, t in (msg.tails or {}).items()})
 
     def complete(self, now: float) -> bool:
         return not self.waiting or now >= self.deadline
@@ -229,7 +229,7 @@ class StallWatch:
             else:
                 self.overdue.pop(agent_id, None)
 
-    def on_stacks(self, agent_id: str, msg: dict[str, Any]) -> None:
+    def on_stacks(self, agent_id: str, msg: Stacks) -> None:
         if self.request is not None:
             self.request.on_reply(agent_id, msg)
 

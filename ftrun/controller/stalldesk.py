@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence as ev_from
@@ -25,6 +25,7 @@ from ftrun.controller.stall import (
     stacks_timeout_s,
 )
 from ftrun.journal import Journal
+from ftrun.wire.inbound import ExitRace, RankExited, RankHung, RanksIdle, Report, Stacks
 
 if TYPE_CHECKING:
     from ftrun.controller.generation import GenWatch
@@ -56,64 +57,67 @@ class StallDesk:
             confirm_s=self.confirm_s,
         )
 
-    def news(self, watch: GenWatch, agent_id: str, msg: dict[str, Any]) -> bool:
+    def news(self, watch: GenWatch, agent_id: str, msg: Report) -> bool:
         """Clean rank exits, idle reports, stacks, and hang reports that come too late to
         matter. True when the message was one of those."""
-        kind, now, stall = msg["kind"], time.monotonic(), watch.stall
+        now, stall = time.monotonic(), watch.stall
         host = watch.hosts.get(agent_id, "?")
-        if kind == "rank_exited" and msg.get("exit_code") == 0 and not msg.get("signal"):
-            if stall.on_clean_exit(int(msg["rank"]), host, now):
-                # Journaled first, so that its time is the barrier's start (`now`) as nearly as
-                # a wall clock can say: the sends to every agent come after.
-                self.journal.record(
-                    "exit_barrier",
-                    gen=watch.number,
-                    host=host,
-                    rank=msg.get("rank"),
-                    timeout_s=self.config.exit_timeout_s,
+        match msg:
+            case RankExited(exit_code=0) if not msg.signal:
+                if stall.on_clean_exit(int(msg.rank), host, now):
+                    # Journaled first, so that its time is the barrier's start (`now`) as nearly
+                    # as a wall clock can say: the sends to every agent come after.
+                    self.journal.record(
+                        "exit_barrier",
+                        gen=watch.number,
+                        host=host,
+                        rank=msg.rank,
+                        timeout_s=self.config.exit_timeout_s,
+                    )
+                    self._finishing(watch)
+                return True
+            case RankHung() if stall.finishing:
+                log.info(
+                    "ignored a hang report from %s after a rank exited 0: the exit barrier decides",
+                    host,
                 )
-                self._finishing(watch)
-            return True
-        if kind == "rank_hung" and stall.finishing:
-            log.info(
-                "ignored a hang report from %s after a rank exited 0: the exit barrier decides",
-                host,
-            )
-            return True
-        if kind == "idle":
-            ranks, overdue, at = msg.get("ranks"), msg.get("overdue"), msg.get("overdue_at")
-            stall.on_idle(
-                agent_id,
-                {int(r): float(s) for r, s in ranks.items()} if isinstance(ranks, dict) else None,
-                now,
-                {int(r): float(a) for r, a in overdue.items()}
-                if isinstance(overdue, dict)
-                else None,
-                {int(r): float(t) for r, t in at.items()} if isinstance(at, dict) else None,
-            )
-            return True
-        if kind == "stacks":
-            stall.on_stacks(agent_id, msg)
-            return True
-        if kind == "exit_race":
-            ranks = [int(r) for r in msg.get("ranks") or []]
-            self.journal.record(
-                "exit_race_seen",
-                gen=watch.number,
-                host=host,
-                ranks=ranks,
-                stacks=msg.get("stacks"),
-            )
-            log.warning(
-                "ranks %s on %s are stuck at exit in torch's gloo destructor race (their code "
-                "is done): ended by the exit rules",
-                ranks,
-                host,
-            )
-            if stall.on_exit_race(agent_id, min(ranks, default=0), host, now):
-                self._finishing(watch)
-            return True
+                return True
+            case RanksIdle():
+                self._idle(stall, agent_id, msg, now)
+                return True
+            case Stacks():
+                stall.on_stacks(agent_id, msg)
+                return True
+            case ExitRace():
+                self._exit_race(watch, agent_id, host, msg, now)
+                return True
         return False
+
+    def _idle(self, stall: StallWatch, agent_id: str, msg: RanksIdle, now: float) -> None:
+        ranks, overdue, at = msg.ranks, msg.overdue, msg.overdue_at
+        stall.on_idle(
+            agent_id,
+            {int(r): float(s) for r, s in ranks.items()} if isinstance(ranks, dict) else None,
+            now,
+            {int(r): float(a) for r, a in overdue.items()} if isinstance(overdue, dict) else None,
+            {int(r): float(t) for r, t in at.items()} if isinstance(at, dict) else None,
+        )
+
+    def _exit_race(
+        self, watch: GenWatch, agent_id: str, host: str, msg: ExitRace, now: float
+    ) -> None:
+        ranks = [int(r) for r in msg.ranks or []]
+        self.journal.record(
+            "exit_race_seen", gen=watch.number, host=host, ranks=ranks, stacks=msg.stacks
+        )
+        log.warning(
+            "ranks %s on %s are stuck at exit in torch's gloo destructor race (their code "
+            "is done): ended by the exit rules",
+            ranks,
+            host,
+        )
+        if watch.stall.on_exit_race(agent_id, min(ranks, default=0), host, now):
+            self._finishing(watch)
 
     def _finishing(self, watch: GenWatch) -> None:
         """The work is done: the step-based detectors stand down, the barrier rules."""

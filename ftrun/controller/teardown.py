@@ -21,6 +21,7 @@ from ftrun.controller.internal import InternalFailures
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
+from ftrun.wire.inbound import AgentError, AgentLost, Report, Stopped
 
 log = logging.getLogger("ftrun.controller")
 
@@ -63,29 +64,30 @@ class Teardown:
                     self.fleet.on_lost(agent_id)
                 break
             agent_id, msg = got
-            if msg["kind"] == "agent_lost":
-                pending.discard(agent_id)
-                host = self.fleet.on_lost(agent_id)
-                self.journal.record(
-                    "agent_lost", gen=number, host=host, agent=agent_id, reason=msg.get("reason")
-                )
-            elif msg["kind"] == "stopped" and msg.get("gen") == number:
-                pending.discard(agent_id)
-                self.fleet.on_message(agent_id, msg)
-                if msg.get("survivors"):
-                    self.reporter.notice(
-                        f"processes survived SIGKILL on "
-                        f"{watch.hosts.get(agent_id, agent_id)}: "
-                        f"{msg['survivors']}",
-                        level="error",
+            match msg:
+                case AgentLost():
+                    pending.discard(agent_id)
+                    host = self.fleet.on_lost(agent_id)
+                    self.journal.record(
+                        "agent_lost", gen=number, host=host, agent=agent_id, reason=msg.reason
                     )
-            elif msg["kind"] == "agent_error":
-                self.internal.on_agent_error(agent_id, msg)
-            elif msg.get("gen") == number and agent_id in watch.agents:
-                if (why := watch.forged(agent_id, msg)) is not None:
-                    self.server.refuse(agent_id, msg, why)
-                else:
-                    watch.record_output(watch.hosts[agent_id], msg)
-            else:
-                self.inbox.side_channel(agent_id, msg, None)
+                case Stopped(gen=gen) if gen == number:
+                    pending.discard(agent_id)
+                    self.fleet.on_stopped(agent_id, msg)
+                    if msg.survivors:
+                        self.reporter.notice(
+                            f"processes survived SIGKILL on "
+                            f"{watch.hosts.get(agent_id, agent_id)}: "
+                            f"{msg.survivors}",
+                            level="error",
+                        )
+                case AgentError():
+                    self.internal.on_agent_error(agent_id, msg)
+                case Report(gen=gen) if gen == number and agent_id in watch.agents:
+                    if (why := watch.forged(agent_id, msg)) is not None:
+                        self.server.refuse(agent_id, msg, why)
+                    else:
+                        watch.record_output(watch.hosts[agent_id], msg)
+                case _:
+                    self.inbox.side_channel(agent_id, msg, None)
         self.journal.close_generation_logs(number)

@@ -14,11 +14,12 @@ controller's lease, a straggler watch) is one more class with these three method
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ftrun.controller.patience import Patience
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.stalldesk import StallDesk
+from ftrun.wire.inbound import Report
 
 if TYPE_CHECKING:
     from ftrun.controller.generation import GenWatch, WatchResult
@@ -31,7 +32,7 @@ class Waiter(Protocol):
     def expired(self, now: float) -> WatchResult | None:
         """What ends the watch now that the clock reads `now` (monotonic), if anything."""
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> WatchResult | None:
+    def on_message(self, agent_id: str, msg: Report) -> WatchResult | None:
         """What this message of the generation (not forged, not stale) means to the watch."""
 
 
@@ -53,7 +54,7 @@ class StallWaiter:
     def expired(self, now: float) -> WatchResult | None:
         return self.desk.poll(self.watch)
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> WatchResult | None:
+    def on_message(self, agent_id: str, msg: Report) -> WatchResult | None:
         return None  # its messages come through GenWatch.on_message and StallDesk.news
 
 
@@ -72,5 +73,5 @@ class FirstStepPatience:
             self.patience.note(self.watch.no_step_yet)
         return None  # a slow start is said, never judged here (the hang policy judges it)
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> WatchResult | None:
+    def on_message(self, agent_id: str, msg: Report) -> WatchResult | None:
         return None

@@ -8,9 +8,9 @@ Supervisor, which judges it (judge.py) and tears the generation down.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
@@ -28,6 +28,7 @@ from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.waiters import FirstStepPatience, StallWaiter, Waiter, earliest
 from ftrun.journal import Journal
+from ftrun.wire.inbound import AgentLost, PreemptNotice, Report, StopRequested
 
 
 class Watcher:
@@ -69,17 +70,18 @@ class Watcher:
             if (got := await self.inbox.next(earliest(waiters))) is None:
                 continue
             agent_id, msg = got
-            if msg["kind"] == "stop_requested":
-                return OutcomeState.STOPPED
-            if msg["kind"] == "preempt_notice":
-                if preempt is None:  # ahead of a grow's persist: see waiters.py
-                    preempt = self._preempt_wait(watch)
-                    waiters.insert(2, preempt)
-                continue
-            if msg["kind"] == "agent_lost" and agent_id in watch.agents:
-                if (ended := self._lost(watch, agent_id, msg)) is not None:
-                    return under(preempt, ended)
-                continue
+            match msg:
+                case StopRequested():
+                    return OutcomeState.STOPPED
+                case PreemptNotice():
+                    if preempt is None:  # ahead of a grow's persist: see waiters.py
+                        preempt = self._preempt_wait(watch)
+                        waiters.insert(2, preempt)
+                    continue
+                case AgentLost() if agent_id in watch.agents:
+                    if (ended := self._lost(watch, agent_id, msg)) is not None:
+                        return under(preempt, ended)
+                    continue
             if self.inbox.side_channel(agent_id, msg, watch):
                 if grow is None and (change := self._reconfiguration(watch)) is not None:
                     grow = self._persist_first(watch, change, preempt)
@@ -87,8 +89,8 @@ class Watcher:
                         return under(preempt, change)  # a host was added or removed
                     waiters.append(grow)
                 continue
-            if msg.get("gen") != watch.number:
-                continue  # stale: from an older generation
+            if not isinstance(msg, Report) or msg.gen != watch.number:
+                continue  # stale: from an older generation (or no report of one)
             if (why := watch.forged(agent_id, msg)) is not None:
                 self.server.refuse(agent_id, msg, why)
                 continue
@@ -112,15 +114,15 @@ class Watcher:
             elif news is not Seen.OUTPUT:
                 return under(preempt, news)
 
-    def _lost(self, watch: GenWatch, agent_id: str, msg: dict[str, Any]) -> WatchResult | None:
+    def _lost(self, watch: GenWatch, agent_id: str, msg: AgentLost) -> WatchResult | None:
         """A host of the generation lost: a failure, unless its ranks had all exited 0 (then
         nothing was lost, and the job may have just succeeded)."""
-        msg = {**msg, "reason": self.internal.lost_reason(agent_id, msg.get("reason"))}
+        msg = dataclasses.replace(msg, reason=self.internal.lost_reason(agent_id, msg.reason))
         host = self.fleet.on_lost(agent_id) or watch.hosts[agent_id]
         if not watch.finished_on(agent_id):
             return evidence.host_lost(msg, host, watch.max_step)
         self.journal.record(
-            "host_lost_after_finishing", gen=watch.number, host=host, reason=msg.get("reason")
+            "host_lost_after_finishing", gen=watch.number, host=host, reason=msg.reason
         )
         self.reporter.notice(f"{host} was lost after every rank on it exited 0: nothing to redo")
         return OutcomeState.SUCCEEDED if watch.agent_done(agent_id) else None

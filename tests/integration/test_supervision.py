@@ -19,6 +19,7 @@ from ftrun.journal import Journal
 from ftrun.journal.read import read_events
 from ftrun.transport.local import LocalTransport
 from ftrun.wire import protocol
+from ftrun.wire.inbound import Progress, RankStarted
 from tests.conftest import BIN, spawn_agent
 
 
@@ -101,7 +102,7 @@ def test_a_bug_in_the_supervise_loop_ends_the_job_with_it_as_root_cause(
     original = GenWatch.record_output
 
     def fails_on_a_rank(watch, host, msg):
-        if msg["kind"] in ("rank_started", "progress"):
+        if isinstance(msg, (RankStarted, Progress)):
             raise KeyError("injected into the supervise loop")
         return original(watch, host, msg)
 

@@ -33,14 +33,12 @@ from ftrun.errors import FtrunError
 from ftrun.transport.local import LocalTransport
 from ftrun.transport.slurm import SrunTransport
 from ftrun.transport.ssh import SshTransport
+from ftrun.wire.inbound import Hello
 from ftrun.wire.protocol import new_secret
 from tests.conftest import sweep_stale_agent_dirs
-from tests.slurmbed import SlurmBed, slurm_bed_fixture
-from tests.testbed import Testbed, ssh_testbed_fixture
+from tests.slurmbed import SlurmBed
+from tests.testbed import Testbed
 
-# Its own prefix and subnet: it may be up beside another module's testbed.
-testbed = ssh_testbed_fixture(1, scope="module", prefix="fttc", subnet="10.213.52.0/24")
-slurm = slurm_bed_fixture(2, scope="module")
 HELLO_TIMEOUT_S = 30.0
 GONE_TIMEOUT_S = 15.0
 
@@ -190,7 +188,7 @@ async def start(
         await handle.terminate(5.0)
         await server.close()
         raise
-    assert agent_id == boot.agent_id
+    assert agent_id == boot.agent_id and isinstance(hello, Hello)
     return server, handle, hello, boot
 
 
@@ -208,7 +206,7 @@ def test_agent_dials_back_says_hello_and_is_not_called_dead(
     async def scenario() -> None:
         server, handle, hello, boot = await start(case, tmp_path, test_id)
         try:
-            assert hello["host"] == case.host and hello["pid"] > 0
+            assert hello.host == case.host and hello.pid > 0
             assert handle.host == case.host
             assert handle.returncode is None and handle.alive() is not False
             assert case.leftovers(boot.process_tag), "the agent does not carry its process tag"
@@ -239,7 +237,7 @@ def test_an_agent_that_dies_is_seen_gone(case: Case, tmp_path: Path, test_id: st
     async def scenario() -> None:
         server, handle, hello, boot = await start(case, tmp_path, test_id)
         try:
-            case.kill(hello["pid"])
+            case.kill(hello.pid)
             await wait_until(
                 lambda: handle.returncode is not None,
                 GONE_TIMEOUT_S,

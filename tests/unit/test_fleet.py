@@ -20,6 +20,7 @@ from ftrun.envcontract import forwarded
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal.read import read_events
+from ftrun.wire.inbound import Hello, Hosts
 
 
 class Handle:
@@ -95,9 +96,8 @@ def make_fleet(tmp_path: Path, transport, **overrides) -> Fleet:
 
 def hello(fleet: Fleet, host: str) -> None:
     agent_id = fleet.agent_of(host)
-    assert fleet.on_message(
-        agent_id, {"kind": "hello", "addr": f"10.0.0.{ord(host[0])}", "port": 4000}
-    )
+    assert agent_id is not None
+    fleet.on_hello(agent_id, Hello(agent_id=agent_id, addr=f"10.0.0.{ord(host[0])}", port=4000))
 
 
 def test_unreachable_host_is_journaled_lost_and_the_rest_start(tmp_path):
@@ -145,14 +145,14 @@ def test_removals(tmp_path):
             hello(fleet, host)
         fleet.roster.plan()
         spare = next(h for h in transport.handles if h.host == "s")
-        ok, text = fleet.request({"action": "remove", "host": "s"})
+        ok, text = fleet.request(Hosts(action="remove", host="s"))
         assert ok and "removed s (ready)" in text
         await asyncio.sleep(0)
         assert spare.terminated  # not running ranks: stopped at once
-        ok, text = fleet.request({"action": "remove", "host": "c"})
+        ok, text = fleet.request(Hosts(action="remove", host="c"))
         assert not ok and "fewer than --min-nodes 3" in text
         fleet.config = dataclasses.replace(fleet.config, min_nodes=2)
-        ok, _ = fleet.request({"action": "remove", "host": "c"})
+        ok, _ = fleet.request(Hosts(action="remove", host="c"))
         active = next(h for h in transport.handles if h.host == "c")
         await asyncio.sleep(0)
         assert ok and not active.terminated  # its ranks get the teardown's grace first
@@ -160,7 +160,7 @@ def test_removals(tmp_path):
         fleet.release_removed()
         await asyncio.sleep(0)
         assert active.terminated
-        assert fleet.request({"action": "remove", "host": "c"})[0] is False
+        assert fleet.request(Hosts(action="remove", host="c"))[0] is False
         await fleet.stop_all()
 
     asyncio.run(scenario())
@@ -172,7 +172,7 @@ def test_a_host_removed_while_its_agent_starts_gets_that_agent_stopped(tmp_path)
         fleet = make_fleet(tmp_path, transport)
         starting = asyncio.ensure_future(fleet.start_all(port=1))
         await asyncio.sleep(0.01)
-        assert fleet.request({"action": "remove", "host": "b"})[0]
+        assert fleet.request(Hosts(action="remove", host="b"))[0]
         started = await starting
         assert "b" not in {fleet.roster.host_of(a) for a in started}
         [handle] = [h for h in transport.handles if h.host == "b"]
@@ -186,9 +186,9 @@ def test_a_host_removed_while_its_agent_starts_gets_that_agent_stopped(tmp_path)
 @pytest.mark.parametrize(
     "request_, message",
     [
-        ({"action": "add", "host": "a"}, "already part of the job"),
-        ({"action": "frob", "host": "a"}, "unknown hosts action"),
-        ({"action": "add"}, "name a host"),
+        (Hosts(action="add", host="a"), "already part of the job"),
+        (Hosts(action="frob", host="a"), "unknown hosts action"),
+        (Hosts(action="add"), "name a host"),
     ],
 )
 def test_bad_hosts_requests(tmp_path, request_, message):
@@ -210,7 +210,7 @@ def test_adding_a_lost_host_tries_it_now_not_when_its_retry_comes_round(tmp_path
         await fleet.start_all(port=1)
         assert fleet.roster.state("b") is HostState.LOST
         transport.unreachable.discard("b")  # the host is back (a spot node returned)
-        ok, text = fleet.request({"action": "add", "host": "b"})
+        ok, text = fleet.request(Hosts(action="add", host="b"))
         assert ok and "trying it again now" in text
         for _ in range(100):  # the start is spawned: a few loop turns, far below the 1 s retry
             if fleet.agent_of("b") is not None:

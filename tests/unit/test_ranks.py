@@ -11,6 +11,7 @@ import pytest
 from ftrun.controller.generation import GenWatch
 from ftrun.jobview import fold
 from ftrun.jobview.ranks import fold_ranks
+from ftrun.wire.inbound import RankExited
 from tests.unit.test_goodput import ev, started
 
 
@@ -103,10 +104,10 @@ def test_the_controller_journals_every_rank_exit(exit_code, signal, evidence) ->
         7, {"a"}, {"a": "h"}, order=["a"], stall=None, journal=journal, reporter=journal,  # type: ignore[arg-type]
         nproc_per_node=2,
     )  # fmt: skip
-    msg = {
-        "kind": "rank_exited", "gen": 7, "rank": 1, "pid": 4242, "exit_code": exit_code,
-        "signal": signal, "traceback": "Traceback ...", "exception": "E",
-    }  # fmt: skip
+    msg = RankExited(
+        gen=7, rank=1, pid=4242, exit_code=exit_code, signal=signal, traceback="Traceback ...",
+        exception="E",
+    )  # fmt: skip
     news = watch.on_message("a", msg)
     [(kind, fields)] = journal.events
     assert kind == "rank_exited" and fields["pid"] == 4242 and fields["host"] == "h"

@@ -11,6 +11,7 @@ from typing import Any
 from ftrun.controller.lateness import Histogram
 from ftrun.controller.server import ControlServer
 from ftrun.wire import protocol
+from ftrun.wire.inbound import AgentLost, Hello
 
 HB, LOST = 0.05, 0.3
 
@@ -44,16 +45,16 @@ async def start(alive: dict[str, bool | None], stall_s: float = 0.0):
     port = await server.start()
     chan = await protocol.open_channel("127.0.0.1", port, server.secret, timeout_s=5)
     chan.send("hello", agent_id="a#1", host="a", pid=1)
-    assert (await asyncio.wait_for(server.inbox.get(), 5))[1]["kind"] == "hello"
+    assert isinstance((await asyncio.wait_for(server.inbox.get(), 5))[1], Hello)
     return server, Agent(chan), events
 
 
-async def lost_within(server: ControlServer, timeout_s: float) -> dict[str, Any] | None:
+async def lost_within(server: ControlServer, timeout_s: float) -> AgentLost | None:
     try:
         agent_id, msg = await asyncio.wait_for(server.inbox.get(), timeout_s)
     except asyncio.TimeoutError:
         return None
-    assert agent_id == "a#1" and msg["kind"] == "agent_lost"
+    assert agent_id == "a#1" and isinstance(msg, AgentLost)
     return msg
 
 
@@ -80,7 +81,7 @@ def test_silent_but_alive_is_slow_then_recovers_then_is_lost_when_its_process_ex
         alive["a#1"] = False  # its process exited (the connection may linger: a stand-in)
         t0 = time.monotonic()
         msg = await lost_within(server, 2.0)
-        assert msg is not None and "process exited" in msg["reason"]
+        assert msg is not None and "process exited" in msg.reason
         assert time.monotonic() - t0 < 0.5
         agent.task.cancel()
         await server.close()
@@ -99,7 +100,7 @@ def test_remote_agent_is_lost_on_silence_and_a_local_one_after_the_stall_timeout
             t0 = time.monotonic()
             msg = await lost_within(server, 3.0)
             took = time.monotonic() - t0
-            assert msg is not None and needle in msg["reason"]
+            assert msg is not None and needle in msg.reason
             assert (stall_s or LOST) <= took + 0.06 < (stall_s or LOST) + 0.5
             agent.task.cancel()
             await server.close()

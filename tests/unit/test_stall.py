@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ftrun.controller.stall import AskStacks, ExitHang, Idle, StallWatch, Why
+from ftrun.wire.inbound import Stacks
 
 A, B = "agent-a", "agent-b"
+
+
+def reply(fields: dict[str, Any]) -> Stacks:
+    """An agent's `stacks` answer, as the server hands it on."""
+    return Stacks(gen=1, **fields)
 
 
 def watch(exit_s=60.0, idle_s=0.0, stacks_s=10.0, agents=(A, B)) -> StallWatch:
@@ -69,11 +77,16 @@ def test_exit_hang_carries_the_stacks_of_the_live_ranks_once_every_agent_answere
     assert w.finishing and w.wakeup() == 15.0
     assert isinstance(w.poll(15.0), AskStacks)
     w.on_stacks(
-        A, {"stacks": {"1": "stack of 1"}, "states": {"1": "sleeping"}, "tails": {"1": ["x"] * 50}}
+        A,
+        reply(
+            {"stacks": {"1": "stack of 1"}, "states": {"1": "sleeping"}, "tails": {"1": ["x"] * 50}}
+        ),
     )
     assert w.poll(16.0) is None  # B has not answered yet
     assert w.wakeup() == 25.0  # ... and has until then
-    w.on_stacks(B, {"stacks": {"3": "stack of 3"}, "states": {"3": "disk-sleep"}, "tails": {}})
+    w.on_stacks(
+        B, reply({"stacks": {"3": "stack of 3"}, "states": {"3": "disk-sleep"}, "tails": {}})
+    )
     hang = w.poll(16.0)
     assert isinstance(hang, ExitHang)
     assert (hang.clean_rank, hang.clean_host, hang.timeout_s, hang.waited_s) == (
@@ -92,8 +105,8 @@ def test_exit_hang_without_an_answer_after_the_stacks_timeout():
     w = watch(exit_s=5.0, stacks_s=10.0)
     w.on_clean_exit(0, "h", 0.0)
     w.poll(5.0)
-    w.on_stacks(A, {"stacks": {}, "states": {}})  # A's ranks all exited meanwhile
-    w.on_stacks("stranger", {"stacks": {"9": "?"}})  # not asked: ignored
+    w.on_stacks(A, reply({"stacks": {}, "states": {}}))  # A's ranks all exited meanwhile
+    w.on_stacks("stranger", reply({"stacks": {"9": "?"}}))  # not asked: ignored
     assert w.poll(14.9) is None
     hang = w.poll(15.0)
     assert isinstance(hang, ExitHang) and hang.unanswered == {B} and hang.hung == {}
@@ -103,7 +116,7 @@ def test_a_host_that_finishes_while_asked_is_not_waited_for():
     w = watch(exit_s=5.0)
     w.on_clean_exit(0, "h", 0.0)
     w.poll(5.0)
-    w.on_stacks(A, {"stacks": {"1": "s"}})
+    w.on_stacks(A, reply({"stacks": {"1": "s"}}))
     w.on_agent_done(B)
     assert isinstance(w.poll(5.1), ExitHang)
 
@@ -159,8 +172,8 @@ def test_idle_hang_names_every_rank_and_how_long_it_was_idle():
     assert isinstance(w.poll(100.0), AskStacks)
     # The dumps are output: the hosts report busy while they answer; the finding stands.
     w.on_idle(A, None, 100.5)
-    w.on_stacks(A, {"stacks": {"0": "s0", "1": "s1"}})
-    w.on_stacks(B, {"stacks": {"2": "s2"}})
+    w.on_stacks(A, reply({"stacks": {"0": "s0", "1": "s1"}}))
+    w.on_stacks(B, reply({"stacks": {"2": "s2"}}))
     found = w.poll(101.0)
     assert isinstance(found, Idle)
     assert found.idle_s == pytest.approx(30.0)

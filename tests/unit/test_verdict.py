@@ -5,6 +5,7 @@ allowance is only suspected; what the ranks are doing decides."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from ftrun.agent.hang import HangPolicy, Overdue, ProgressTracker
 from ftrun.agent.idle import IdleGuard
 from ftrun.agent.verdict import gloo_exit_race, in_teardown, local_verdict
 from ftrun.controller.stall import AskStacks, Idle, StallWatch, Teardown
+from ftrun.wire.inbound import Stacks
 
 POLICY = HangPolicy(floor_s=2.0, factor=5.0, busy_floor_s=60.0, confirm_s=1.0)
 
@@ -89,6 +91,11 @@ def test_a_runnable_rank_is_busy_even_without_cpu_on_a_starved_machine():
 A, B = "agent-a", "agent-b"
 
 
+def reply(fields: dict[str, Any]) -> Stacks:
+    """An agent's `stacks` answer, as the server hands it on."""
+    return Stacks(gen=1, **fields)
+
+
 def stall(agents=(A, B)) -> StallWatch:
     return StallWatch(
         set(agents), exit_timeout_s=60.0, idle_timeout_s=0.0, stacks_timeout_s=10.0, confirm_s=1.0
@@ -102,8 +109,8 @@ def test_a_deadlock_needs_every_host_waiting():
     w.on_idle(B, {1: 1.5}, 100.2, overdue=None)
     ask = w.poll(100.2)
     assert isinstance(ask, AskStacks)
-    w.on_stacks(A, {"stacks": {"0": "File x.py, line 3 in all_reduce"}})
-    w.on_stacks(B, {"stacks": {"1": "File x.py, line 3 in all_reduce"}})
+    w.on_stacks(A, reply({"stacks": {"0": "File x.py, line 3 in all_reduce"}}))
+    w.on_stacks(B, reply({"stacks": {"1": "File x.py, line 3 in all_reduce"}}))
     found = w.poll(100.3)
     assert isinstance(found, Idle) and found.overdue == {0: 2.0}
 
@@ -122,8 +129,8 @@ def test_every_rank_in_teardown_is_not_a_hang_but_the_exit_barrier():
     w.on_idle(B, {1: 1.0}, 100.0, overdue={1: 2.0})
     assert isinstance(w.poll(100.0), AskStacks)
     torn = "File distributed_c10d.py, line 2 in destroy_process_group\n  File t.py in main"
-    w.on_stacks(A, {"stacks": {"0": torn}})
-    w.on_stacks(B, {"stacks": {"1": "no stacks: the process is sleeping and ..."}})
+    w.on_stacks(A, reply({"stacks": {"0": torn}}))
+    w.on_stacks(B, reply({"stacks": {"1": "no stacks: the process is sleeping and ..."}}))
     found = w.poll(100.1)
     assert isinstance(found, Teardown) and found.ranks == [0]
     w.on_teardown(found.rank, "host-a", 100.1)
@@ -135,8 +142,8 @@ def test_one_rank_in_teardown_and_one_in_training_is_a_hang():
     w.on_idle(A, {0: 1.0}, 100.0, overdue={0: 2.0})
     w.on_idle(B, {1: 1.0}, 100.0, overdue={1: 2.0})
     w.poll(100.0)
-    w.on_stacks(A, {"stacks": {"0": "in destroy_process_group"}})
-    w.on_stacks(B, {"stacks": {"1": "in all_reduce\n  in train_step"}})
+    w.on_stacks(A, reply({"stacks": {"0": "in destroy_process_group"}}))
+    w.on_stacks(B, reply({"stacks": {"1": "in all_reduce\n  in train_step"}}))
     assert isinstance(w.poll(100.1), Idle)
 
 

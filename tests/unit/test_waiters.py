@@ -3,6 +3,7 @@ what ends a watch under a preemption notice. Pure: a real journal, a recording s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from ftrun.controller.reporting import OutcomeState
 from ftrun.controller.waiters import Waiter, earliest
 from ftrun.journal import Journal
 from ftrun.journal.read import read_events
+from ftrun.wire.inbound import CheckpointCommitted, Report
 
 
 class Broadcasts:
@@ -35,7 +37,7 @@ class At:
     def expired(self, now: float) -> None:
         return None
 
-    def on_message(self, agent_id: str, msg: dict[str, Any]) -> None:
+    def on_message(self, agent_id: str, msg: Report) -> None:
         return None
 
 
@@ -54,10 +56,11 @@ def test_a_grow_waits_for_its_persist_then_goes_ahead_on_the_commit_or_the_deadl
     assert server.sent == [("persist", {"gen": 2})]
     deadline = grow.wake_at()
     assert grow.expired(deadline - 0.001) is None
-    ordinary = {"kind": "checkpoint_committed", "gen": 2, "rank": 0, "step": 40}
+    ordinary = CheckpointCommitted(gen=2, rank=0, step=40)
     assert grow.on_message("agent-1", ordinary) is None  # not the persist it asked for
-    persisted = {**ordinary, "step": 41, "preempt": True}
-    assert grow.on_message("agent-1", {**persisted, "gen": 1}) is None  # an older generation's
+    persisted = dataclasses.replace(ordinary, step=41, preempt=True)
+    older = dataclasses.replace(persisted, gen=1)
+    assert grow.on_message("agent-1", older) is None  # an older generation's
     assert grow.on_message("agent-1", persisted) is change
     late = PersistFirst(change, server=server, journal=journal, gen=3, step=50, timeout_s=0)  # type: ignore[arg-type]
     assert late.expired(late.wake_at()) is change

@@ -19,6 +19,7 @@ from ftrun.cli.watch import JobCache, snapshot, step_rate
 from ftrun.controller.generation import GenWatch
 from ftrun.controller.patience import Patience
 from ftrun.jobview import fold, load_job
+from ftrun.wire.inbound import Log, RankStarted
 from tests.unit.test_goodput import crash_and_restart, launched, started, steps
 
 
@@ -125,9 +126,9 @@ def test_ranks_that_print_but_report_no_step_are_told_how_once() -> None:
 
     sink = Sink()
     watch = GenWatch(1, {"a"}, {"a": "h"}, order=["a"], stall=None, journal=sink, reporter=sink)  # type: ignore[arg-type]
-    watch.record_output("h", {"kind": "rank_started", "rank": 0, "pid": 1})
+    watch.record_output("h", RankStarted(gen=1, rank=0, pid=1))
     assert "rendezvous, imports or a restore" in (watch.no_step_yet(10.0) or "")
-    watch.record_output("h", {"kind": "log", "rank": 0, "lines": ["epoch 1 | loss 0.3"]})
+    watch.record_output("h", Log(gen=1, rank=0, lines=["epoch 1 | loss 0.3"]))
     hint = watch.no_step_yet(20.0) or ""
     assert "may not report steps" in hint and "ftrun.step(n)" in hint and "--progress-regex" in hint
     assert watch.no_step_yet(40.0) is None

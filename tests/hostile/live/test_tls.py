@@ -9,6 +9,7 @@ import asyncio
 from ftrun import tls
 from ftrun.controller.server import ControlServer
 from ftrun.wire import protocol
+from ftrun.wire.inbound import Hello
 from tests.conftest import spawn_agent
 
 
@@ -58,12 +59,12 @@ def test_agents_speak_tls_pinned_to_the_controllers_certificate(tmp_path, test_i
             server.send(sender, "shutdown")
             code = await asyncio.wait_for(agent.wait(), 30)
             assert code == 0
-            return hello["kind"], plain_refused, wrong_code
+            return hello, plain_refused, wrong_code
         finally:
             await server.close()
 
-    kind, plain_refused, wrong_code = asyncio.run(scenario())
-    assert kind == "hello"
+    hello, plain_refused, wrong_code = asyncio.run(scenario())
+    assert isinstance(hello, Hello) and hello.KIND == "hello"
     assert plain_refused
     assert wrong_code != 0
     assert "CERTIFICATE_VERIFY_FAILED" in (tmp_path / "w.log").read_text()
