@@ -136,20 +136,17 @@ class LaunchConfig:
     # How agents start: "local" (this machine), "ssh" (--hosts), "slurm" (srun, --slurm); the
     # transports by name, and what each can do: ftrun/transport/registry.py.
     transport: str = "local"
-    ssh_config: str | None = None
-    # Check ssh host keys against known_hosts (transport/hostkeys.py); False only with
-    # --insecure-skip-host-key-check.
-    check_host_keys: bool = True
+    # That transport's own options: the dataclass its Backend names (transport/options.py:
+    # ssh's config file and host-key checks, the Slurm allocation's id and GPUs); None: its
+    # defaults. Typed loosely here: the ground floor does not know the transports.
+    transport_options: Any = None
     # The interpreter agents run on remote hosts [default: the controller's own path].
     remote_python: str | None = None
     # The address agents dial [default: the address this machine uses to reach each host].
     controller_addr: str | None = None
-    # Under Slurm (docs/slurm.md): the allocation's job id, GPUs per node, and what a
-    # preemption notice (the batch step's --signal) does: which signal it is, how long the
-    # ranks get to commit a checkpoint, and whether the job is then requeued.
-    slurm_job_id: str | None = None
-    slurm_restart_count: int = 0  # SLURM_RESTART_COUNT: how many times Slurm requeued the job
-    gpus_per_node: int | None = None
+    # What a preemption notice (Slurm's batch step --signal, docs/slurm.md) does: which signal
+    # it is, how long the ranks get to commit a checkpoint, and whether the job is then
+    # requeued.
     preempt_signal: str = "SIGUSR2"
     preempt_grace_s: float = 60.0
     requeue: bool = False

@@ -23,6 +23,7 @@ from ftrun.cli.torchrun_values import nproc_per_node_of
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir, signal_name
 from ftrun.envcontract import forwarded
 from ftrun.errors import UsageError
+from ftrun.transport.registry import options_from
 from ftrun.transport.slurm_allocation import in_allocation
 from ftrun.userenv import user_env
 
@@ -201,8 +202,16 @@ def launch(
             metrics_addr=metrics_addr,
             transport=host_list.transport,
             remote_python=remote_python,
-            ssh_config=str(ssh_config) if ssh_config else None,
-            check_host_keys=not insecure_skip_host_key_check,
+            transport_options=options_from(
+                host_list.transport,
+                {
+                    "ssh_config": str(ssh_config) if ssh_config else None,
+                    "check_host_keys": not insecure_skip_host_key_check,
+                    "slurm_job_id": allocation.job_id if allocation else None,
+                    "slurm_restart_count": allocation.restart_count if allocation else 0,
+                    "gpus_per_node": gpus,
+                },
+            ),
             controller_addr=controller_addr,
             heartbeat_interval_s=timeouts.heartbeat_interval_s,
             host_lost_timeout_s=timeouts.host_lost_timeout_s,
@@ -210,9 +219,6 @@ def launch(
             controller_grace_s=controller_grace,
             peer_copy_mbps=peer_copy_rate,
             local_stall_timeout_s=timeouts.local_stall_timeout_s,
-            slurm_job_id=allocation.job_id if allocation else None,
-            slurm_restart_count=allocation.restart_count if allocation else 0,
-            gpus_per_node=allocation.gpus_per_node if allocation else None,
             preempt_signal=signal_name(preempt_signal),
             preempt_grace_s=preempt_grace,
             requeue=requeue,

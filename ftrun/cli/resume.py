@@ -35,7 +35,7 @@ from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import controller_alive
 from ftrun.journal import CONFIG_FILE, EVENTS_FILE
 from ftrun.journal.read import find_job_dir, read_events, resume_point
-from ftrun.transport.registry import backend
+from ftrun.transport.registry import backend, options_from
 
 # LaunchConfig fields that config.json holds as lists.
 TUPLES = ("script_args", "hosts", "spares", "forward_signals")
@@ -122,6 +122,9 @@ def config_from_saved(
             fields[name] = tuple(fields[name])
     fields["run_dir"] = job_dir.parent
     fields["job_id"] = job_dir.name
+    # Nested since issue 35; an ftrun of before wrote the same names flat (options.py).
+    transport = str(saved.get("transport", "local"))
+    fields["transport_options"] = options_from(transport, saved.get("transport_options") or saved)
     try:
         return LaunchConfig(**fields)
     except TypeError as e:

@@ -27,7 +27,8 @@ from ftrun.errors import FtrunError
 from ftrun.jobview.keeper import keeping_summary
 from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
-from ftrun.transport.registry import backend
+from ftrun.transport.options import SlurmOptions, SshOptions
+from ftrun.transport.registry import backend, make_transport, options_of
 
 console = make_console(stderr=True)
 
@@ -90,7 +91,8 @@ def _run(
             "the network sees what the ranks print",
             level="warning",
         )
-    if transport.checks_host_keys and not config.check_host_keys:
+    ssh = options_of(config, SshOptions)
+    if transport.checks_host_keys and ssh is not None and not ssh.check_host_keys:
         reporter.notice(
             "ssh host keys are NOT checked (--insecure-skip-host-key-check): whoever answers "
             "on a host's address gets the job and its secret",
@@ -101,7 +103,7 @@ def _run(
             config,
             policy=policy,
             journal=journal,
-            transport=transport.make(config),
+            transport=make_transport(config),
             reporter=reporter,
             resume=resume,
             adoption=adoption,
@@ -130,13 +132,14 @@ def requeue_job(config: LaunchConfig, journal: Journal, outcome: JobOutcome) -> 
     requeued one resumes this job directory."""
     from ftrun.transport.slurm_allocation import requeue
 
-    assert config.slurm_job_id is not None
+    slurm = options_of(config, SlurmOptions)
+    assert slurm is not None and slurm.slurm_job_id is not None
     try:
-        requeue(config.slurm_job_id)
+        requeue(slurm.slurm_job_id)
     except FtrunError as e:
-        journal.record("requeue_failed", slurm_job_id=config.slurm_job_id, error=e.message)
+        journal.record("requeue_failed", slurm_job_id=slurm.slurm_job_id, error=e.message)
         return dataclasses.replace(
             outcome, state=OutcomeState.PREEMPTED, reason=f"{outcome.reason}; {e.message}"
         )
-    journal.record("requeued", slurm_job_id=config.slurm_job_id)
+    journal.record("requeued", slurm_job_id=slurm.slurm_job_id)
     return outcome

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrun.config import LaunchConfig
+from ftrun.transport.registry import BACKENDS
 
 # Kept as names only (values may be secrets): lists of strings in config.json.
 NAMES_ONLY = ("env", "forward_env")
@@ -36,6 +37,10 @@ def problems(saved: dict[str, Any]) -> list[str]:
     for name, value in saved.items():
         if name == "policy":
             ok, want = value is None or isinstance(value, dict), "a table"
+        elif name == "transport_options":
+            ok, want = value is None or isinstance(value, dict), "a table"
+            if ok and value:
+                found += options_problems(saved.get("transport"), value)
         elif name in NAMES_ONLY:
             ok, want = _fits(value, tuple[str, ...]), "a list of names"
         elif name in types_of:
@@ -45,6 +50,20 @@ def problems(saved: dict[str, Any]) -> list[str]:
         if not ok:
             found.append(f"{name} must be {want} (got {_shown(value)})")
     return found
+
+
+def options_problems(transport: Any, saved: dict[str, Any]) -> list[str]:
+    """What in a saved `transport_options` table does not fit its transport's options
+    (transport/options.py); an unknown transport is resume's to refuse."""
+    if not isinstance(transport, str) or transport not in BACKENDS:
+        return []
+    kind = BACKENDS[transport].options
+    hints = typing.get_type_hints(kind)
+    return [
+        f"transport_options.{name} must be {_name(hints[name])} (got {_shown(value)})"
+        for name, value in saved.items()
+        if name in hints and not _fits(value, hints[name])
+    ]
 
 
 def _fits(value: Any, hint: Any) -> bool:

@@ -44,6 +44,8 @@ from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
+from ftrun.transport.options import SlurmOptions
+from ftrun.transport.registry import options_of
 from ftrun.wire.protocol import new_secret
 
 
@@ -201,10 +203,13 @@ class Supervisor:
         return await self._supervise()
 
     def _slurm_fields(self) -> dict[str, object]:
-        cfg = self.config
-        if cfg.slurm_job_id is None:
+        slurm = options_of(self.config, SlurmOptions)
+        if slurm is None or slurm.slurm_job_id is None:
             return {}
-        return {"slurm_job_id": cfg.slurm_job_id, "slurm_restart_count": cfg.slurm_restart_count}
+        return {
+            "slurm_job_id": slurm.slurm_job_id,
+            "slurm_restart_count": slurm.slurm_restart_count,
+        }
 
     def _write_control_file(self, host: str, port: int) -> None:
         """Where `ftrun chaos` and `ftrun hosts` find the controller, with the job secret:

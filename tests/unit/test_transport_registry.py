@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
+from pathlib import Path
 
 import pytest
 
+from ftrun.cli import saved_launch
+from ftrun.cli.resume import config_from_saved
+from ftrun.config import LaunchConfig
 from ftrun.errors import UsageError
 from ftrun.transport.escalate import escalate
-from ftrun.transport.registry import BACKENDS, backend
+from ftrun.transport.options import LocalOptions, SlurmOptions, SshOptions
+from ftrun.transport.registry import BACKENDS, backend, make_transport, options_from, options_of
 
 
 def test_every_transport_says_what_it_can_do():
@@ -26,6 +33,54 @@ def test_every_transport_says_what_it_can_do():
 def test_an_unknown_transport_is_one_message():
     with pytest.raises(UsageError, match="no transport 'mpi' \\(one of local, ssh, slurm\\)"):
         backend("mpi")
+
+
+FLAGS = {"ssh_config": "/etc/ssh/cfg", "check_host_keys": False, "slurm_job_id": "41",
+         "slurm_restart_count": 2, "gpus_per_node": 8}  # fmt: skip
+
+
+def test_each_transport_keeps_its_own_options_of_all_the_flags_given():
+    assert options_from("ssh", FLAGS) == SshOptions(
+        ssh_config="/etc/ssh/cfg", check_host_keys=False
+    )
+    assert options_from("slurm", FLAGS) == SlurmOptions(
+        slurm_job_id="41", slurm_restart_count=2, gpus_per_node=8
+    )
+    assert options_from("local", FLAGS) == LocalOptions()
+    config = LaunchConfig(job_id="j-1", job_name="j", run_dir=Path("/r"), script="t.py",
+                          transport="slurm", transport_options=options_from("slurm", FLAGS))  # fmt: skip
+    assert options_of(config, SlurmOptions) == SlurmOptions(slurm_job_id="41",
+                                                            slurm_restart_count=2, gpus_per_node=8)  # fmt: skip
+    assert options_of(config, SshOptions) is None  # asked by capability, not by name
+    # No options given: the transport's defaults.
+    plain = dataclasses.replace(config, transport="ssh", transport_options=None)
+    assert options_of(plain, SshOptions) == SshOptions()
+    wrong = dataclasses.replace(config, transport="ssh")
+    with pytest.raises(UsageError, match="the ssh transport takes SshOptions, not SlurmOptions"):
+        make_transport(wrong)
+
+
+def test_config_json_nests_them_and_a_flat_one_of_before_still_resumes(tmp_path: Path):
+    config = LaunchConfig(job_id="j-1", job_name="j", run_dir=tmp_path, script="t.py",
+                          transport="ssh", hosts=("a", "b"),
+                          transport_options=options_from("ssh", FLAGS))  # fmt: skip
+    saved = json.loads(json.dumps(config.to_json()))
+    assert saved["transport_options"] == {"ssh_config": "/etc/ssh/cfg", "check_host_keys": False}
+    assert saved_launch.problems(saved) == []
+    again = config_from_saved(saved, tmp_path / "j-1", {})
+    assert again.transport_options == config.transport_options
+    old = {k: v for k, v in saved.items() if k != "transport_options"}
+    old.update(ssh_config="/etc/ssh/old", check_host_keys=True)  # as an ftrun of before wrote it
+    resumed = config_from_saved(old, tmp_path / "j-1", {})
+    assert resumed.transport_options == SshOptions(ssh_config="/etc/ssh/old")
+    bad = {**saved, "transport_options": {"check_host_keys": "no", "ssh_config": 3}}
+    assert saved_launch.problems(bad) == [
+        "transport_options.check_host_keys must be true or false (got 'no')",
+        "transport_options.ssh_config must be a string or null (got 3)",
+    ]
+    assert saved_launch.problems({**saved, "transport_options": [1]}) == [
+        "transport_options must be a table (got [1])"
+    ]
 
 
 def run(coro):
