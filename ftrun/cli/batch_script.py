@@ -103,6 +103,8 @@ class BatchScript:
     gpus_per_node: int | None = None
     signal: PreemptSignal = PreemptSignal("SIGUSR2", 90)
     requeue: bool = True
+    # Nodes earlier jobs quarantined (ftrun/quarantine.py): --exclude, ahead of the raw options.
+    exclude: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()  # raw #SBATCH options, written as given, last
     launch_args: tuple[str, ...] = ()  # `ftrun launch` flags passed on (launch_options.argv)
 
@@ -159,6 +161,11 @@ class BatchScript:
             out.append(("", f"--time={self.time}"))
         if self.partition is not None:
             out.append(("", f"--partition={self.partition}"))
+        if self.exclude:
+            out.append((
+                "quarantined by earlier jobs: `ftrun hosts --quarantined`",
+                f"--exclude={','.join(self.exclude)}",
+            ))  # fmt: skip
         out += [
             ("a failed node must not end the allocation: ftrun replaces it", "--no-kill"),
             (
@@ -193,6 +200,7 @@ class BatchScript:
             "--partition": [self.partition or ""],
             "--time": [self.time or ""],
             "--sbatch-arg": list(self.sbatch_args),
+            "the quarantine store's nodes": list(self.exclude),
             "the current directory's path": [self.cwd],
             "the run directory's path": [str(self.run_dir)],
             "the Python interpreter's path": [self.python],

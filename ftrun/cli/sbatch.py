@@ -27,6 +27,7 @@ from ftrun.cli.batch_script import BatchScript, parse_signal, parse_time
 from ftrun.cli.render import make_console
 from ftrun.config import LaunchConfig, new_job_id, resolve_run_dir
 from ftrun.errors import FtrunError, UsageError
+from ftrun.quarantine import QuarantineStore
 from ftrun.userenv import user_env
 
 console = make_console()
@@ -135,6 +136,7 @@ def sbatch(
         gpus_per_node=gpus_per_node,
         signal=notice,
         requeue=requeue,
+        exclude=quarantined_nodes(),
         sbatch_args=tuple(sbatch_arg or ()),
         launch_args=tuple(opts.argv(launch_values)),
     )
@@ -270,6 +272,18 @@ def submit(executable: str, path: Path) -> str:
         said = (result.stderr.strip() or result.stdout.strip() or "no output").replace("\n", "; ")
         raise FtrunError(f"sbatch failed (exit {result.returncode}): {said}", hint=kept)
     return slurm_job_id
+
+
+def quarantined_nodes() -> tuple[str, ...]:
+    """The Slurm nodes earlier jobs quarantined (not yet expired): the job is not placed there.
+    A store that cannot be read is said and left out of it."""
+    known, problem = QuarantineStore().load()
+    if problem is not None:
+        err_console.print(f"warning: {problem}", style="yellow")
+    nodes = sorted(host for host, entry in known.items() if entry.transport == "slurm")
+    if nodes:
+        err_console.print(f"not on {', '.join(nodes)}: quarantined (`ftrun hosts --quarantined`)")
+    return tuple(nodes)
 
 
 def report(batch: BatchScript, slurm_job_id: str, *, as_json: bool) -> None:

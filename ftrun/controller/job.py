@@ -94,10 +94,14 @@ class JobMachine:
         journal: Journal,
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        quarantined: Callable[[str, float, str, int], None] | None = None,
     ) -> None:
         self.config, self.policy, self.journal = config, policy, journal
         self.roster, self.plans, self.incidents, self.health = roster, plans, incidents, health
         self.now, self.wall = now, wall
+        # Told (host, until wall time, why, failures) of each quarantine this job decides: the supervisor
+        # keeps them in the user's store (ftrun/quarantine.py); a simulation does not.
+        self.quarantined = quarantined
         self.generation = 0  # the last one launched
 
     # ---- plans --------------------------------------------------------------------------------
@@ -143,7 +147,23 @@ class JobMachine:
 
     def classify(self, watch: GenWatch, failure: Failure) -> Decision:
         """A fault that ended `watch`: journaled, its tier decided (policy, then quarantine)."""
-        return self.incidents.classify(watch, failure, now=self.now(), wall_t=self.wall())
+        before = set(self.health.until)
+        now, wall = self.now(), self.wall()
+        decision = self.incidents.classify(watch, failure, now=now, wall_t=wall)
+        for host in set(self.health.until) - before:
+            if self.quarantined is not None:
+                until_t = wall + self.health.until[host] - now
+                n, window = self.health.recent_failures(host), self.health.policy.window_s
+                why = f"{n} failures within {window:g} s, the last: {failure.evidence.describe()}"
+                self.quarantined(host, until_t, why, n)
+        return decision
+
+    def bench(self, host: str, until_t: float, why: str) -> None:
+        """Quarantine `host` until wall time `until_t`, as another job decided (the user's
+        store): not planned, not grown onto, until then. Journaled for `inspect`."""
+        self.health.until[host] = self.now() + until_t - self.wall()
+        self.journal.record("host_quarantined", host=host, until_t=until_t, reason=why,
+                            from_store=True)  # fmt: skip
 
     def reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
         """A host removed, or ready hosts to grow onto (quarantined ones are not); in a planned
