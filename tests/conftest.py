@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import psutil
 import pytest
 
 from ftrun.agent import workdir
+from tests.slurmbed import SlurmBed, slurm_bed_fixture
+from tests.testbed import Testbed, ssh_testbed_fixture
 
 BIN = Path(__file__).parent / "bin"
 TESTS = Path(__file__).resolve().parent
@@ -44,19 +46,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.testbed)
     if TESTBED_IDS in os.environ:  # an xdist worker: tell the controller's scheduler
-        ids = [item.nodeid for item in items if item.get_closest_marker("testbed")]
+        ids = [item.nodeid for item in items if own_testbed(item)]
         partial = Path(f"{os.environ[TESTBED_IDS]}.{os.getpid()}")
         partial.write_text(json.dumps(ids))
         partial.replace(os.environ[TESTBED_IDS])  # every worker writes the same list
 
 
+def own_testbed(item: pytest.Item) -> bool:
+    """Whether the test's module brings up a testbed of its own (a module-level `testbed` or
+    `slurm` fixture) rather than using its worker's (below): those have fixed names and subnets,
+    which another such module may share."""
+    module = getattr(item, "module", None)
+    return item.get_closest_marker("testbed") is not None and any(
+        name in getattr(item, "fixturenames", ()) and hasattr(module, name)
+        for name in ("testbed", "slurm")
+    )
+
+
+# -- the testbeds: one ssh testbed and one Slurm bed per process, shared by its tests -------------
+# Each is brought up once, the first time a test asks for it (a few seconds), and torn down at the
+# end, checked to leave nothing behind. Each test gets it reset: every host (node) up, connected,
+# with nothing of the test before on it; a test cannot see what the one before did. Five hosts:
+# what the largest user needs (test_replay). Each xdist worker has its own pair, on the worker's
+# own names, subnet and ports (tests/testbed.py's worker_network), so testbed tests run on both.
+session_testbed = ssh_testbed_fixture(5, name="session_testbed")
+session_slurm = slurm_bed_fixture(4, name="session_slurm")
+
+
+@pytest.fixture
+def testbed(session_testbed: Testbed) -> Iterator[Testbed]:
+    session_testbed.reset()
+    yield session_testbed
+    session_testbed.reset()
+
+
+@pytest.fixture
+def slurm(session_slurm: SlurmBed) -> Iterator[SlurmBed]:
+    session_slurm.reset()
+    try:
+        yield session_slurm
+    finally:
+        session_slurm.reset()
+        # A powered-off node's agent could not remove its directory; the next agent on the
+        # host would (the product's way), but the suite leaves nothing behind.
+        sweep_stale_agent_dirs()
+
+
 # -- pytest-xdist: scripts/test.sh runs the suite on 2 workers ------------------------------------
 # The tests that start ranks wait on timeouts and child processes more than they compute (60 % of
-# the CPU idle on 2 cores), so two workers nearly halve the suite. The testbed tests run on one
-# worker, one after the other: the testbeds share namespaces' names, subnets, Slurm's ports and the
-# host's network, and the soak measures its own resources. xdist's own `xdist_group` does not work
-# under pytest 9 (it renames the test's `_nodeid`, which pytest 9 no longer reads), so the
-# scheduler here groups them: the workers write the testbed tests' ids to a file while they
+# the CPU idle on 2 cores), so two workers nearly halve the suite. Testbed tests run on either
+# worker, each on its worker's testbeds; but the tests of modules that bring up a testbed of their
+# own (fixed names and subnets) run on one worker, one after the other. xdist's own `xdist_group`
+# does not work under pytest 9 (it renames the test's `_nodeid`, which pytest 9 no longer reads),
+# so the scheduler here groups them: the workers write those tests' ids to a file while they
 # collect, which the controller's scheduler reads once every worker has reported its collection.
 TESTBED_IDS = "FTRUN_TESTS_TESTBED_IDS"
 
@@ -75,7 +117,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class TestbedsInTurn(LoadScopeScheduling):
-        """Every test is its own unit of work, but the testbed tests, which are one."""
+        """Every test is its own unit of work, but the tests on testbeds of their own modules',
+        which are one."""
 
         _testbed: set[str] | None = None
 

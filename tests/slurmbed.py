@@ -5,15 +5,14 @@ so a test gets a real slurmctld and real slurmd nodes to submit to, and faults t
 set down, a slurmd killed, a power loss), without knowing the script's details. Needs root;
 `unavailable_reason()` says why not when it cannot run.
 
-    slurm = slurm_bed_fixture(4)                  # in a test module or conftest.py
-
-    def test_something(slurm: SlurmBed):
+    def test_something(slurm: SlurmBed):         # the session's bed (tests/conftest.py)
         job = slurm.submit(script, "-N", "3")
         slurm.wait_state(job, {"RUNNING"}, timeout_s=30)
         slurm.set_node_down("node2", "fault injected by the test")
 
 Every node is `nodeK` on this one machine: a task learns its node from $SLURMD_NODENAME (its
-hostname is the machine's). Two beds can be up at once only with different state dirs and ports.
+hostname is the machine's). Two beds can be up at once only with different state dirs and ports
+(each pytest-xdist worker has its own bed).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests.testbed import bring_up_lock
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "slurm_testbed.sh"
 DEFAULT_STATE_DIR = Path("/tmp/ftrun-slurmbed")
@@ -320,6 +321,65 @@ class SlurmBed:
         down for not responding is idle again; one set down by hand stays down."""
         self.script("start", name)
 
+    # -- between tests and after `down` ------------------------------------------------------
+
+    def tagged(self) -> list[psutil.Process]:
+        """Live processes of this bed: its daemons and the slurmstepd they start carry
+        FTRUN_SLURMBED_TAG=<state dir> in their environment (slurm_testbed.sh)."""
+        tag = str(self.state_dir)
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if (
+                    proc.environ().get("FTRUN_SLURMBED_TAG") == tag
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    def steps(self) -> list[psutil.Process]:
+        """The bed's live job steps (slurmstepd)."""
+        out = []
+        for proc in self.tagged():
+            try:
+                if proc.name().startswith("slurmstepd"):
+                    out.append(proc)
+            except psutil.Error:
+                continue
+        return out
+
+    def reset(self, timeout_s: float = 30.0) -> None:
+        """No job and no job step left, every node's slurmd running and no node down or drained,
+        as after `up`: what a test sharing the bed leaves for the next one. Raises
+        AssertionError naming what is left after `timeout_s`."""
+        self.cancel_all(timeout_s)
+        for node in self.nodes:
+            if not self.slurmd_running(node):  # powered off by a test
+                self.start_slurmd(node)
+            state = self.node_state(node)
+            if "DOWN" in state or "DRAIN" in state:
+                self.resume_node(node)
+        deadline = time.monotonic() + timeout_s
+        while steps := self.steps():
+            if time.monotonic() >= deadline:
+                left = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in steps]
+                raise AssertionError(f"job steps left {timeout_s} s after scancel: {left}")
+            time.sleep(0.1)  # poll interval
+
+    def remains(self) -> list[str]:
+        """What of this bed exists (after `down`: nothing): its processes, its state dir."""
+        found = []
+        for proc in self.tagged():
+            try:
+                found.append(f"process {proc.pid} {' '.join(proc.cmdline())[:100]}")
+            except psutil.Error:
+                continue
+        if self.state_dir.exists():
+            found.append(f"state dir {self.state_dir}")
+        return found
+
 
 def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
     """The first port of `count` consecutive ports that nothing listens on here (checked by
@@ -346,8 +406,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def slurm_bed_fixture(n: int = 4, *, scope: str = "session", **options: Any) -> Callable[..., Any]:
-    """A pytest fixture giving a SlurmBed of `n` nodes, torn down at the end of `scope`.
+def slurm_bed_fixture(
+    n: int = 4, *, scope: str = "session", name: str = "slurm", **options: Any
+) -> Callable[..., Any]:
+    """A pytest fixture `name` giving a SlurmBed of `n` nodes, torn down at the end of `scope`
+    and checked to leave nothing behind (`remains`).
 
     `options` go to SlurmBed (state_dir, ctld_port, slurmd_port); without state_dir the state
     lives in a pytest temporary directory, and without ports the bed takes free ones (from a
@@ -355,7 +418,7 @@ def slurm_bed_fixture(n: int = 4, *, scope: str = "session", **options: Any) -> 
     Skips when `unavailable_reason()`.
     """
 
-    @pytest.fixture(scope=scope)  # type: ignore[call-overload]
+    @pytest.fixture(scope=scope, name=name)  # type: ignore[call-overload]
     def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmBed]:
         reason = unavailable_reason()
         if reason:
@@ -365,7 +428,14 @@ def slurm_bed_fixture(n: int = 4, *, scope: str = "session", **options: Any) -> 
         if "ctld_port" not in kwargs and "slurmd_port" not in kwargs:
             base = free_port_block(n + 1, start=random.randrange(20000, 50000, 100))
             kwargs["ctld_port"], kwargs["slurmd_port"] = base, base + 1
-        with SlurmBed(n, **kwargs) as bed:
+        bed = SlurmBed(n, **kwargs)
+        try:
+            with bring_up_lock():
+                bed.up()
             yield bed
+        finally:
+            bed.down()  # always, even when `up` failed half-way
+        left = bed.remains()
+        assert not left, f"the Slurm testbed left behind after down: {left}"
 
     return slurm

@@ -4,25 +4,27 @@ Owns starting and always tearing down `scripts/testbed.sh` (docs/testbed.md) fro
 test gets real hosts to ssh into and faults to inject (power loss, partition) without knowing the
 script's details. Needs root; `unavailable_reason()` says why not when it cannot run.
 
-    testbed = ssh_testbed_fixture(3)              # in a test module or conftest.py
-
-    def test_something(testbed: Testbed):
+    def test_something(testbed: Testbed):      # the session's testbed (tests/conftest.py)
         node2 = testbed.hosts[1]
         assert testbed.ssh(node2, "hostname").stdout.strip() == "node2"
-        testbed.cut(node2)
+        testbed.cut(node2)                       # healed again after the test (`reset`)
 
-Two testbeds can be up at once only with different `prefix` and `subnet` (and state dirs).
+Two testbeds can be up at once only with different `prefix` and `subnet` (and state dirs): each
+pytest-xdist worker has its own (`worker_network`), so testbed tests run on every worker at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testbed.sh"
@@ -30,6 +32,22 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "testbed.sh"
 # beside CI's: FTRUN_TESTBED_PREFIX=ftwt FTRUN_TESTBED_SUBNET=10.213.90.0/24 pytest ...
 DEFAULT_SUBNET = os.environ.get("FTRUN_TESTBED_SUBNET", "10.213.47.0/24")
 DEFAULT_PREFIX = os.environ.get("FTRUN_TESTBED_PREFIX", "fttb")
+
+
+def worker_network(
+    prefix: str = DEFAULT_PREFIX, subnet: str = DEFAULT_SUBNET, worker: str | None = None
+) -> tuple[str, str]:
+    """The prefix and subnet of this pytest-xdist worker's testbed: worker gw0 (or no worker) has
+    the defaults, gwK has the prefix with K appended and the subnet's third number moved by
+    100 * K, so that every worker's testbed can be up at once (10.213.47.0/24, 10.213.147.0/24).
+    The subnets that tests bring up beds of their own on (10.213.48-64) are never a worker's."""
+    if worker is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    k = int(worker.removeprefix("gw") or 0)
+    if k == 0:
+        return prefix, subnet
+    a, b, c, rest = subnet.split(".", 3)
+    return f"{prefix[: 8 - len(str(k))]}{k}", f"{a}.{b}.{(int(c) + 100 * k) % 256}.{rest}"
 
 
 class TestbedError(RuntimeError):
@@ -210,24 +228,155 @@ class Testbed:
         """The host's link comes up again; returns once both ends carry traffic."""
         self.script("heal", self.host(host).name)
 
+    # -- between tests and after `down` ------------------------------------------------------
+
+    def status(self) -> dict[str, dict[str, str]]:
+        """`testbed.sh status` by host: {"node1": {"link": "up", "sshd": "running", ...}}."""
+        out = {}
+        for line in self.script("status").stdout.splitlines():
+            name, _address, *fields = line.split()
+            out[name] = dict(f.split("=", 1) for f in fields)
+        return out
+
+    def live(self, host: Host | str | int) -> list[psutil.Process]:
+        """The host's live processes (zombies aside)."""
+        live = []
+        for pid in self.pids(host):
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    live.append(proc)
+            except psutil.Error:
+                continue
+        return live
+
+    def only_sshd(self, host: Host | str | int) -> bool:
+        """Nothing of a test left on the host: its one live process is its sshd listener."""
+        live = self.live(host)
+        try:
+            return len(live) == 1 and live[0].name() == "sshd"
+        except psutil.Error:
+            return False
+
+    def describe_left(self, hosts: list[Host] | None = None) -> str:
+        """What runs on the hosts besides their sshd listener, for a failure message."""
+        out = []
+        for host in self.hosts if hosts is None else hosts:
+            if self.only_sshd(host):
+                continue
+            for proc in self.live(host):
+                try:
+                    out.append(f"{host.name}: {proc.pid} {' '.join(proc.cmdline())[:150]}")
+                except psutil.Error:
+                    continue
+        return "; ".join(out)
+
+    def reset(self, timeout_s: float = 15.0) -> None:
+        """Every host powered on and connected, and nothing on it but its sshd listener, as after
+        `up`: what a test sharing the testbed leaves for the next one. A host that was powered
+        off is started, a cut one healed; then it waits (`timeout_s`) for the processes the test
+        left on a host to end. Raises TestbedError naming what is left."""
+        for name, state in self.status().items():
+            if state.get("sshd") != "running":
+                self.start(name)  # also brings its link up
+            elif state.get("link") != "up":
+                self.heal(name)
+        deadline = time.monotonic() + timeout_s
+        while not all(self.only_sshd(h) for h in self.hosts):
+            if time.monotonic() >= deadline:
+                raise TestbedError(
+                    f"left on the testbed {timeout_s} s after the test: {self.describe_left()}"
+                )
+            time.sleep(0.1)  # poll interval
+
+    def remains(self) -> list[str]:
+        """What of this testbed exists (after `down`: nothing): namespaces, links, processes
+        that name its state dir (sshd), the state dir."""
+        listed = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=10
+        ).stdout.split("\n")
+        found = [f"namespace {ns.split()[0]}" for ns in listed if ns.startswith(f"{self.prefix}-")]
+        links = subprocess.run(
+            ["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10
+        ).stdout.splitlines()
+        for line in links:
+            name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+            if name == f"{self.prefix}-br" or name.startswith(f"{self.prefix}-n"):
+                found.append(f"link {name}")
+        found += [f"process {p.pid} {' '.join(p.cmdline())[:100]}" for p in using(self.state_dir)]
+        if self.state_dir.exists():
+            found.append(f"state dir {self.state_dir}")
+        return found
+
+
+def using(path: Path) -> list[psutil.Process]:
+    """Live processes whose command line names `path` (sshd's does its config in its state dir)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            # sshd rewrites its title into one string, so join before looking for the path
+            if proc.status() != psutil.STATUS_ZOMBIE and str(path) in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+class bring_up_lock:
+    """One testbed (ssh or Slurm) brought up at a time on this machine, by any pytest worker: on
+    a fresh machine `up` installs packages with apt-get, which two at once may not. A lock on
+    this file (nothing left behind), waited for at most `timeout_s`."""
+
+    def __init__(self, timeout_s: float = 900.0) -> None:
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> None:
+        self._file = open(__file__)  # closed in __exit__
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self._file.close()
+                    raise TestbedError(
+                        f"another testbed kept being brought up for {self.timeout_s} s"
+                    ) from None
+                time.sleep(0.1)  # poll interval
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()  # releases the lock
+
 
 def ssh_testbed_fixture(
-    n: int = 3, *, scope: str = "session", **options: Any
+    n: int = 3, *, scope: str = "session", name: str = "testbed", **options: Any
 ) -> Callable[..., Any]:
-    """A pytest fixture giving a Testbed of `n` hosts, torn down at the end of `scope`.
+    """A pytest fixture `name` giving a Testbed of `n` hosts, torn down at the end of `scope`,
+    and checked to leave nothing behind (`remains`).
 
     `options` go to Testbed (subnet, prefix, state_dir); without state_dir the state lives in a
-    pytest temporary directory whose name has a space in it. Skips when `unavailable_reason()`.
+    pytest temporary directory whose name has a space in it; without prefix and subnet, the
+    worker's (`worker_network`). Skips when `unavailable_reason()`.
     """
 
-    @pytest.fixture(scope=scope)  # type: ignore[call-overload]
+    @pytest.fixture(scope=scope, name=name)  # type: ignore[call-overload]
     def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         reason = unavailable_reason()
         if reason:
             pytest.skip(reason)
         kwargs = dict(options)
         kwargs.setdefault("state_dir", tmp_path_factory.mktemp("testbed") / "state dir")
-        with Testbed(n, **kwargs) as bed:
+        if "prefix" not in kwargs and "subnet" not in kwargs:
+            kwargs["prefix"], kwargs["subnet"] = worker_network()
+        bed = Testbed(n, **kwargs)
+        try:
+            with bring_up_lock():
+                bed.up()
             yield bed
+        finally:
+            bed.down()  # always, even when `up` failed half-way
+        left = bed.remains()
+        assert not left, f"the testbed left behind after down: {left}"
 
     return testbed

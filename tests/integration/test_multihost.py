@@ -18,68 +18,30 @@ import pytest
 
 from tests.conftest import Output, wait_for
 from tests.integration.ckpt_helpers import kill_and_adopt, recorded_steps
-from tests.testbed import Testbed, ssh_testbed_fixture
+from tests.testbed import Testbed
 
 BIN = Path(__file__).resolve().parent.parent / "bin"
 TOY = str(BIN / "train_toy.py")
 CKPT_TRAIN = str(BIN / "ckpt_train.py")
-testbed = ssh_testbed_fixture(4, scope="module")
 
 
 @pytest.fixture
-def bed(testbed: Testbed):
-    """The testbed, with every host powered on and connected again after each test."""
-    yield testbed
-    for host in testbed.hosts:
-        testbed.heal(host)
-        if not any(_is_sshd(pid) for pid in testbed.pids(host)):
-            testbed.start(host)
-    wait_for(
-        lambda: all(only_sshd(testbed, h) for h in testbed.hosts),
-        15,
-        left_on(testbed, testbed.hosts),
-    )
-
-
-def _is_sshd(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).name() == "sshd"
-    except psutil.Error:
-        return False
+def bed(testbed: Testbed) -> Testbed:
+    """The session's testbed: every host powered on, connected and running nothing but its sshd
+    again after each test (tests/conftest.py)."""
+    return testbed
 
 
 def only_sshd(bed: Testbed, host) -> bool:
     """Nothing of ours left on the host: every live process in it is its sshd listener."""
-    live = _live(bed, host)
-    return len(live) == 1 and live[0].name() == "sshd"
-
-
-def _live(bed: Testbed, host) -> list[psutil.Process]:
-    live = []
-    for pid in bed.pids(host):
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                live.append(proc)
-        except psutil.Error:
-            continue
-    return live
+    return bed.only_sshd(host)
 
 
 def left_on(bed: Testbed, hosts) -> Callable[[], str]:
     """What a failed wait for only_sshd says: what else still runs on each host."""
-
-    def describe() -> str:
-        out = []
-        for host in hosts:
-            for proc in _live(bed, host):
-                try:
-                    out.append(f"{host}: {proc.pid} {' '.join(proc.cmdline())[:150]}")
-                except psutil.Error:
-                    continue
-        return "only sshd on every host; left: " + "; ".join(out)
-
-    return describe
+    return lambda: (
+        "only sshd on every host; left: " + bed.describe_left([bed.host(h) for h in hosts])
+    )
 
 
 def launch(ftrun, bed: Testbed, *flags: str, steps: int = 60, ckpt: Path):

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import Output, wait_for
-from tests.testbed import Testbed, ssh_testbed_fixture
+from tests.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "gpt_pipeline.py")
@@ -27,8 +27,6 @@ LOSS = re.compile(r"step (\d+) loss ([\d.]+)")
 # Not bitwise: the layouts sum the same per-sample gradients in another order (micro-batch
 # sizes, the DP all-reduce, the pipeline's accumulation), and Adam carries the rounding on.
 REL_TOLERANCE = 1e-3
-
-testbed = ssh_testbed_fixture(4, scope="module", prefix="ftrp", subnet="10.213.61.0/24")
 
 
 def _processes_of(bed: Testbed, host: str) -> list[psutil.Process]:

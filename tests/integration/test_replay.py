@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Ftrun
-from tests.testbed import SCRIPT, Testbed, ssh_testbed_fixture
+from tests.testbed import SCRIPT, Testbed
 from tests.unit.test_sim import SMALL_4
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,6 @@ RECIPE = str(ROOT / "recipes" / "gpt_ddp.py")
 # waits for a persist (a step or two) and relaunches (3-4 s), with steps of 1.5 s when the suite
 # loads the 2 cores (8 s was too short once).
 SCALE, TAIL = "0.2", "80"
-testbed = ssh_testbed_fixture(5, scope="module", prefix="ftrpl", subnet="10.213.64.0/24")
 
 
 def bed_command(bed: Testbed, action: str) -> str:

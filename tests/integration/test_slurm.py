@@ -12,37 +12,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import BIN, Ftrun, sweep_stale_agent_dirs, tagged, wait_for
-from tests.slurmbed import SlurmBed, slurm_bed_fixture
+from tests.conftest import BIN, Ftrun, tagged, wait_for
+from tests.slurmbed import SlurmBed
 
-slurm = slurm_bed_fixture(4, scope="module")
 TRAIN = str(BIN / "ckpt_train.py")
 LOSS = re.compile(r"LOSS rank=(\d+) step=(\d+) loss=(\S+)")
 
 
 @pytest.fixture
-def bed(slurm: SlurmBed) -> Iterator[SlurmBed]:
-    """The module's bed, with no job left and every node up after each test."""
-    try:
-        yield slurm
-    finally:
-        slurm.cancel_all()
-        # A powered-off node's agent could not remove its directory; the next agent on the
-        # host would (the product's way), but the suite leaves nothing behind.
-        sweep_stale_agent_dirs()
-        for node in slurm.nodes:
-            if not slurm.slurmd_running(node):  # powered off by a test that failed before
-                slurm.start_slurmd(node)  # it could power it on again
-            state = slurm.node_state(node)
-            if "DOWN" in state or "DRAIN" in state:
-                slurm.resume_node(node)
+def bed(slurm: SlurmBed) -> SlurmBed:
+    """The session's bed, with no job left, every node up and the agents' directories of
+    powered-off nodes swept after each test (tests/conftest.py)."""
+    return slurm
 
 
 def submit(ftrun: Ftrun, bed: SlurmBed, *args: str) -> dict[str, Any]:

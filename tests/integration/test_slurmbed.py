@@ -8,31 +8,23 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import wait_for
-from tests.slurmbed import SlurmBed, free_port_block, slurm_bed_fixture, unavailable_reason
+from tests.slurmbed import SlurmBed, free_port_block, unavailable_reason
 
-slurm = slurm_bed_fixture(4, scope="module")
 # Every test here needs the Slurm testbed, also the one that brings up its own bed without the
 # fixture (the `slurm` fixture alone would mark only the others).
 pytestmark = pytest.mark.testbed
 
 
 @pytest.fixture
-def bed(slurm: SlurmBed) -> Iterator[SlurmBed]:
-    """The module's bed, left with no job and every node up after the test."""
-    try:
-        yield slurm
-    finally:
-        slurm.cancel_all()
-        for node in slurm.nodes:
-            if "DOWN" in slurm.node_state(node) or "DRAIN" in slurm.node_state(node):
-                slurm.resume_node(node)
+def bed(slurm: SlurmBed) -> SlurmBed:
+    """The session's bed, left with no job and every node up after the test (tests/conftest.py)."""
+    return slurm
 
 
 def job_script(path: Path, body: str) -> Path:

@@ -1,6 +1,7 @@
 """The ssh testbed (scripts/testbed.sh) with real sshd, real ssh and real TCP: hosts come up and
 reach each other and the bridge, `kill` is a power loss, `cut`/`heal` a partition, `down` leaves
-nothing. Each fault test restores what it broke, so the tests do not depend on their order."""
+nothing. Each fault test restores what it broke, so the tests do not depend on their order (and
+the session's testbed, which these tests share with others, is reset after each: conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ import psutil
 import pytest
 
 from tests.conftest import Output, wait_for
-from tests.testbed import SCRIPT, Testbed, ssh_testbed_fixture, unavailable_reason
+from tests.testbed import SCRIPT, Testbed, unavailable_reason
+from tests.testbed import using as processes_using
 
-# Not the default prefix/subnet: a testbed someone brought up by hand (or a session testbed of
-# other tests) stays untouched.
-SUBNET = "10.213.48.0/24"
-testbed = ssh_testbed_fixture(3, scope="module", prefix="fttbt", subnet=SUBNET)
+# In a parameter: the prefix of the session's testbed (known only once it is up).
+SESSION_PREFIX = "<the session testbed's prefix>"
 
 
 def tcp_connects(address: str, port: int = 22, timeout: float = 1.0) -> bool:
@@ -37,20 +37,11 @@ def live(pid: int) -> bool:
         return False
 
 
-def processes_using(state_dir: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            # sshd rewrites its title into one string, so join before looking for the path
-            if proc.status() != psutil.STATUS_ZOMBIE and str(state_dir) in " ".join(proc.cmdline()):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 def test_up_prints_the_addresses_and_writes_an_ssh_config(testbed: Testbed):
-    assert [h.address for h in testbed.hosts] == ["10.213.48.11", "10.213.48.12", "10.213.48.13"]
+    net = testbed.subnet.removesuffix(".0/24")  # 10.213.47.0/24: node1 is .11, node2 .12, ...
+    assert [h.address for h in testbed.hosts] == [
+        f"{net}.{10 + k}" for k in range(1, testbed.n + 1)
+    ]
     config = testbed.ssh_config.read_text()
     for h in testbed.hosts:
         assert f"Host {h.name}\n    HostName {h.address}\n" in config
@@ -120,7 +111,7 @@ def test_hosts_have_no_route_outside_the_subnet(testbed: Testbed):
         assert r.returncode == 0, r.stderr
         routes, v6, links = r.stdout.split("--\n")
         assert routes.split() == [
-            "10.213.48.0/24",
+            testbed.subnet,
             "dev",
             "eth0",
             "proto",
@@ -335,7 +326,7 @@ def run_script(
 @pytest.mark.parametrize(
     "args, env, message",
     [
-        (["kill", "node9"], {"FTRUN_TESTBED_PREFIX": "fttbt"}, "no testbed host 'node9'"),
+        (["kill", "node9"], {"FTRUN_TESTBED_PREFIX": SESSION_PREFIX}, "no testbed host 'node9'"),
         (["up", "0"], {}, "usage: testbed.sh up N"),
         (["up", "3", "4"], {}, "usage: testbed.sh up N"),
         (["up", "1"], {"FTRUN_TESTBED_SUBNET": "8.8.8.0/24"}, "is not private"),
@@ -346,6 +337,7 @@ def run_script(
 )
 def test_bad_input_is_one_clear_line(testbed: Testbed, tmp_path: Path, args, env, message):
     # Its own prefix and dir: a refused `up` must not be able to touch any testbed that is up.
+    env = {k: testbed.prefix if v == SESSION_PREFIX else v for k, v in env.items()}
     r = run_script(
         *args,
         env={"FTRUN_TESTBED_DIR": str(tmp_path / "state"), "FTRUN_TESTBED_PREFIX": "fttbx", **env},
@@ -363,14 +355,14 @@ def test_a_subnet_in_use_is_refused_without_touching_it(testbed: Testbed, tmp_pa
         env={
             "FTRUN_TESTBED_DIR": str(tmp_path / "other"),
             "FTRUN_TESTBED_PREFIX": "fttbc",
-            "FTRUN_TESTBED_SUBNET": SUBNET,
+            "FTRUN_TESTBED_SUBNET": testbed.subnet,
         },
     )
     assert r.returncode != 0
     assert (
         r.stderr.strip()
         .splitlines()[-1]
-        .startswith(f"testbed.sh: error: subnet {SUBNET} is already in use here")
+        .startswith(f"testbed.sh: error: subnet {testbed.subnet} is already in use here")
     )
     assert not [ns for ns in namespaces() if ns.startswith("fttbc-")] and not link_exists(
         "fttbc-br"
