@@ -50,6 +50,7 @@ DEBUG = "FTRUN_DEBUG"
 SSH_CONFIG = "FTRUN_SSH_CONFIG"
 EXIT_TIMEOUT = "FTRUN_EXIT_TIMEOUT"
 IDLE_TIMEOUT = "FTRUN_IDLE_TIMEOUT"
+QUARANTINE_FILE = "FTRUN_QUARANTINE_FILE"
 
 CONTRACT: tuple[EnvVar, ...] = (
     EnvVar(
@@ -135,6 +136,12 @@ CONTRACT: tuple[EnvVar, ...] = (
     EnvVar(SSH_CONFIG, "user", "cli (--ssh-config)", "the ssh config file"),
     EnvVar(EXIT_TIMEOUT, "user", "cli (--exit-timeout)", "the exit barrier"),
     EnvVar(IDLE_TIMEOUT, "user", "cli (--idle-timeout)", "the idle allowance"),
+    EnvVar(
+        QUARANTINE_FILE,
+        "user",
+        "ftrun.quarantine",
+        "the quarantine store [$XDG_STATE_HOME/ftrun/quarantine.json]",
+    ),
 )
 
 # The names the rank shim keeps its own copy of (it cannot import ftrun).

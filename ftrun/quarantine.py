@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from ftrun import private
+from ftrun.envcontract import QUARANTINE_FILE
 from ftrun.errors import UsageError
 
-STORE_ENV = "FTRUN_QUARANTINE_FILE"
+STORE_ENV = QUARANTINE_FILE
 MAX_BYTES = 1 << 20  # thousands of hosts; a bigger file is not ours
 HINT = "`ftrun hosts --quarantined --clear all` starts the store afresh"
 

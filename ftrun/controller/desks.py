@@ -18,10 +18,12 @@ from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.internal import InternalFailures
+from ftrun.controller.job import JobMachine
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
 from ftrun.controller.planning import PlanDesk, Unplanned, plan_desk
 from ftrun.controller.policy_file import FaultPolicy
+from ftrun.controller.quarantine_desk import QuarantineDesk
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.resumption import Resumption
 from ftrun.controller.server import ControlServer
@@ -29,6 +31,7 @@ from ftrun.controller.stalldesk import StallDesk
 from ftrun.controller.teardown import Teardown
 from ftrun.controller.watcher import Watcher
 from ftrun.journal import Journal
+from ftrun.quarantine import QuarantineStore
 from ftrun.transport.base import Transport
 
 
@@ -47,6 +50,8 @@ class Desks:
     teardown: Teardown
     signals: JobSignals
     plans: PlanDesk | Unplanned
+    job: JobMachine
+    quarantine: QuarantineDesk
     resumption: Resumption
     watcher: Watcher
 
@@ -85,14 +90,27 @@ def wire_desks(
     )
     health = HostHealth(policy.quarantine)
     incidents = Incidents(config, rules=policy.rules, health=health, journal=journal)
+    plans = plan_desk(config, journal=journal, reporter=reporter)
+    quarantine = QuarantineDesk(config, store=QuarantineStore(), reporter=reporter)
+    job = JobMachine(
+        config,
+        policy=policy,
+        roster=fleet.roster,
+        plans=plans,
+        incidents=incidents,
+        health=health,
+        journal=journal,
+        quarantined=quarantine.keep,
+    )
     inbox = Inbox(
         server,
         fleet=fleet,
         internal=internal,
         chaos=ChaosDesk(server, journal, nproc_per_node=config.nproc_per_node),
+        host_added=job.unbench,
     )
     stalls = StallDesk(config, server=server, journal=journal, confirm_s=policy.hang.confirm_s)
-    judge = Judge(incidents=incidents, stalls=stalls, journal=journal, reporter=reporter)
+    judge = Judge(job=job, stalls=stalls, journal=journal, reporter=reporter)
     teardown = Teardown(
         config,
         server=server,
@@ -105,7 +123,6 @@ def wire_desks(
     signals = JobSignals(
         config, server=server, journal=journal, reporter=reporter, generation=generation
     )
-    plans = plan_desk(config, journal=journal, reporter=reporter)
     return Desks(
         internal=internal,
         server=server,
@@ -118,6 +135,8 @@ def wire_desks(
         teardown=teardown,
         signals=signals,
         plans=plans,
+        job=job,
+        quarantine=quarantine,
         resumption=Resumption(
             config,
             journal=journal,
@@ -135,7 +154,7 @@ def wire_desks(
             stalls=stalls,
             signals=signals,
             plans=plans,
-            health=health,
+            job=job,
             internal=internal,
             journal=journal,
             reporter=reporter,

@@ -164,25 +164,6 @@ class Fleet:
         self.agents.drop(agent_id, host)
         return host
 
-    def journal_replan(self, incident: int, before: list[str], hosts: list[str]) -> None:
-        gone = [h for h in before if h not in hosts]
-        new = [h for h in hosts if h not in before]
-        if not gone and not new:
-            return
-        how = "replaced" if len(hosts) >= len(before) else "shrunk"
-        self.journal.record(
-            "hosts_changed",
-            incident=incident,
-            how=how,
-            removed=gone,
-            added=new,
-            hosts=hosts,
-            nodes_before=len(before),
-            nodes_after=len(hosts),
-        )
-        change = f"{', '.join(gone)} → {', '.join(new)}" if new else f"without {', '.join(gone)}"
-        self.reporter.notice(f"{how}: {change} ({len(hosts)} host(s))", level="warning")
-
     # ---- generations -------------------------------------------------------------------------
 
     def launch(

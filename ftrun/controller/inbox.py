@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
@@ -38,12 +39,21 @@ Item = tuple[str, Message]  # (sender, message)
 
 class Inbox:
     def __init__(
-        self, server: ControlServer, *, fleet: Fleet, chaos: ChaosDesk, internal: InternalFailures
+        self,
+        server: ControlServer,
+        *,
+        fleet: Fleet,
+        chaos: ChaosDesk,
+        internal: InternalFailures,
+        host_added: Callable[[str], None] = lambda host: None,
     ) -> None:
         self.server = server
         self.fleet = fleet
         self.chaos = chaos
         self.internal = internal
+        # `ftrun hosts add HOST`: the user wants it back; its quarantine in this job is lifted
+        # (the job machine's unbench; the CLI refuses one the user's store still holds).
+        self.host_added = host_added
 
     async def next(self, deadline: float | None) -> Item | None:
         """The next message; None once `deadline` (monotonic; None: no deadline) has passed."""
@@ -63,6 +73,8 @@ class Inbox:
                 return True
             case Hosts() if sender in self.server.clients:
                 ok, text = self.fleet.request(msg)
+                if ok and msg.action == "add" and isinstance(msg.host, str):
+                    self.host_added(msg.host)
                 self.server.send(sender, "hosts_ack", ok=ok, message=text)
                 return True
             case Hello():

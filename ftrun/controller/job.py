@@ -143,6 +143,12 @@ class JobMachine:
             {**self.plans.rank_env(), **self.incidents.rank_env()},
         )
 
+    def unbench(self, host: str) -> None:
+        """The user added `host` again (`ftrun hosts add`): its quarantine in this job ends."""
+        if self.health.until.pop(host, None) is not None:
+            self.health.failures.pop(host, None)
+            self.journal.record("host_released", host=host, why="ftrun hosts add")
+
     # ---- while a generation runs --------------------------------------------------------------
 
     def classify(self, watch: GenWatch, failure: Failure) -> Decision:

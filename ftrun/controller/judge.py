@@ -17,11 +17,9 @@ decision is here, the acting on it is the loop's.
 
 from __future__ import annotations
 
-import time
-
 from ftrun.controller.evidence import Failure
 from ftrun.controller.generation import Ending, GenWatch, Reconfigure, WatchResult
-from ftrun.controller.incidents import Incidents
+from ftrun.controller.job import JobMachine
 from ftrun.controller.policy import Tier
 from ftrun.controller.preemption import Preempted
 from ftrun.controller.reporting import JobOutcome, OutcomeState, Reporter
@@ -32,9 +30,10 @@ from ftrun.journal import Journal
 
 class Judge:
     def __init__(
-        self, *, incidents: Incidents, stalls: StallDesk, journal: Journal, reporter: Reporter
+        self, *, job: JobMachine, stalls: StallDesk, journal: Journal, reporter: Reporter
     ) -> None:
-        self.incidents = incidents
+        self.job = job
+        self.incidents = job.incidents
         self.stalls = stalls
         self.journal = journal
         self.reporter = reporter
@@ -74,7 +73,7 @@ class Judge:
                 (f"{reason} (incident {incident} has their stacks)", "warning"),
             )
         assert isinstance(result, Failure)
-        decision = self.incidents.classify(watch, result, now=time.monotonic(), wall_t=time.time())
+        decision = self.job.classify(watch, result)  # the job machine's (job.py)
         if decision.tier is Tier.FATAL:
             return Ending(
                 "failed",

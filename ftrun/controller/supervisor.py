@@ -35,15 +35,13 @@ from ftrun.config import LaunchConfig
 from ftrun.controller.adoption import CONTROL_FILE, Adoption, save_identity
 from ftrun.controller.desks import wire_desks
 from ftrun.controller.generation import Ending, GenWatch
-from ftrun.controller.job import End, JobMachine, LaunchSpec, Relaunch
+from ftrun.controller.job import End, LaunchSpec, Relaunch
 from ftrun.controller.policy_file import FaultPolicy
-from ftrun.controller.quarantine_desk import QuarantineDesk
 from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.controller.resumption import Interrupted
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
-from ftrun.quarantine import QuarantineStore
 from ftrun.tasks import TaskFailure
 from ftrun.transport.base import Transport
 from ftrun.transport.options import SlurmOptions
@@ -87,17 +85,7 @@ class Supervisor:
         self.inbox, self.stalls, self.judge = desks.inbox, desks.stalls, desks.judge
         self.teardown, self.signals, self.plans = desks.teardown, desks.signals, desks.plans
         self.resumption, self.watcher = desks.resumption, desks.watcher
-        self.quarantine = QuarantineDesk(config, store=QuarantineStore(), reporter=reporter)
-        self.job = JobMachine(
-            config,
-            policy=policy,
-            roster=self.roster,
-            plans=self.plans,
-            incidents=self.incidents,
-            health=self.health,
-            journal=journal,
-            quarantined=self.quarantine.keep,
-        )
+        self.job, self.quarantine = desks.job, desks.quarantine
         if resume is not None:  # a requeued job goes on where its journal left off
             self.job.generation = resume.generation
             self.incidents.count = resume.incidents

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 
 from ftrun.config import LaunchConfig
 from ftrun.controller import evidence
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.generation import GenWatch, Reconfigure, Seen, WatchResult
-from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.internal import InternalFailures
+from ftrun.controller.job import JobMachine
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.persist_first import PersistFirst
 from ftrun.controller.planning import PlanDesk, Unplanned
@@ -42,14 +41,14 @@ class Watcher:
         stalls: StallDesk,
         signals: JobSignals,
         plans: PlanDesk | Unplanned,
-        health: HostHealth,
+        job: JobMachine,
         internal: InternalFailures,
         journal: Journal,
         reporter: Reporter,
     ) -> None:
         self.config = config
         self.server, self.inbox, self.fleet, self.stalls = server, inbox, fleet, stalls
-        self.signals, self.plans, self.health, self.internal = signals, plans, health, internal
+        self.signals, self.plans, self.job, self.internal = signals, plans, job, internal
         self.roster = fleet.roster
         self.journal, self.reporter = journal, reporter
 
@@ -128,13 +127,9 @@ class Watcher:
         return OutcomeState.SUCCEEDED if watch.agent_done(agent_id) else None
 
     def _reconfiguration(self, watch: GenWatch) -> Reconfigure | None:
-        """A host removed, or ready hosts to grow onto; in a planned job, a grow only when the
-        better plan pays for its restart (planning.py)."""
-        change = watch.reconfiguration(self.roster, self._excluded())
-        if change is None or change.why != "grow":
-            return change
-        joining = self.roster.can_grow(excluded=self._excluded())
-        return self.plans.gate(change, list(watch.hosts.values()), joining)
+        """A host removed, or ready hosts to grow onto that pay for the restart: the job
+        machine's decision (job.py)."""
+        return self.job.reconfiguration(watch)
 
     def _persist_first(
         self, watch: GenWatch, change: Reconfigure, preempt: PreemptWait | None
@@ -160,6 +155,3 @@ class Watcher:
             signal=signal or self.config.preempt_signal,
             since=self.signals.preempt_at,
         )
-
-    def _excluded(self) -> Callable[[str], bool]:
-        return self.health.excluded(time.monotonic())  # quarantined: not planned, no growing
