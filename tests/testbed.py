@@ -275,7 +275,8 @@ class Testbed:
         """Every host powered on and connected, and nothing on it but its sshd listener, as after
         `up`: what a test sharing the testbed leaves for the next one. A host that was powered
         off is started, a cut one healed; then it waits (`timeout_s`) for the processes the test
-        left on a host to end. Raises TestbedError naming what is left."""
+        left on a host to end. If some do not, it raises TestbedError naming them, after powering
+        their hosts off and on again."""
         for name, state in self.status().items():
             if state.get("sshd") != "running":
                 self.start(name)  # also brings its link up
@@ -284,9 +285,12 @@ class Testbed:
         deadline = time.monotonic() + timeout_s
         while not all(self.only_sshd(h) for h in self.hosts):
             if time.monotonic() >= deadline:
-                raise TestbedError(
-                    f"left on the testbed {timeout_s} s after the test: {self.describe_left()}"
-                )
+                left = self.describe_left()
+                for host in self.hosts:  # power-cycled, so that the next test finds them clean
+                    if not self.only_sshd(host):
+                        self.kill(host)
+                        self.start(host)
+                raise TestbedError(f"left on the testbed {timeout_s} s after the test: {left}")
             time.sleep(0.1)  # poll interval
 
     def remains(self) -> list[str]:
