@@ -30,6 +30,7 @@ from ftrun.agent import verdict
 from ftrun.agent.hang import HangPolicy, ProgressTracker
 from ftrun.agent.lines import batches
 from ftrun.agent.link import ControlLink
+from ftrun.agent.pace import Pace, PaceMeter
 from ftrun.agent.rank_evidence import RankEvidence
 from ftrun.agent.rank_orders import RankOrders
 from ftrun.agent.tail import GenerationLogs, RankNews
@@ -74,6 +75,8 @@ class GenerationRun:
         self.finishing_ranks: set[int] = set()
         self.steps: dict[int, int] = {}
         self.steps_dirty = False
+        self.pace = PaceMeter()  # each rank's compute time per step (pace.py)
+        self.paces: dict[int, Pace] = {}  # finished windows not sent yet
         self.ckpt_stall_s: float | None = None  # rank 0's checkpoint stall so far, if on this host
         self.torchrun_tail: list[str] = []
         self.held_back: dict[int | None, int] = {}  # lines not forwarded, by rank
@@ -112,8 +115,10 @@ class GenerationRun:
             # busy host) is no hang. From here a hang is the exit barrier's or the idle guard's.
             self.finishing_ranks.add(rank)
             self.progress.on_exit(rank)
+            self.pace.on_exit(rank)
         elif kind == "section":
             timeout = event.get("timeout")
+            self.pace.on_section(rank, bool(event.get("begin")))
             self.progress.on_section(
                 rank,
                 str(event.get("name")),
@@ -161,10 +166,12 @@ class GenerationRun:
             if rank >= 0:
                 self.rank_pids[rank] = int(event["pid"])
                 self.progress.on_start(rank, time.monotonic())
+                self.pace.on_start(rank, int(event["pid"]))
                 self.link.send("rank_started", gen=self.number, rank=rank, pid=event["pid"])
         elif kind == "exited" and rank >= 0:
             self.exited_ranks.add(rank)
             self.progress.on_exit(rank)
+            self.pace.on_exit(rank)
             self.drain_logs(rank)
             if (news := self.logs.flush_partial(rank)) is not None:
                 self._on_news(rank, news)
@@ -186,6 +193,8 @@ class GenerationRun:
             return
         if rank not in self.finishing_ranks:
             self.progress.on_step(rank, step, time.monotonic())
+            if (pace := self.pace.on_step(rank, step, time.monotonic())) is not None:
+                self.paces[rank] = pace
         first = rank not in self.steps
         if first or step > self.steps[rank]:
             self.steps[rank] = step
@@ -210,6 +219,12 @@ class GenerationRun:
             t=time.time(),
             **extra,
         )
+
+    def send_pace(self) -> None:
+        """The ranks' finished pace windows (sent by the agent's tail loop)."""
+        paces, self.paces = self.paces, {}
+        ranks = {str(r): [p.step, p.steps, p.wall_s, p.compute_s] for r, p in paces.items()}
+        self.link.send("pace", gen=self.number, ranks=ranks)
 
     # ---- hangs, idleness and stacks: rank_evidence.py -----------------------------------------
 

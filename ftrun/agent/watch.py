@@ -38,9 +38,12 @@ async def tail_loop(current: Callable[[], GenerationRun | None]) -> None:
             run.flush_logs()
             run.deliver_notice()
             now = time.monotonic()
+            run.pace.sample()
             if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
                 last_progress = now
                 run.send_progress()
+            if run.paces:
+                run.send_pace()
         await asyncio.sleep(TAIL_INTERVAL_S)
 
 

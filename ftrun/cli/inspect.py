@@ -146,10 +146,34 @@ def print_inspect(view: JobView, report: GoodputReport) -> None:
             )
         console.print(line, soft_wrap=True)
         console.print(goodput_table(report))
+    print_stragglers(view)
     logs = view.job_dir / "logs"
     if logs.is_dir():
         console.print()
         console.print(plain(f"logs: {logs}/g<generation>/rank<rank>.log", "dim"))
+
+
+def print_stragglers(view: JobView) -> None:
+    """Each straggler named (controller/pace.py), and each host's latest compute per step."""
+    pace = view.pace
+    if not pace.stragglers and not pace.latest:
+        return
+    console.print()
+    console.print(Text(f"pace (compute seconds a step, by {pace.unit})", style="bold"))
+    if pace.latest:
+        shown = ", ".join(f"{u} {v:.3g}" for u, v in sorted(pace.latest.items()))
+        console.print(clean(f"  latest: {shown}"), soft_wrap=True)
+    for s in pace.stragglers:
+        back = " (back at the others' pace since)" if s.get("recovered_t") else ""
+        console.print(
+            clean(
+                f"  straggler: {s.get('unit')} in generation {s.get('gen')} from step "
+                f"{s.get('step')}: {_num(s.get('compute_s'), '.3g')} s against "
+                f"{_num(s.get('median_s'), '.3g')} s on the others ({s.get('ratio')}x){back}"
+            ),
+            style="yellow",
+            soft_wrap=True,
+        )
 
 
 def print_timeline(view: JobView) -> None:

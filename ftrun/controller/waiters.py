@@ -7,9 +7,10 @@ None. The first result ends the watch, in the list's order (a preemption's grace
 persist: both running out at once is the preemption).
 
 The waiters: the exit barrier and the idle guard (`StallWaiter`), the notes while the first step
-is slow to come (`FirstStepPatience`), a preemption notice's grace (preemption.PreemptWait) and a
-grow waiting for its persist (persist_first.PersistFirst). A new concern of the watch (a standby
-controller's lease, a straggler watch) is one more class with these three methods.
+is slow to come (`FirstStepPatience`), the straggler watch (pace.StragglerWatch), a preemption
+notice's grace (preemption.PreemptWait) and a grow waiting for its persist
+(persist_first.PersistFirst). A new concern of the watch (a standby controller's lease) is one
+more class with these three methods.
 """
 
 from __future__ import annotations

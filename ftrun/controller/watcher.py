@@ -19,6 +19,7 @@ from ftrun.controller.inbox import Inbox
 from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job import JobMachine
 from ftrun.controller.job_signals import JobSignals
+from ftrun.controller.pace import StragglerWatch
 from ftrun.controller.persist_first import PersistFirst
 from ftrun.controller.planning import PlanDesk, Unplanned
 from ftrun.controller.preemption import PreemptWait, under
@@ -59,6 +60,13 @@ class Watcher:
         waiters: list[Waiter] = [
             FirstStepPatience(self.reporter, watch, first_s=10.0),
             StallWaiter(self.stalls, watch),
+            StragglerWatch(
+                watch.number,
+                watch.hosts,
+                nproc_per_node=self.config.nproc_per_node,
+                journal=self.journal,
+                reporter=self.reporter,
+            ),
             *([preempt] if preempt is not None else []),
         ]
         while True:
@@ -75,7 +83,7 @@ class Watcher:
                 case PreemptNotice():
                     if preempt is None:  # ahead of a grow's persist: see waiters.py
                         preempt = self._preempt_wait(watch)
-                        waiters.insert(2, preempt)
+                        waiters.insert(3, preempt)
                     continue
                 case AgentLost() if agent_id in watch.agents:
                     if (ended := self._lost(watch, agent_id, msg)) is not None:

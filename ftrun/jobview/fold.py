@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from ftrun.jobview.goodput_fold import GoodputFold
+from ftrun.jobview.pace_fold import PACE_KINDS, PaceFold
 from ftrun.jobview.ranks import RanksFold
 from ftrun.jobview.series import Series
 from ftrun.jobview.views import Generation, Incident, JobView
@@ -53,6 +54,7 @@ class JobFolder:
     ranks: RanksFold = field(default_factory=RanksFold)
     goodput: GoodputFold = field(default_factory=GoodputFold)
     series: Series = field(default_factory=Series)
+    pace: PaceFold = field(default_factory=PaceFold)
     events: int = 0
 
     def feed(self, ev: dict[str, Any]) -> None:
@@ -64,6 +66,8 @@ class JobFolder:
             _feed_turned_away(self.turned_away, ev)
         if kind in RANK_KINDS:
             self.ranks.feed(ev)
+        if kind in PACE_KINDS:
+            self.pace.feed(ev)
         if kind in JOB_KINDS:
             _feed_job(self, ev)
         self.goodput.feed(ev)
@@ -90,6 +94,7 @@ class JobFolder:
         view.turned_away = dict(self.turned_away)
         view.ranks = self.ranks.ranks(job_running=view.state == "running")
         view.goodput, view.series, view.events_read = self.goodput, self.series, self.events
+        view.pace = copy.deepcopy(self.pace)
         return view
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import JobFolder
 from ftrun.jobview.goodput_fold import GoodputFold
+from ftrun.jobview.pace_fold import PaceFold
 from ftrun.jobview.ranks import RanksFold
 from ftrun.jobview.series import Series
 from ftrun.jobview.views import Generation, Incident
@@ -45,6 +46,7 @@ def folder_to_json(folder: JobFolder) -> dict[str, Any]:
         "ranks": folder.ranks.to_json(),
         "goodput": folder.goodput.to_json(),
         "series": folder.series.to_json(),
+        "pace": folder.pace.to_json(),
         "events": folder.events,
     }
 
@@ -65,6 +67,7 @@ def folder_from_json(state: dict[str, Any]) -> JobFolder:
         ranks=RanksFold.from_json(state["ranks"]),
         goodput=GoodputFold.from_json(state["goodput"]),
         series=Series.from_json(state["series"]),
+        pace=PaceFold.from_json(state.get("pace")),  # a summary of before has none
         events=int(state["events"]),
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ftrun.jobview.goodput_fold import GoodputFold
+from ftrun.jobview.pace_fold import PaceFold
 from ftrun.jobview.ranks import RankView
 from ftrun.jobview.series import Series
 
@@ -192,6 +193,7 @@ class JobView:
     # Refused connections and messages, accept pauses, dropped log lines (fold_turned_away).
     turned_away: dict[str, int] = field(default_factory=dict)
     ranks: list[RankView] = field(default_factory=list)  # the current generation's (ranks.py)
+    pace: PaceFold = field(default_factory=PaceFold)  # stragglers, each host's pace (pace_fold)
 
     def age_s(self, now: float | None = None) -> float:
         return (now or time.time()) - (self.started_t or time.time())
@@ -220,6 +222,8 @@ class JobView:
             out["incidents"] = [i.to_json() for i in self.incidents]
             out["generations"] = [g.to_json() for g in self.generations]
             out["ranks"] = [r.to_json() for r in self.ranks]
+            out["pace"] = {"unit": self.pace.unit, "compute_s": self.pace.latest}
+            out["stragglers"] = self.pace.stragglers
         return out
 
 

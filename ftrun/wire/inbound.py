@@ -10,10 +10,8 @@ the JSON gave them, not copied: a message is read, never changed.
 
 Beside the wire's kinds, those the controller makes for itself and puts on its own inbox:
 AgentLost (server.py: a closed connection, or silence), StopRequested and PreemptNotice
-(job_signals.py). They are in no role's schema: from the wire they are refused.
-
-The agents' own receiving side (ftrun/agent) and the peer copy (ftrun/peercopy) still read the
-dicts that Channel.receive returns.
+(job_signals.py). They are in no role's schema: from the wire they are refused. (The agents'
+receiving side and the peer copy still read the dicts that Channel.receive returns.)
 """
 
 from __future__ import annotations
@@ -279,6 +277,12 @@ class StopRequested(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PaceReport(Report):  # each rank's finished window of steps (agent/pace.py)
+    KIND = "pace"
+    ranks: dict[str, list[float]]  # rank → [its last step, steps, wall s, compute s a step]
+
+
+@dataclass(frozen=True, kw_only=True)
 class PreemptNotice(Message):
     """The preemption signal (job_signals.py, preemption.py)."""
 
@@ -306,6 +310,7 @@ CLASSES: dict[Role, dict[str, type[Message]]] = {
             Injected,
             RanksIdle,
             ExitRace,
+            PaceReport,
             Stacks,
             GenExited,
             Stopped,

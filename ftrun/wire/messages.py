@@ -191,6 +191,9 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             },
             ("gen",),
         ),
+        # each rank's finished window of steps (agent/pace.py): [its last step, steps, wall
+        # seconds, compute seconds a step]
+        "pace": Schema({**AGENT_REPORT, "ranks": ByRank(ListOf(SECONDS, 4))}, ("gen", "ranks")),
         # every live rank on the host stuck in torch's gloo deadlock at exit (agent/verdict.py)
         "exit_race": Schema(
             {**AGENT_REPORT, "ranks": ListOf(RANK, MAX_RANKS), "stacks": ByRank(TEXT)}, ("gen",)

@@ -17,6 +17,7 @@ HONEST = [
     (Role.AGENT, body("hello", agent_id="node1#0", host="node1", pid=42, addr="10.0.0.1", port=1)),
     (Role.AGENT, body("heartbeat", gen=None)),
     (Role.AGENT, body("rank_started", gen=1, rank=3, pid=99)),
+    (Role.AGENT, body("pace", gen=1, ranks={"0": [40, 10, 3.2, 0.17], "1": [40, 10, 3.2, 0.3]})),
     (
         Role.AGENT,
         body(

@@ -1,0 +1,160 @@
+"""Stragglers named, with evidence: each host's compute time per step against the others'.
+
+Every agent reports its ranks' pace (agent/pace.py): of each window of steps, the time a rank
+computed per step, its waits in collectives left out. Here the generation's hosts are compared
+(its ranks, when it has one host): a unit's figure is the median of its ranks' latest windows;
+once every unit has a fresh one (a round), each is divided by the median of all (with two
+hosts: by the other's). A unit ≥ RATIO x slower in ROUNDS rounds in a row is named a
+straggler: journaled (`straggler`, with its figures), said once, and reported only (the default
+policy; docs/policy.md, *Stragglers*). One that then runs at the others' pace for ROUNDS rounds
+is journaled as recovered. Every round is journaled (`pace`): `inspect` and the metrics show
+each host's figure.
+
+Why the median and rounds in a row: a healthy job's figures differ by a few percent and
+a loaded machine slows every rank alike, so one round's outlier is noise, three are a host.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ftrun.controller.reporting import Reporter
+from ftrun.journal import Journal
+from ftrun.wire.inbound import PaceReport, Report
+
+if TYPE_CHECKING:
+    from ftrun.controller.generation import WatchResult
+
+RATIO = 1.3
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    unit: str  # a host, or "rank N" in a one-host job
+    named: bool  # True: named a straggler; False: recovered
+    compute_s: float
+    median_s: float
+    step: int
+    rounds: int
+
+    @property
+    def ratio(self) -> float:
+        return self.compute_s / self.median_s if self.median_s > 0 else float("inf")
+
+
+@dataclass
+class PaceBoard:
+    """The pure part: figures in, rounds and verdicts out."""
+
+    units: list[str]  # what is compared: the generation's hosts, or its ranks ("rank N")
+    latest: dict[str, float] = field(default_factory=dict)  # fresh since the last round
+    slow: dict[str, int] = field(default_factory=dict)  # rounds in a row ≥ RATIO
+    fast: dict[str, int] = field(default_factory=dict)  # rounds in a row below, once named
+    named: set[str] = field(default_factory=set)
+
+    def add(self, unit: str, compute_s: float, step: int) -> tuple[dict[str, float], list[Verdict]]:
+        """A unit's fresh figure; when it completes a round, the round's figures and verdicts."""
+        if unit not in self.units or len(self.units) < 2:
+            return {}, []
+        self.latest[unit] = compute_s
+        if set(self.latest) != set(self.units):
+            return {}, []
+        figures, self.latest = self.latest, {}
+        verdicts = []
+        median = statistics.median(figures.values())
+        for name, value in figures.items():
+            # Two units: each against the other; more: against the median of all (with three,
+            # the others' median is the mean of two, which one fast rank drags down).
+            others = (
+                next(v for u, v in figures.items() if u != name) if len(figures) == 2 else median
+            )
+            if others > 0 and value >= RATIO * others:
+                self.slow[name] = self.slow.get(name, 0) + 1
+                self.fast.pop(name, None)
+                if self.slow[name] == ROUNDS and name not in self.named:
+                    self.named.add(name)
+                    verdicts.append(Verdict(name, True, value, others, step, ROUNDS))
+            else:
+                self.slow.pop(name, None)
+                if name in self.named:
+                    self.fast[name] = self.fast.get(name, 0) + 1
+                    if self.fast[name] == ROUNDS:
+                        self.named.discard(name)
+                        del self.fast[name]
+                        verdicts.append(Verdict(name, False, value, others, step, ROUNDS))
+        return figures, verdicts
+
+
+class StragglerWatch:
+    """One generation's straggler watch: a waiter of the watch (waiters.py) that never ends it
+    (report only); fed each `pace` message."""
+
+    def wake_at(self) -> float | None:
+        return None  # only messages matter
+
+    def expired(self, now: float) -> WatchResult | None:
+        return None
+
+    def on_message(self, agent_id: str, msg: Report) -> WatchResult | None:
+        if isinstance(msg, PaceReport):
+            ranks = {int(r): (int(v[0]), float(v[3])) for r, v in msg.ranks.items() if len(v) == 4}
+            self.on_pace(agent_id, ranks)
+        return None
+
+    def __init__(
+        self,
+        gen: int,
+        hosts: Mapping[str, str],
+        *,
+        nproc_per_node: int,
+        journal: Journal,
+        reporter: Reporter,
+    ) -> None:
+        self.gen, self.hosts = gen, dict(hosts)  # agent id → host
+        self.journal, self.reporter = journal, reporter
+        self.by_host = len(set(self.hosts.values())) >= 2
+        if self.by_host:
+            units = sorted(set(self.hosts.values()))
+        else:  # one host: its ranks are compared
+            units = [f"rank {r}" for r in range(nproc_per_node)] if nproc_per_node >= 2 else []
+        self.board = PaceBoard(units)
+        self.figures: dict[str, dict[int, float]] = {}  # host → rank → compute_s (latest)
+
+    def on_pace(self, agent_id: str, ranks: Mapping[int, tuple[int, float]]) -> None:
+        """An agent's ranks' latest windows: rank → (step, compute_s)."""
+        host = self.hosts.get(agent_id)
+        if host is None or not ranks:
+            return
+        mine = self.figures.setdefault(host, {})
+        step = max(s for s, _ in ranks.values())
+        for rank, (_, compute_s) in ranks.items():
+            mine[rank] = compute_s
+        if self.by_host:
+            self._fold(self.board.add(host, statistics.median(mine.values()), step), "host", step)
+            return
+        for rank, (_, compute_s) in sorted(ranks.items()):
+            self._fold(self.board.add(f"rank {rank}", compute_s, step), "rank", step)
+
+    def _fold(self, result: tuple[dict[str, float], list[Verdict]], unit: str, step: int) -> None:
+        figures, verdicts = result
+        if figures:
+            self.journal.record("pace", gen=self.gen, unit=unit, step=step, compute_s=figures)
+        for v in verdicts:
+            fields = dict(gen=self.gen, unit=v.unit, compute_s=v.compute_s,
+                          median_s=v.median_s, ratio=round(v.ratio, 2), step=v.step,
+                          rounds=v.rounds)  # fmt: skip
+            if v.named:
+                self.journal.record("straggler", **fields)
+                self.reporter.notice(
+                    f"{v.unit} is a straggler: {v.compute_s:.3g} s of compute a step against "
+                    f"{v.median_s:.3g} s on the others ({v.ratio:.1f}x) for {v.rounds} windows "
+                    "in a row; reported only (docs/policy.md, Stragglers)",
+                    level="warning",
+                )
+            else:
+                self.journal.record("straggler_recovered", **fields)
+                self.reporter.notice(f"{v.unit} is back at the others' pace")

@@ -1,0 +1,75 @@
+"""A straggler named with its figures, on real ranks: one rank of a 3-rank DDP job held back half
+the time (SIGSTOP/SIGCONT every 30 ms, as a throttled host is), while the others wait for it in
+every all-reduce. The job is told, not stopped (report only, the default): it goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+
+from tests.conftest import BIN, Ftrun, wait_for
+
+
+def journal(ftrun: Ftrun) -> list[dict]:
+    events = []
+    for job in ftrun.run_dir.iterdir() if ftrun.run_dir.exists() else []:
+        path = job / "events.jsonl"
+        if path.exists():
+            events += [json.loads(line) for line in path.read_text().splitlines() if line]
+    return events
+
+
+def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun) -> None:
+    proc = ftrun.start("launch", "--nproc-per-node", "3", str(BIN / "train_toy.py"),
+                       "--steps", "1000000", "--width", "2048")  # fmt: skip
+    stop = threading.Event()
+    try:
+        started = wait_for(
+            lambda: {e["rank"]: e["pid"] for e in journal(ftrun) if e["kind"] == "rank_started"}
+            if len([e for e in journal(ftrun) if e["kind"] == "rank_started"]) == 3 else None,
+            60, "3 ranks started",
+        )  # fmt: skip
+        slow = started[2]
+
+        def hold_back() -> None:
+            while not stop.is_set():
+                try:
+                    os.kill(slow, signal.SIGSTOP)
+                    stop.wait(0.03)
+                    os.kill(slow, signal.SIGCONT)
+                    stop.wait(0.03)
+                except ProcessLookupError:
+                    return
+
+        holder = threading.Thread(target=hold_back, daemon=True)
+        holder.start()
+        named = wait_for(
+            lambda: [e for e in journal(ftrun) if e["kind"] == "straggler"], 120,
+            lambda: f"a straggler named; pace so far: "
+                    f"{[e['compute_s'] for e in journal(ftrun) if e['kind'] == 'pace'][-3:]}",
+        )  # fmt: skip
+        stop.set()
+        holder.join(5)
+        os.kill(slow, signal.SIGCONT)
+        [straggler] = named
+        assert straggler["unit"] == "rank 2" and straggler["ratio"] >= 1.3
+        assert straggler["compute_s"] > straggler["median_s"] > 0
+        assert not [e for e in journal(ftrun) if e["kind"] in ("fault_detected", "reconfigure")]
+        job = next(ftrun.run_dir.iterdir()).name
+        shown = ftrun.run("inspect", job)
+        assert "straggler: rank 2 in generation 1" in shown.stdout, shown.stdout
+        status = ftrun.status_json(job)
+        assert status["stragglers"][0]["unit"] == "rank 2"
+        assert set(status["pace"]["compute_s"]) == {"rank 0", "rank 1", "rank 2"}
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 or proc.returncode == 0, proc.returncode
