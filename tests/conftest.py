@@ -202,6 +202,9 @@ class Ftrun:
             "FTRUN_RUN_DIR": str(run_dir),
             "PYTHONUNBUFFERED": "1",
             "COLUMNS": "200",
+            # Each test's own quarantine store (ftrun/quarantine.py): a host one test's job
+            # quarantined is not left out of the next test's.
+            "FTRUN_QUARANTINE_FILE": str(run_dir.parent / "quarantine.json"),
         }
 
     def run(
@@ -254,6 +257,8 @@ def config_home(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("config-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CONFIG_HOME", str(path))
+        # ... and the quarantine store ($XDG_STATE_HOME/ftrun), for what no Ftrun fixture runs
+        patch.setenv("XDG_STATE_HOME", str(path / "state"))
         yield path
 
 
