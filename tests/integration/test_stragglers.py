@@ -11,6 +11,7 @@ import subprocess
 import threading
 
 from tests.conftest import BIN, Ftrun, wait_for
+from tests.testbed import Testbed
 
 
 def journal(ftrun: Ftrun) -> list[dict]:
@@ -20,6 +21,19 @@ def journal(ftrun: Ftrun) -> list[dict]:
         if path.exists():
             events += [json.loads(line) for line in path.read_text().splitlines() if line]
     return events
+
+
+def hold_back(pid: int, stop: threading.Event) -> None:
+    """Half the time stopped, in 30 ms turns: a host throttled to half its speed."""
+    try:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            stop.wait(0.03)
+            os.kill(pid, signal.SIGCONT)
+            stop.wait(0.03)
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun) -> None:
@@ -33,18 +47,7 @@ def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun)
             60, "3 ranks started",
         )  # fmt: skip
         slow = started[2]
-
-        def hold_back() -> None:
-            while not stop.is_set():
-                try:
-                    os.kill(slow, signal.SIGSTOP)
-                    stop.wait(0.03)
-                    os.kill(slow, signal.SIGCONT)
-                    stop.wait(0.03)
-                except ProcessLookupError:
-                    return
-
-        holder = threading.Thread(target=hold_back, daemon=True)
+        holder = threading.Thread(target=hold_back, args=(slow, stop), daemon=True)
         holder.start()
         named = wait_for(
             lambda: [e for e in journal(ftrun) if e["kind"] == "straggler"], 120,
@@ -53,7 +56,6 @@ def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun)
         )  # fmt: skip
         stop.set()
         holder.join(5)
-        os.kill(slow, signal.SIGCONT)
         [straggler] = named
         assert straggler["unit"] == "rank 2" and straggler["ratio"] >= 1.3
         assert straggler["compute_s"] > straggler["median_s"] > 0
@@ -73,3 +75,32 @@ def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun)
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 or proc.returncode == 0, proc.returncode
+
+
+def test_a_slow_host_is_named_on_the_ssh_testbed(ftrun: Ftrun, testbed: Testbed) -> None:
+    """Hosts are compared (not ranks) once the job has more than one: node3's rank held back."""
+    proc = ftrun.start("launch", "--ssh-config", str(testbed.ssh_config), "--hosts",
+                       "node1,node2,node3", str(BIN / "train_toy.py"), "--steps", "1000000",
+                       "--width", "2048")  # fmt: skip
+    stop = threading.Event()
+    try:
+        started = wait_for(
+            lambda: {e["host"]: e["pid"] for e in journal(ftrun) if e["kind"] == "rank_started"}
+            if len([e for e in journal(ftrun) if e["kind"] == "rank_started"]) == 3 else None,
+            120, "3 ranks started",
+        )  # fmt: skip
+        holder = threading.Thread(target=hold_back, args=(started["node3"], stop), daemon=True)
+        holder.start()
+        [straggler] = wait_for(
+            lambda: [e for e in journal(ftrun) if e["kind"] == "straggler"], 120,
+            lambda: f"a straggler; pace: {[e['compute_s'] for e in journal(ftrun) if e['kind'] == 'pace'][-3:]}",
+        )  # fmt: skip
+        assert straggler["unit"] == "node3" and straggler["ratio"] >= 1.3
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
