@@ -49,6 +49,7 @@ def new_job_id(name: str, *, suffix: str | None = None) -> str:
 
 
 # A float field's flag, where it is not `--` + the field's name less its unit.
+STRAGGLER_POLICIES = ("report", "replace", "drop")
 FLAG_OF = {"peer_copy_mbps": "--peer-copy-rate", "preempt_grace_s": "--preempt-grace"}
 
 
@@ -157,6 +158,9 @@ class LaunchConfig:
     global_batch: int | None = None
     device_memory_bytes: int | None = None
     replan_horizon_s: float = 1800.0
+    # A host named a straggler (controller/pace.py): report it, replace it with a ready spare,
+    # or drop it and re-plan, when that pays over replan_horizon_s (controller/job.py).
+    stragglers: str = "report"
     # Who may read what the job writes (run and job directories, logs, checkpoints): only the
     # user (umask 077), or with --group-readable the user's group too (027): ftrun/filemodes.py.
     group_readable: bool = False
@@ -165,6 +169,11 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         problems = not_numbers(self)  # NaN passes every bound below, inf most of them
+        if self.stragglers not in STRAGGLER_POLICIES:
+            problems.append(
+                f"--stragglers must be one of {', '.join(STRAGGLER_POLICIES)} "
+                f"(got {self.stragglers!r})"
+            )
         if self.nproc_per_node < 1:
             problems.append(f"--nproc-per-node must be at least 1 (got {self.nproc_per_node})")
         if self.max_restarts < 0:

@@ -65,6 +65,7 @@ def launch(
     global_batch: int | None = opts.GLOBAL_BATCH,
     device_memory: str | None = opts.DEVICE_MEMORY,
     replan_horizon: float = opts.REPLAN_HORIZON,
+    stragglers: str = opts.STRAGGLERS,
     group_readable: bool = opts.GROUP_READABLE,
     insecure_plain_control: bool = opts.INSECURE_PLAIN_CONTROL,
     hosts: str | None = typer.Option(
@@ -226,6 +227,7 @@ def launch(
             global_batch=global_batch,
             device_memory_bytes=device_memory_bytes,
             replan_horizon_s=replan_horizon,
+            stragglers=stragglers,
             group_readable=group_readable,
             control_tls=not insecure_plain_control,
         )

@@ -147,6 +147,13 @@ REPLAN_HORIZON: Any = typer.Option(
     "--replan-horizon",
     help="With --profile: seconds of training ahead a grow must pay its restart back in.",
 )
+STRAGGLERS: Any = typer.Option(
+    "report",
+    "--stragglers",
+    help="A host named a straggler (docs/policy.md): report it, replace it with a ready spare, "
+    "or drop it and re-plan; either only when the time it saves over --replan-horizon exceeds "
+    "the measured cost of the restart. [report]",
+)
 GROUP_READABLE: Any = typer.Option(
     False,
     "--group-readable",
@@ -266,6 +273,7 @@ PASSED_ON: dict[str, OptionInfo] = {
     "global_batch": GLOBAL_BATCH,
     "device_memory": DEVICE_MEMORY,
     "replan_horizon": REPLAN_HORIZON,
+    "stragglers": STRAGGLERS,
     "group_readable": GROUP_READABLE,
     "insecure_plain_control": INSECURE_PLAIN_CONTROL,
 }

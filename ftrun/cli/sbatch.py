@@ -98,6 +98,7 @@ def sbatch(
     global_batch: int | None = opts.GLOBAL_BATCH,
     device_memory: str | None = opts.DEVICE_MEMORY,
     replan_horizon: float = opts.REPLAN_HORIZON,
+    stragglers: str = opts.STRAGGLERS,
     group_readable: bool = opts.GROUP_READABLE,
     insecure_plain_control: bool = opts.INSECURE_PLAIN_CONTROL,
 ) -> None:
@@ -238,6 +239,7 @@ def launch_problems(
             global_batch=values["global_batch"],
             device_memory_bytes=device_memory_bytes,
             replan_horizon_s=values["replan_horizon"],
+            stragglers=values["stragglers"],
         )
     except UsageError as e:
         problems.insert(0, e.message)

@@ -40,7 +40,7 @@ from ftrun.controller.planning import PlanDesk, Unplanned
 from ftrun.controller.policy import Decision
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome
-from ftrun.controller.roster import NotEnoughHosts, Roster
+from ftrun.controller.roster import HostState, NotEnoughHosts, Roster
 from ftrun.journal import Journal
 from ftrun.planner import NoLayoutFits
 
@@ -179,6 +179,48 @@ class JobMachine:
             return change
         joining = self.roster.can_grow(excluded=self.excluded())
         return self.plans.gate(change, list(watch.hosts.values()), joining)
+
+    def on_straggler(self, host: str, ratio: float, hosts: list[str]) -> Reconfigure | None:
+        """`host` of a generation on `hosts` was named a straggler, `ratio` x the median's
+        compute a step. Report only, or (--stragglers replace|drop) a restart without it when
+        the time that saves over --replan-horizon exceeds the restart's measured cost: the rule
+        a grow follows. The host is then quarantined (its expiry: the policy's)."""
+        how = self.config.stragglers
+        if how == "report" or host not in hosts:
+            return None
+        excluded = self.excluded()
+        ready = [
+            h for h in self.roster.in_state(HostState.READY) if h not in hosts and not excluded(h)
+        ]
+        spare = how == "replace" and bool(ready)
+        n = len(hosts)
+        if how == "replace" and not spare:
+            return self._kept(host, "no spare host is ready to take its place")
+        if how == "drop" and not ready and n - 1 < self.config.min_nodes:
+            return self._kept(host, "without it the job has fewer than --min-nodes hosts")
+        # Every step waits for the straggler: without it the pace is the median's, on one host
+        # fewer when it is dropped without a spare (the global batch kept).
+        speedup = ratio if spare or ready else ratio * (n - 1) / n
+        horizon, cost = self.config.replan_horizon_s, self.plans.switch_cost_s()
+        saved = horizon * (1 - 1 / speedup) if speedup > 1 else 0.0
+        if saved <= cost:
+            return self._kept(host, f"{saved:.0f} s saved over --replan-horizon {horizon:g} s "
+                                    f"does not pay a restart of {cost:.0f} s")  # fmt: skip
+        why = (f"{host} is a straggler ({ratio:.1f}x): "
+               f"{'replaced by a spare' if spare or ready else 'dropped'}, saving {saved:.0f} s "
+               f"over --replan-horizon for a restart of {cost:.0f} s")  # fmt: skip
+        now, wall = self.now(), self.wall()
+        self.health.until[host] = now + self.health.policy.expiry_s
+        self.journal.record("host_quarantined", host=host, until_t=wall + self.health.policy.expiry_s,
+                            reason=why)  # fmt: skip
+        if self.quarantined is not None:
+            self.quarantined(host, wall + self.health.policy.expiry_s, why, 0)
+        return Reconfigure("straggler", why)
+
+    def _kept(self, host: str, why: str) -> Reconfigure | None:
+        """The straggler stays (journaled with why): no restart."""
+        self.journal.record("straggler_kept", host=host, reason=why)
+        return None
 
     # ---- after a generation -------------------------------------------------------------------
 

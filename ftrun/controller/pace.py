@@ -17,7 +17,7 @@ a loaded machine slows every rank alike, so one round's outlier is noise, three 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,7 @@ from ftrun.journal import Journal
 from ftrun.wire.inbound import PaceReport, Report
 
 if TYPE_CHECKING:
-    from ftrun.controller.generation import WatchResult
+    from ftrun.controller.generation import Reconfigure, WatchResult
 
 RATIO = 1.3
 ROUNDS = 3
@@ -93,6 +93,29 @@ class StragglerWatch:
     """One generation's straggler watch: a waiter of the watch (waiters.py) that never ends it
     (report only); fed each `pace` message."""
 
+    def __init__(
+        self,
+        gen: int,
+        hosts: Mapping[str, str],
+        *,
+        nproc_per_node: int,
+        journal: Journal,
+        reporter: Reporter,
+        decide: Callable[[str, float, list[str]], Reconfigure | None] = lambda *a: None,
+    ) -> None:
+        self.gen, self.hosts = gen, dict(hosts)  # agent id → host
+        self.journal, self.reporter = journal, reporter
+        # What to do about a host named (the job machine's on_straggler): None, report only.
+        self.decide = decide
+        self.change: Reconfigure | None = None
+        self.by_host = len(set(self.hosts.values())) >= 2
+        if self.by_host:
+            units = sorted(set(self.hosts.values()))
+        else:  # one host: its ranks are compared
+            units = [f"rank {r}" for r in range(nproc_per_node)] if nproc_per_node >= 2 else []
+        self.board = PaceBoard(units)
+        self.figures: dict[str, dict[int, float]] = {}  # host → rank → compute_s (latest)
+
     def wake_at(self) -> float | None:
         return None  # only messages matter
 
@@ -103,26 +126,9 @@ class StragglerWatch:
         if isinstance(msg, PaceReport):
             ranks = {int(r): (int(v[0]), float(v[3])) for r, v in msg.ranks.items() if len(v) == 4}
             self.on_pace(agent_id, ranks)
-        return None
-
-    def __init__(
-        self,
-        gen: int,
-        hosts: Mapping[str, str],
-        *,
-        nproc_per_node: int,
-        journal: Journal,
-        reporter: Reporter,
-    ) -> None:
-        self.gen, self.hosts = gen, dict(hosts)  # agent id → host
-        self.journal, self.reporter = journal, reporter
-        self.by_host = len(set(self.hosts.values())) >= 2
-        if self.by_host:
-            units = sorted(set(self.hosts.values()))
-        else:  # one host: its ranks are compared
-            units = [f"rank {r}" for r in range(nproc_per_node)] if nproc_per_node >= 2 else []
-        self.board = PaceBoard(units)
-        self.figures: dict[str, dict[int, float]] = {}  # host → rank → compute_s (latest)
+        change = self.change  # a straggler replaced or dropped: the watch ends, planned
+        self.change = None
+        return change
 
     def on_pace(self, agent_id: str, ranks: Mapping[int, tuple[int, float]]) -> None:
         """An agent's ranks' latest windows: rank → (step, compute_s)."""
@@ -149,10 +155,13 @@ class StragglerWatch:
                           rounds=v.rounds)  # fmt: skip
             if v.named:
                 self.journal.record("straggler", **fields)
+                if self.by_host and self.change is None:
+                    self.change = self.decide(v.unit, v.ratio, sorted(set(self.hosts.values())))
+                then = self.change.detail if self.change else "reported only"
                 self.reporter.notice(
                     f"{v.unit} is a straggler: {v.compute_s:.3g} s of compute a step against "
                     f"{v.median_s:.3g} s on the others ({v.ratio:.1f}x) for {v.rounds} windows "
-                    "in a row; reported only (docs/policy.md, Stragglers)",
+                    f"in a row; {then} (docs/policy.md, Stragglers)",
                     level="warning",
                 )
             else:

@@ -54,7 +54,33 @@ def load_profile(job_dir: Path) -> Profile:
         ) from None
 
 
-class PlanDesk:
+class SwitchCost:
+    """What a restart costs on this job's hosts, measured (a grow and a straggler's eviction
+    must pay it back): the last teardown plus the last start-up to a first step."""
+
+    clock: Callable[[], float]  # monotonic; the simulator's own
+    _launched_at: float | None = None
+    _startup_s: float | None = None
+    _teardown_s: float | None = None
+
+    def launched(self) -> None:
+        self._launched_at = self.clock()
+
+    def first_step(self) -> None:
+        if self._launched_at is not None:
+            self._startup_s = self.clock() - self._launched_at
+            self._launched_at = None
+
+    def torn_down(self, seconds: float) -> None:
+        self._teardown_s = seconds
+
+    def switch_cost_s(self) -> float:
+        if self._startup_s is None:
+            return UNMEASURED_SWITCH_S
+        return self._startup_s + (self._teardown_s or 0.0)
+
+
+class PlanDesk(SwitchCost):
     def __init__(
         self,
         config: LaunchConfig,
@@ -72,9 +98,6 @@ class PlanDesk:
         self.global_batch = config.global_batch or profile.global_batch or 0
         self.device_memory_bytes = config.device_memory_bytes or profile.device_memory_bytes
         self.current: Layout | None = None
-        self._launched_at: float | None = None
-        self._startup_s: float | None = None
-        self._teardown_s: float | None = None
         self._declined: set[tuple[str, ...]] = set()
         self._full_step: float | None = None  # 0.0: nothing fits on the original hosts
 
@@ -194,30 +217,14 @@ class PlanDesk:
         )
         return None
 
-    # ---- what a switch costs here --------------------------------------------------------------
 
-    def launched(self) -> None:
-        self._launched_at = self.clock()
-
-    def first_step(self) -> None:
-        if self._launched_at is not None:
-            self._startup_s = self.clock() - self._launched_at
-            self._launched_at = None
-
-    def torn_down(self, seconds: float) -> None:
-        self._teardown_s = seconds
-
-    def switch_cost_s(self) -> float:
-        """The last teardown plus the last start-up to a first step: what the next restart will
-        cost, measured on this job's hosts."""
-        if self._startup_s is None:
-            return UNMEASURED_SWITCH_S
-        return self._startup_s + (self._teardown_s or 0.0)
-
-
-class Unplanned:
+class Unplanned(SwitchCost):
     """A job without --profile: every host the roster offers runs nproc ranks of data
-    parallelism, as torchrun would; nothing is planned, journaled or gated."""
+    parallelism, as torchrun would; nothing is planned, journaled or gated (what a restart
+    costs is measured all the same)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
 
     def choose(self, hosts: list[str], *, gen: int, why: str) -> list[str]:
         return hosts
@@ -227,15 +234,6 @@ class Unplanned:
 
     def gate(self, change: Reconfigure, active: list[str], joining: list[str]) -> Reconfigure:
         return change
-
-    def launched(self) -> None:
-        pass
-
-    def first_step(self) -> None:
-        pass
-
-    def torn_down(self, seconds: float) -> None:
-        pass
 
 
 def plan_desk(

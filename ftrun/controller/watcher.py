@@ -66,6 +66,7 @@ class Watcher:
                 nproc_per_node=self.config.nproc_per_node,
                 journal=self.journal,
                 reporter=self.reporter,
+                decide=self.job.on_straggler,
             ),
             *([preempt] if preempt is not None else []),
         ]

@@ -38,7 +38,7 @@ def job_machine(
     plans: PlanDesk | Unplanned = (
         desk(config, profile, journal=journal, reporter=Quiet(), clock=now)
         if profile is not None
-        else Unplanned()
+        else Unplanned(clock=now)
     )
     return JobMachine(
         config,

@@ -104,3 +104,41 @@ def test_a_slow_host_is_named_on_the_ssh_testbed(ftrun: Ftrun, testbed: Testbed)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_with_replace_a_slow_host_gives_way_to_the_spare(ftrun: Ftrun, testbed: Testbed) -> None:
+    """--stragglers replace: node3 named, the restart pays over the default horizon, so the job
+    relaunches on node1, node2 and the spare node4; node3 is quarantined."""
+    proc = ftrun.start("launch", "--ssh-config", str(testbed.ssh_config), "--hosts",
+                       "node1,node2,node3", "--spares", "node4", "--stragglers", "replace",
+                       str(BIN / "train_toy.py"), "--steps", "1000000", "--width", "2048")  # fmt: skip
+    stop = threading.Event()
+    try:
+        started = wait_for(
+            lambda: {e["host"]: e["pid"] for e in journal(ftrun)
+                     if e["kind"] == "rank_started" and e["gen"] == 1}
+            if len([e for e in journal(ftrun) if e["kind"] == "rank_started"]) == 3 else None,
+            120, "3 ranks started",
+        )  # fmt: skip
+        holder = threading.Thread(target=hold_back, args=(started["node3"], stop), daemon=True)
+        holder.start()
+        launched = wait_for(
+            lambda: [e["hosts"] for e in journal(ftrun) if e["kind"] == "generation_launched"][1:],
+            150, lambda: f"a second generation; journal: {[e['kind'] for e in journal(ftrun)][-15:]}",
+        )  # fmt: skip
+        stop.set()
+        assert launched == [["node1", "node2", "node4"]]
+        events = journal(ftrun)
+        [change] = [e for e in events if e["kind"] == "reconfigure"]
+        assert change["why"] == "straggler" and "node3 is a straggler" in change["detail"]
+        assert "replaced by a spare" in change["detail"]
+        assert any(e["kind"] == "host_quarantined" and e["host"] == "node3" for e in events)
+        assert not [e for e in events if e["kind"] == "fault_detected"]  # planned, not a fault
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -183,3 +183,50 @@ def test_a_simulated_jobs_decisions_are_each_kind_the_controller_journals(tmp_pa
         ("reconfigure", "grow"),
         ("launch", ("node1", "node4", "node3", "node5")),
     ]
+
+
+def test_a_straggler_is_replaced_or_dropped_only_when_that_pays_for_the_restart(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    told: list[tuple[str, float, str, int]] = []
+    hosts = ["node1", "node2", "node3"]
+
+    def job_with(policy: str, **config: Any) -> JobMachine:
+        place = tmp_path / f"{policy}-{len(list(tmp_path.iterdir()))}"
+        place.mkdir()
+        job = machine(place, clock, stragglers=policy, **config)
+        job.quarantined = lambda *a: told.append(a)
+        for host in HOSTS:
+            job.roster.ready(job.roster.new_agent(host))
+        job.launch(job.first_plan())  # type: ignore[arg-type]
+        clock.t += 8.0  # launched → first step: 8 s; torn down in 2 s
+        job.plans.first_step()
+        job.plans.torn_down(2.0)
+        return job
+
+    assert job_with("report").on_straggler("node3", 2.0, hosts) is None
+    # replace: no spare ready (every host runs ranks) → kept, and why.
+    job = job_with("replace")
+    assert job.on_straggler("node3", 2.0, hosts) is None
+    job.roster.add("node4")
+    job.roster.ready(job.roster.new_agent("node4"))
+    change = job.on_straggler("node3", 2.0, hosts)
+    assert change is not None and change.why == "straggler"
+    assert "node3 is a straggler (2.0x): replaced by a spare, saving 900 s" in change.detail
+    assert "restart of 10 s" in change.detail
+    assert [t[0] for t in told] == ["node3"]  # quarantined, kept in the user's store
+    assert job.plan("straggler") == ["node1", "node2", "node4"]
+    # drop: one host fewer for the others to carry; 1.2x slower is then no gain at all.
+    job = job_with("drop")
+    assert job.on_straggler("node3", 1.2, hosts) is None
+    assert job.on_straggler("node3", 3.0, hosts) is not None  # 2x on two hosts: pays
+    assert job.plan("straggler") == ["node1", "node2"]
+    # A short horizon does not pay a 10 s restart back.
+    job = job_with("drop", replan_horizon_s=15.0)
+    assert job.on_straggler("node3", 3.0, hosts) is None
+    kept = [e["reason"] for e in read_journal(job.journal.job_dir).events
+            if e["kind"] == "straggler_kept"]  # fmt: skip
+    assert kept == [
+        "8 s saved over --replan-horizon 15 s does not pay a restart of 10 s"
+    ]  # 15 x (1 - 1/2)
