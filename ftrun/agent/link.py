@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ftrun.agent import tiers, workdir
+from ftrun.agent import host_facts, tiers, workdir
 from ftrun.agent.lines import shrunk
 from ftrun.agent.stallguard import StallGuard
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
@@ -99,6 +99,7 @@ class ControlLink:
             port=port,
             peer_port=self.peer_port,
             **tiers.space(workdir.SHM),  # the memory tier's room (controller/fleet.py)
+            **host_facts.facts(),  # Python, torch, the clock: checked (controller/host_checks.py)
             **extra,
         )
         self.last_heard = time.monotonic()

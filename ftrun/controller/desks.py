@@ -14,6 +14,7 @@ from collections.abc import Callable
 from ftrun.config import LaunchConfig
 from ftrun.controller.chaos import ChaosDesk
 from ftrun.controller.fleet import Fleet
+from ftrun.controller.host_checks import HostChecks
 from ftrun.controller.host_health import HostHealth
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
@@ -52,6 +53,7 @@ class Desks:
     plans: PlanDesk | Unplanned
     job: JobMachine
     quarantine: QuarantineDesk
+    checks: HostChecks
     resumption: Resumption
     watcher: Watcher
 
@@ -102,6 +104,10 @@ def wire_desks(
         journal=journal,
         quarantined=quarantine.keep,
     )
+    checks = HostChecks(
+        journal=journal, reporter=reporter, leave_out=job.leave_out, let_in=job.let_in
+    )
+    fleet.hello_checks = checks.heard
     inbox = Inbox(
         server,
         fleet=fleet,
@@ -137,6 +143,7 @@ def wire_desks(
         plans=plans,
         job=job,
         quarantine=quarantine,
+        checks=checks,
         resumption=Resumption(
             config,
             journal=journal,

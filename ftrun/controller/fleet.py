@@ -11,6 +11,7 @@ the console, the messages to the agents.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ftrun.config import LaunchConfig
@@ -53,6 +54,8 @@ class Fleet:
             config.hosts, config.spares, min_nodes=config.min_nodes, max_nodes=config.max_nodes
         )
         self.rendezvous = Rendezvous(config)
+        # Each ready agent's hello, for the host checks (desks.py sets it: host_checks.py).
+        self.hello_checks: Callable[[str, Hello], None] = lambda host, msg: None
         self.agents = AgentProcesses(
             config,
             transport=transport,
@@ -138,14 +141,14 @@ class Fleet:
         if host is None or not self.roster.ready(agent_id):
             return
         addr = self.rendezvous.connected(agent_id, {"addr": msg.addr, "peer_port": msg.peer_port})
+        self.hello_checks(host, msg)  # versions and clock (host_checks.py)
         shm = {
             k: v
             for k, v in (("shm_total", msg.shm_total), ("shm_free", msg.shm_free))
             if v is not None
         }
-        self.journal.record(
-            "agent_connected", host=host, pid=msg.pid, addr=addr, agent=agent_id, **shm
-        )
+        self.journal.record("agent_connected", host=host, pid=msg.pid, addr=addr, agent=agent_id,
+                            python=msg.python, torch=msg.torch, **shm)  # fmt: skip
         note = hello_note(host, msg)  # /dev/shm too small for a memory tier: said once
         if note is not None and self.roster.slots[host].incarnation <= 1:
             self.reporter.notice(note, level="warning")

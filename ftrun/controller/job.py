@@ -102,13 +102,25 @@ class JobMachine:
         # Told (host, until wall time, why, failures) of each quarantine this job decides: the supervisor
         # keeps them in the user's store (ftrun/quarantine.py); a simulation does not.
         self.quarantined = quarantined
+        self.unfit: dict[str, str] = {}  # hosts left out by the checks (host_checks.py): why
         self.generation = 0  # the last one launched
 
     # ---- plans --------------------------------------------------------------------------------
 
     def excluded(self) -> Callable[[str], bool]:
-        """Quarantined now: not planned, not grown onto."""
-        return self.health.excluded(self.now())
+        """Quarantined now, or left out by the host checks: not planned, not grown onto."""
+        quarantined = self.health.excluded(self.now())
+        return lambda host: host in self.unfit or quarantined(host)
+
+    def leave_out(self, host: str, why: str) -> None:
+        """The host checks found `host` unfit (other versions than the job's): left out of every
+        plan until `let_in`."""
+        self.unfit[host] = why
+        self.journal.record("host_left_out", host=host, reason=why)
+
+    def let_in(self, host: str) -> None:
+        if self.unfit.pop(host, None) is not None:
+            self.journal.record("host_released", host=host, why="its checks pass")
 
     def plan(self, why: str) -> list[str]:
         """The next generation's hosts; in a planned job, those its DP x PP layout uses (the rest

@@ -85,7 +85,7 @@ class Supervisor:
         self.inbox, self.stalls, self.judge = desks.inbox, desks.stalls, desks.judge
         self.teardown, self.signals, self.plans = desks.teardown, desks.signals, desks.plans
         self.resumption, self.watcher = desks.resumption, desks.watcher
-        self.job, self.quarantine = desks.job, desks.quarantine
+        self.job, self.quarantine, self.checks = desks.job, desks.quarantine, desks.checks
         if resume is not None:  # a requeued job goes on where its journal left off
             self.job.generation = resume.generation
             self.incidents.count = resume.incidents
@@ -217,6 +217,7 @@ class Supervisor:
         """Launch, watch, end and relaunch generations until the job ends; the first one is
         `adopted` when a resumed controller took a running generation over. What to do next is
         the job machine's decision (job.py); waiting, launching and tearing down are ours."""
+        self.checks.settle()  # the first agents are in: the job's versions (host_checks.py)
         if adopted is not None:
             hosts = list(adopted.hosts.values())
         else:

@@ -3,16 +3,13 @@ edge (the control server, right after messages.py has validated the body) so tha
 further in reads a dict or compares a kind string: a desk matches on the class.
 
 The classes are written beside the schemas (messages.SCHEMAS) and a test holds them equal
-(tests/unit/test_inbound.py): each class has exactly its schema's fields, a field the schema
-requires has no default, and a field's type is what its schema's field allows (`X | None` where
-it may be null or absent: absent reads as None, as `dict.get` did). Lists and maps are kept as
-the JSON gave them, not copied: a message is read, never changed.
+(tests/unit/test_inbound.py): each has exactly its schema's fields, a required field has no
+default, a field's type is what its schema allows (`X | None` where it may be null or absent:
+absent reads as None). Lists and maps are kept as the JSON gave them: a message is read only.
 
-Beside the wire's kinds, those the controller makes for itself and puts on its own inbox:
-AgentLost (server.py: a closed connection, or silence), StopRequested and PreemptNotice
-(job_signals.py). They are in no role's schema: from the wire they are refused. (The agents'
-receiving side and the peer copy still read the dicts that Channel.receive returns.)
-"""
+Beside the wire's kinds, those the controller makes for itself: AgentLost (server.py: a closed
+connection, or silence), StopRequested and PreemptNotice (job_signals.py): from the wire they
+are refused. (The agents and the peer copy still read Channel's dicts.)"""
 
 from __future__ import annotations
 
@@ -57,6 +54,9 @@ class Hello(Message):
     peer_port: int | None = None
     shm_total: int | None = None
     shm_free: int | None = None
+    python: str | None = None  # what the ranks run there, and its clock (host_checks.py)
+    torch: str | None = None
+    wall_t: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,6 +73,9 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
                 "peer_port": opt(PORT),  # where its peer store listens (ftrun/peercopy)
                 "shm_total": opt(Int(0, 1 << 60)),  # /dev/shm's size and free space, bytes
                 "shm_free": opt(Int(0, 1 << 60)),
+                "python": opt(Str(32)),  # the host's Python and torch versions, its clock
+                "torch": opt(Str(64)),
+                "wall_t": opt(WALL_T),
             },
             required=("agent_id",),
         ),
