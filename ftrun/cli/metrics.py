@@ -103,6 +103,22 @@ class JobCollector(Collector):
         for bucket in BUCKETS:
             badput.add_metric([bucket], report.buckets[bucket])
         yield badput
+        pace = GaugeMetricFamily(
+            "ftrun_compute_seconds_per_step",
+            "Each host's (a one-host job: rank's) compute time per step, waits in collectives "
+            "left out: the latest round (docs/policy.md, Stragglers)",
+            labels=["unit"],
+        )
+        for unit, value in sorted(view.pace.latest.items()):
+            pace.add_metric([unit], value)
+        yield pace
+        stragglers = GaugeMetricFamily(
+            "ftrun_stragglers", "Hosts named stragglers and not recovered", labels=["unit"]
+        )
+        for s in view.pace.stragglers:
+            if s.get("recovered_t") is None:
+                stragglers.add_metric([str(s.get("unit"))], 1.0)
+        yield stragglers
 
 
 class Metrics:

@@ -3,6 +3,7 @@ the controller's comparison of hosts (controller/pace.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from ftrun.agent.pace import WINDOW_MIN_S, WINDOW_STEPS, PaceMeter, thread_state
 from ftrun.controller.pace import RATIO, ROUNDS, PaceBoard, StragglerWatch
+from ftrun.jobview.fold import JobFolder
 from ftrun.journal import Journal
 from ftrun.journal.read import read_journal
 from ftrun.sim.quiet import Quiet
@@ -129,3 +131,39 @@ def test_a_one_host_job_compares_all_its_ranks_whichever_reports_first(tmp_path:
         "rank 1",
         "rank 2",
     }
+
+
+def test_the_journals_pace_and_stragglers_are_metrics_and_survive_the_summary(
+    tmp_path: Path,
+) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    from ftrun.cli.metrics import JobCollector
+    from ftrun.jobview import load_job
+    from ftrun.jobview.summary import folder_from_json, folder_to_json
+    from tests.unit.test_goodput import crash_and_restart
+    from tests.unit.test_watch import write_job
+
+    events = crash_and_restart() + [
+        {"kind": "pace", "t": 200.0, "gen": 2, "unit": "host", "step": 90,
+         "compute_s": {"node1": 0.1, "node2": 0.31}},
+        {"kind": "straggler", "t": 201.0, "gen": 2, "unit": "node2", "compute_s": 0.31,
+         "median_s": 0.1, "ratio": 3.1, "step": 90, "rounds": 3},
+    ]  # fmt: skip
+    job = write_job(tmp_path, "j-1", events)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(load_job(job)))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+    }
+    assert samples[("ftrun_compute_seconds_per_step", (("unit", "node2"),))] == 0.31
+    assert samples[("ftrun_stragglers", (("unit", "node2"),))] == 1.0
+    folder = JobFolder()
+    for e in events:
+        folder.feed(e)
+    again = folder_from_json(json.loads(json.dumps(folder_to_json(folder))))
+    assert again.pace == folder.pace and again.pace.stragglers[0]["unit"] == "node2"
