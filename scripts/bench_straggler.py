@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""One slow host of four: plain torchrun, ftrun detect-only, and ftrun replacing it, one run.
+
+On the namespace testbed (5 hosts, real sshd and TCP), tests/bin/train_toy.py (DDP on gloo, one
+rank per host, --width 2048: each step a few tens of ms of compute) runs on node1..node4. Once
+a rank has printed step --slow-at, node3's rank is held back half the time (SIGSTOP/SIGCONT in
+30 ms turns: a host throttled to half speed) until the run ends. Measured from the ranks'
+`STEP n t=<wall time>` lines (the hosts share the machine's clock):
+
+  healthy_steps_per_s  steps --slow-at - 30 .. --slow-at
+  after_steps_per_s    the last --tail-steps steps of the run (for ftrun-replace: of the
+                       generation that replaced node3)
+  detected_after_steps the journal's `straggler` step - --slow-at (ftrun only)
+
+Modes: `torchrun` (the anchor: `torch.distributed.run --nnodes 4 --rdzv-backend c10d` on each
+host over ssh; it has no notion of a straggler), `ftrun-detect` (`--stragglers report`, the
+default: named, not acted on) and `ftrun-replace` (`--stragglers replace --spares node5`).
+Each run lasts --steps steps (torch.save every 5 steps to a shared directory, so the replacing
+generation resumes), then the hosts are cleaned; the testbed is always torn down.
+
+    python scripts/bench_straggler.py [--steps 400] [--slow-at 50] [--json FILE]
+
+The JSON's `summary`: detected_after_steps (ftrun-detect), throughput_after_ratio
+(ftrun-replace's after / healthy), torchrun_after_ratio and detect_after_ratio (for contrast),
+preflight_found_bad_link (null: the pairwise link test is not built yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+from benchlib import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.testbed import Testbed, unavailable_reason  # noqa: E402
+
+SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
+PY = sys.executable
+HOSTS = ("node1", "node2", "node3", "node4")
+SLOW = "node3"
+STEP = re.compile(r"^(?:\[rank(\d+)\]:\s*)?STEP (\d+) t=([\d.]+)")
+
+
+def steps_of(lines: list[str], rank: str = "0") -> list[tuple[int, float]]:
+    out = []
+    for line in lines:
+        m = STEP.search(line)
+        if m and (m.group(1) in (None, rank)):
+            out.append((int(m.group(2)), float(m.group(3))))
+    return out
+
+
+def rate(steps: list[tuple[int, float]]) -> float | None:
+    if len(steps) < 2 or steps[-1][1] <= steps[0][1]:
+        return None
+    return (steps[-1][0] - steps[0][0]) / (steps[-1][1] - steps[0][1])
+
+
+def hold_back(pid: int, stop: threading.Event) -> None:
+    try:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            stop.wait(0.03)
+            os.kill(pid, signal.SIGCONT)
+            stop.wait(0.03)
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+class Bench:
+    def __init__(self, bed: Testbed, tmp: Path, args: argparse.Namespace) -> None:
+        self.bed, self.tmp, self.args = bed, tmp, args
+
+    def rank_pid(self, host: str) -> int | None:
+        """The training process on `host` (train_toy.py, not a launcher or a shim)."""
+        for pid in self.bed.pids(host):
+            try:
+                p = psutil.Process(pid)
+                cmd = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if "train_toy" in cmd and "distributed.run" not in cmd and "rank_shim" not in cmd:
+                if p.name() != "sshd":
+                    return pid
+        return None
+
+    def clean(self) -> None:
+        for host in self.bed.hosts:
+            sshd = self.bed.state_dir / host.name / "sshd.pid"
+            try:
+                daemon = int(sshd.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                daemon = -1
+            for pid in self.bed.pids(host):
+                if pid != daemon:
+                    try:
+                        psutil.Process(pid).kill()
+                    except psutil.Error:
+                        pass
+
+    def slow_down(self, lines: list[str], stop: threading.Event) -> dict[str, Any]:
+        a = self.args
+        deadline = time.monotonic() + a.start_timeout_s
+        while time.monotonic() < deadline and not any(s >= a.slow_at for s, _ in steps_of(lines)):
+            time.sleep(0.05)
+        pid = self.rank_pid(SLOW)
+        if pid is None:
+            return {"error": f"no rank on {SLOW} at step {a.slow_at}"}
+        threading.Thread(target=hold_back, args=(pid, stop), daemon=True).start()
+        return {"slowed_pid": pid, "slowed_t": time.time()}
+
+    def measure(self, mode: str, lines: list[str], run_dir: Path | None) -> dict[str, Any]:
+        a = self.args
+        steps = steps_of(lines)
+        healthy = [(s, t) for s, t in steps if a.slow_at - 30 <= s <= a.slow_at]
+        out: dict[str, Any] = {"mode": mode, "healthy_steps_per_s": rate(healthy)}
+        events: list[dict[str, Any]] = []
+        if run_dir is not None:
+            for job in run_dir.iterdir():
+                path = job / "events.jsonl"
+                events += [json.loads(x) for x in path.read_text().splitlines() if x]
+        named = [e for e in events if e["kind"] == "straggler"]
+        out["straggler"] = named[0] if named else None
+        out["detected_after_steps"] = named[0]["step"] - a.slow_at if named else None
+        launched = [e["t"] for e in events if e["kind"] == "generation_launched"]
+        tail = steps[-a.tail_steps :]
+        if mode == "ftrun-replace" and len(launched) > 1:
+            tail = [(s, t) for s, t in steps if t > launched[-1]][-a.tail_steps :]
+            out["replaced_by"] = [e["hosts"] for e in events if e["kind"] == "generation_launched"][
+                -1
+            ]
+        out["after_steps_per_s"] = rate(tail)
+        h, after = out["healthy_steps_per_s"], out["after_steps_per_s"]
+        out["after_ratio"] = after / h if h and after else None
+        return out
+
+    def torchrun(self) -> dict[str, Any]:
+        a = self.args
+        work = self.tmp / "torchrun"
+        (work / "ckpt").mkdir(parents=True)
+        endpoint = f"{self.bed.host('node1').address}:{a.port}"
+        remote = (
+            f"cd {shlex.quote(str(ROOT))} && PYTHONPATH={shlex.quote(str(ROOT))} exec "
+            + shlex.join([PY, "-m", "torch.distributed.run", "--nnodes", "4",
+                          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                          endpoint, "--rdzv-id", uuid.uuid4().hex, "--log-dir",
+                          str(work / "torchelastic"), SCRIPT, "--steps", str(a.steps),
+                          "--width", "2048", "--ckpt-dir", str(work / "ckpt")])
+        )  # fmt: skip
+        runs = {h: Run(self.bed.ssh_argv(h, remote), cwd=ROOT) for h in HOSTS}
+        stop = threading.Event()
+        try:
+            slowed = self.slow_down(runs["node1"].lines, stop)
+            runs["node1"].wait(a.run_timeout_s)
+            return {**self.measure("torchrun", runs["node1"].lines, None), **slowed}
+        finally:
+            stop.set()
+            for r in runs.values():
+                r.close()
+            self.clean()
+
+    def ftrun(self, mode: str) -> dict[str, Any]:
+        a = self.args
+        work = self.tmp / mode
+        run_dir = work / "runs"
+        (work / "ckpt").mkdir(parents=True)
+        run_dir.mkdir()
+        policy = ["--stragglers", "replace", "--spares", "node5"] if mode == "ftrun-replace" else []
+        cmd = [PY, "-m", "ftrun", "launch", "--ssh-config", str(self.bed.ssh_config),
+               "--hosts", ",".join(HOSTS), *policy, SCRIPT, "--steps", str(a.steps),
+               "--width", "2048", "--ckpt-dir", str(work / "ckpt")]  # fmt: skip
+        env = {"FTRUN_RUN_DIR": str(run_dir), "FTRUN_QUARANTINE_FILE": str(work / "q.json")}
+        run = Run(cmd, env=env, cwd=ROOT)
+        stop = threading.Event()
+        try:
+            slowed = self.slow_down(run.lines, stop)
+            rc = run.wait(a.run_timeout_s)
+            return {**self.measure(mode, run.lines, run_dir), **slowed, "rc": rc}
+        finally:
+            stop.set()
+            run.close()
+            self.clean()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--slow-at", type=int, default=50)
+    p.add_argument("--tail-steps", type=int, default=40)
+    p.add_argument("--only", default="torchrun,ftrun-detect,ftrun-replace")
+    p.add_argument("--port", type=int, default=29731)
+    p.add_argument("--start-timeout-s", type=float, default=120)
+    p.add_argument("--run-timeout-s", type=float, default=600)
+    p.add_argument("--prefix", default="ftbs")
+    p.add_argument("--subnet", default="10.213.53.0/24")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    if (why := unavailable_reason()) is not None:
+        print(f"bench_straggler: no testbed here: {why}", file=sys.stderr)
+        return 2
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ftrun-bench-straggler-") as tmp_name:
+        tmp = Path(tmp_name)
+        with Testbed(5, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
+            bench = Bench(bed, tmp, args)
+            for mode in args.only.split(","):
+                r = bench.torchrun() if mode == "torchrun" else bench.ftrun(mode)
+                results.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "straggler"}), flush=True)
+    by = {r["mode"]: r for r in results}
+    summary = {
+        "detected_after_steps": by.get("ftrun-detect", {}).get("detected_after_steps"),
+        "throughput_after_ratio": by.get("ftrun-replace", {}).get("after_ratio"),
+        "detect_after_ratio": by.get("ftrun-detect", {}).get("after_ratio"),
+        "torchrun_after_ratio": by.get("torchrun", {}).get("after_ratio"),
+        "preflight_found_bad_link": None,
+    }
+    print(json.dumps({"summary": summary}, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
