@@ -81,7 +81,12 @@ def hosts_text(view: JobView) -> str:
     for state in view.hosts.values():
         counts[state] = counts.get(state, 0) + 1
     order = ("active", "spare", "starting", "lost", "unreachable", "removed")
-    return " ".join(f"{counts[s]} {s}" for s in order if counts.get(s)) or "-"
+    text = " ".join(f"{counts[s]} {s}" for s in order if counts.get(s)) or "-"
+    slow = [s for s in view.pace.stragglers
+            if s.get("recovered_t") is None and s.get("gen") == view.generation]  # fmt: skip
+    if slow:  # named stragglers of the running generation (docs/policy.md, Stragglers)
+        text += "; slow: " + ", ".join(f"{s.get('unit')} {s.get('ratio')}x" for s in slow)
+    return text
 
 
 def last_incident(view: JobView, now: float) -> str:

@@ -167,3 +167,17 @@ def test_the_journals_pace_and_stragglers_are_metrics_and_survive_the_summary(
         folder.feed(e)
     again = folder_from_json(json.loads(json.dumps(folder_to_json(folder))))
     assert again.pace == folder.pace and again.pace.stragglers[0]["unit"] == "node2"
+
+
+def test_status_watch_names_the_running_generations_stragglers() -> None:
+    from ftrun.cli.watch import hosts_text
+    from ftrun.jobview.views import JobView
+
+    view = JobView(job_id="j-1", job_dir=Path("/r/j-1"), generation=2,
+                   hosts={"node1": "active", "node2": "active", "node5": "spare"})  # fmt: skip
+    assert hosts_text(view) == "2 active 1 spare"
+    view.pace.stragglers = [
+        {"gen": 1, "unit": "node3", "ratio": 2.0, "recovered_t": None},  # an older generation's
+        {"gen": 2, "unit": "node2", "ratio": 1.6, "recovered_t": None},
+    ]
+    assert hosts_text(view) == "2 active 1 spare; slow: node2 1.6x"
