@@ -31,6 +31,6 @@ if [ "$fast" = 1 ]; then
     exec .venv/bin/python -m pytest -q -m "not ranks and not testbed" "${args[@]}"
 fi
 # On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). The tests that start ranks wait
-# on timeouts and child processes more than they compute (60 % of a 2-core machine idle), and
-# every testbed test runs on one worker, in turn (tests/conftest.py).
+# on timeouts and child processes more than they compute (60 % of a 2-core machine idle); each
+# worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
 exec .venv/bin/python -m pytest -q -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"
