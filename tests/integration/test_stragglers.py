@@ -38,7 +38,7 @@ def hold_back(pid: int, stop: threading.Event) -> None:
 
 def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun) -> None:
     proc = ftrun.start("launch", "--nproc-per-node", "3", str(BIN / "train_toy.py"),
-                       "--steps", "1000000", "--width", "2048")  # fmt: skip
+                       "--steps", "1000000", "--width", "1024", "--step-time", "0.02")  # fmt: skip
     stop = threading.Event()
     try:
         started = wait_for(
@@ -77,41 +77,13 @@ def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun)
     assert proc.returncode == 130 or proc.returncode == 0, proc.returncode
 
 
-def test_a_slow_host_is_named_on_the_ssh_testbed(ftrun: Ftrun, testbed: Testbed) -> None:
-    """Hosts are compared (not ranks) once the job has more than one: node3's rank held back."""
-    proc = ftrun.start("launch", "--ssh-config", str(testbed.ssh_config), "--hosts",
-                       "node1,node2,node3", str(BIN / "train_toy.py"), "--steps", "1000000",
-                       "--width", "2048")  # fmt: skip
-    stop = threading.Event()
-    try:
-        started = wait_for(
-            lambda: {e["host"]: e["pid"] for e in journal(ftrun) if e["kind"] == "rank_started"}
-            if len([e for e in journal(ftrun) if e["kind"] == "rank_started"]) == 3 else None,
-            120, "3 ranks started",
-        )  # fmt: skip
-        holder = threading.Thread(target=hold_back, args=(started["node3"], stop), daemon=True)
-        holder.start()
-        [straggler] = wait_for(
-            lambda: [e for e in journal(ftrun) if e["kind"] == "straggler"], 120,
-            lambda: f"a straggler; pace: {[e['compute_s'] for e in journal(ftrun) if e['kind'] == 'pace'][-3:]}",
-        )  # fmt: skip
-        assert straggler["unit"] == "node3" and straggler["ratio"] >= 1.3
-    finally:
-        stop.set()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_with_replace_a_slow_host_gives_way_to_the_spare(ftrun: Ftrun, testbed: Testbed) -> None:
-    """--stragglers replace: node3 named, the restart pays over the default horizon, so the job
-    relaunches on node1, node2 and the spare node4; node3 is quarantined."""
+    """--stragglers replace: node3 named (hosts compared, not ranks), the restart pays over the
+    default horizon, so the job relaunches on node1, node2 and the spare node4; node3 is
+    quarantined."""
     proc = ftrun.start("launch", "--ssh-config", str(testbed.ssh_config), "--hosts",
                        "node1,node2,node3", "--spares", "node4", "--stragglers", "replace",
-                       str(BIN / "train_toy.py"), "--steps", "1000000", "--width", "2048")  # fmt: skip
+                       str(BIN / "train_toy.py"), "--steps", "1000000", "--width", "1024", "--step-time", "0.02")  # fmt: skip
     stop = threading.Event()
     try:
         started = wait_for(
