@@ -61,7 +61,9 @@ def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_pa
             r"\[rank(\d)\]: ftrun-checkpoint: restored step (\d+) from (\w+)", out
         )
         assert sorted(r for r, _, _ in restored) == ["0", "1"], out[-3000:]
-        assert {tier for _, _, tier in restored} == {"memory"}
+        # Not yet always (seen ~1 run in 10 under the suite's load: storage, exact but steps
+        # lost): the output says why memory was skipped, for whoever looks into it.
+        assert {tier for _, _, tier in restored} == {"memory"}, out[-6000:]
         [step] = {int(s) for _, s, _ in restored}
         assert step in (5, 6), out[-6000:]  # the last snapshot every rank completed
 

@@ -79,16 +79,20 @@ def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_i
 
 
 def test_a_resume_within_the_grace_adopts_the_running_generation(ftrun, test_id, tmp_path):
-    args = (*ARGS[:-1], "--record", str(tmp_path))  # memory tier on; what each rank did
-    clean = ftrun.run("launch", *ARGS, timeout=120)
+    # 60 steps: the controller is killed at step 8 and the ranks must be seen training on
+    # without it (3 s of steps left on a loaded machine; 40 was once too few in CI).
+    steps = ("--steps", "60")
+    clean = ftrun.run("launch", *ARGS, *steps, timeout=120)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
     [clean_job] = [j["job_id"] for j in ftrun.status_json()]
 
+    args = (*ARGS[:-1], *steps, "--record", str(tmp_path))  # memory tier on; what each rank did
     proc = ftrun.start("launch", *args)
     out = Output(proc)
-    out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)
+    out.wait_for("[rank1]: LOSS rank=1 step=2 ", 120)
     [job] = [j["job_id"] for j in ftrun.status_json() if j["job_id"] != clean_job]
-    resumed = kill_and_adopt(ftrun, proc, job, tmp_path, hosts="localhost", steps=40)
+    out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)  # then killed at once
+    resumed = kill_and_adopt(ftrun, proc, job, tmp_path, hosts="localhost", steps=60)
     events = ftrun.events(job)
     [adopted] = [e for e in events if e["kind"] == "adopted"]
     assert adopted["gen"] == 1 and adopted["hosts"] == ["localhost"]
