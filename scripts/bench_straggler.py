@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
-import signal
 import sys
 import tempfile
 import threading
@@ -46,6 +44,7 @@ from benchlib import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.slowdown import hold_back  # noqa: E402
 from tests.testbed import Testbed, unavailable_reason  # noqa: E402
 
 SCRIPT = str(ROOT / "tests" / "bin" / "train_toy.py")
@@ -68,18 +67,6 @@ def rate(steps: list[tuple[int, float]]) -> float | None:
     if len(steps) < 2 or steps[-1][1] <= steps[0][1]:
         return None
     return (steps[-1][0] - steps[0][0]) / (steps[-1][1] - steps[0][1])
-
-
-def hold_back(pid: int, stop: threading.Event) -> None:
-    try:
-        while not stop.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            stop.wait(0.03)
-            os.kill(pid, signal.SIGCONT)
-            stop.wait(0.03)
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
 
 
 class Bench:

@@ -5,12 +5,12 @@ every all-reduce. The job is told, not stopped (report only, the default): it go
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading
 
 from tests.conftest import BIN, Ftrun, wait_for
+from tests.slowdown import hold_back
 from tests.testbed import Testbed
 
 
@@ -23,17 +23,14 @@ def journal(ftrun: Ftrun) -> list[dict]:
     return events
 
 
-def hold_back(pid: int, stop: threading.Event) -> None:
-    """Half the time stopped, in 30 ms turns: a host throttled to half its speed."""
+def stop_job(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C the launcher and wait for it (killed after 60 s)."""
+    proc.send_signal(signal.SIGINT)
     try:
-        while not stop.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            stop.wait(0.03)
-            os.kill(pid, signal.SIGCONT)
-            stop.wait(0.03)
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun) -> None:
@@ -68,12 +65,7 @@ def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun)
         assert set(status["pace"]["compute_s"]) == {"rank 0", "rank 1", "rank 2"}
     finally:
         stop.set()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_job(proc)
     assert proc.returncode == 130 or proc.returncode == 0, proc.returncode
 
 
@@ -108,9 +100,4 @@ def test_with_replace_a_slow_host_gives_way_to_the_spare(ftrun: Ftrun, testbed: 
         assert not [e for e in events if e["kind"] == "fault_detected"]  # planned, not a fault
     finally:
         stop.set()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_job(proc)
