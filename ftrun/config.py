@@ -166,6 +166,9 @@ class LaunchConfig:
     group_readable: bool = False
     # TLS 1.3 between hosts (ftrun/tls.py); False only with --insecure-plain-control.
     control_tls: bool = True
+    # A pairwise gloo probe of the hosts' links before the first generation; a host slow with
+    # every peer is left out (controller/link_check.py, --link-check).
+    link_check: bool = False
 
     def __post_init__(self) -> None:
         problems = not_numbers(self)  # NaN passes every bound below, inf most of them

@@ -32,7 +32,7 @@ import threading
 from functools import partial
 from typing import Any
 
-from ftrun.agent import tiers, watch, workdir
+from ftrun.agent import link_probe, tiers, watch, workdir
 from ftrun.agent.generations import Generations
 from ftrun.agent.genrun import GenerationRun
 from ftrun.agent.link import ControlLink, watch_stdin
@@ -248,6 +248,8 @@ class Agent:
                 run.on_finishing()
         elif kind == "capture_stacks":
             self.tasks.spawn("stacks for the exit barrier", gens.send_stacks(msg.get("gen")))
+        elif kind == "link_check":  # before the first generation (link_probe.py)
+            self.tasks.spawn("link check", link_probe.link_check(self.boot.python, msg, self.link))
 
     async def _heartbeat_loop(self) -> None:
         await self.link.heartbeat_loop(lambda: self.gen.number if self.gen else None)

@@ -68,6 +68,7 @@ def launch(
     stragglers: str = opts.STRAGGLERS,
     group_readable: bool = opts.GROUP_READABLE,
     insecure_plain_control: bool = opts.INSECURE_PLAIN_CONTROL,
+    link_check: bool = opts.LINK_CHECK,
     hosts: str | None = typer.Option(
         None, "--hosts", help="Hosts to run on over ssh: a,b,user@c:2222 (default: this machine)."
     ),
@@ -230,6 +231,7 @@ def launch(
             stragglers=stragglers,
             group_readable=group_readable,
             control_tls=not insecure_plain_control,
+            link_check=link_check,
         )
     except UsageError as e:
         problems.insert(0, e.message)

@@ -168,6 +168,15 @@ INSECURE_PLAIN_CONTROL: Any = typer.Option(
     "hosts on a trusted network: TLS costs the controller ~1.2-1.4x CPU (docs/security.md).",
 )
 
+# `ftrun launch`'s alone for now (`ftrun sbatch` does not take it yet).
+LINK_CHECK: Any = typer.Option(
+    False,
+    "--link-check",
+    help="Before the first step, pair the hosts up in two rounds of a short gloo probe "
+    "(latency, bandwidth) and leave out a host slow with each of its peers (docs/policy.md) "
+    "[off]. Multi-host jobs only.",
+)
+
 # Shared by both commands but not passed on: the batch script gives the ones chosen at submission.
 JOB_NAME: Any = typer.Option(None, "--job-name", help="Name shown by status.")
 RUN_DIR: Any = typer.Option(

@@ -22,6 +22,7 @@ from ftrun.controller.internal import InternalFailures
 from ftrun.controller.job import JobMachine
 from ftrun.controller.job_signals import JobSignals
 from ftrun.controller.judge import Judge
+from ftrun.controller.link_check import LinkCheck
 from ftrun.controller.planning import PlanDesk, Unplanned, plan_desk
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.quarantine_desk import QuarantineDesk
@@ -54,6 +55,7 @@ class Desks:
     job: JobMachine
     quarantine: QuarantineDesk
     checks: HostChecks
+    links: LinkCheck
     resumption: Resumption
     watcher: Watcher
 
@@ -144,6 +146,15 @@ def wire_desks(
         job=job,
         quarantine=quarantine,
         checks=checks,
+        links=LinkCheck(
+            config,
+            fleet=fleet,
+            inbox=inbox,
+            journal=journal,
+            reporter=reporter,
+            excluded=job.excluded,
+            leave_out=job.leave_out,
+        ),
         resumption=Resumption(
             config,
             journal=journal,

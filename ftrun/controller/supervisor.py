@@ -86,6 +86,7 @@ class Supervisor:
         self.teardown, self.signals, self.plans = desks.teardown, desks.signals, desks.plans
         self.resumption, self.watcher = desks.resumption, desks.watcher
         self.job, self.quarantine, self.checks = desks.job, desks.quarantine, desks.checks
+        self.links = desks.links
         if resume is not None:  # a requeued job goes on where its journal left off
             self.job.generation = resume.generation
             self.incidents.count = resume.incidents
@@ -218,6 +219,8 @@ class Supervisor:
         `adopted` when a resumed controller took a running generation over. What to do next is
         the job machine's decision (job.py); waiting, launching and tearing down are ours."""
         self.checks.settle()  # the first agents are in: the job's versions (host_checks.py)
+        if adopted is None and not await self.links.before_first():  # --link-check
+            return self._interrupted()
         if adopted is not None:
             hosts = list(adopted.hosts.values())
         else:

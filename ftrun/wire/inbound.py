@@ -9,33 +9,19 @@ absent reads as None). Lists and maps are kept as the JSON gave them: a message 
 
 Beside the wire's kinds, those the controller makes for itself: AgentLost (server.py: a closed
 connection, or silence), StopRequested and PreemptNotice (job_signals.py): from the wire they
-are refused. (The agents and the peer copy still read Channel's dicts.)"""
+are refused. (The agents and the peer copy still read Channel's dicts.) The base classes are
+inbound_base.py's; the health checks' messages, inbound_checks.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
+from ftrun.wire.inbound_base import Message, Report
+from ftrun.wire.inbound_checks import LinkProbed
 from ftrun.wire.messages import ENVELOPE, Role
-
-
-@dataclass(frozen=True, kw_only=True)
-class Message:
-    """One message the controller took in. KIND is its name on the wire (for logs and refusals;
-    nothing dispatches on it)."""
-
-    KIND: ClassVar[str] = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Report(Message):
-    """What an agent says about its generation (messages.AGENT_REPORT's fields)."""
-
-    gen: int | None  # the generation it speaks of: an older one's is stale
-    shrunk: str | None = None  # link.py cut the message to fit a frame
-
 
 # ---- agent → controller --------------------------------------------------------------------
 
@@ -315,6 +301,7 @@ CLASSES: dict[Role, dict[str, type[Message]]] = {
             GenExited,
             Stopped,
             AgentError,
+            LinkProbed,
         )
     },
     Role.CLIENT: {c.KIND: c for c in (ClientHello, Chaos, Hosts)},

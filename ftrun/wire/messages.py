@@ -43,6 +43,7 @@ from ftrun.wire.schema import (
     ByRank,
     Int,
     ListOf,
+    Num,
     Schema,
     Str,
     opt,
@@ -210,6 +211,21 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             },
             ("gen",),
         ),
+        # the link check's figures for each round this host was in (agent/link_probe.py), and a
+        # fresh port of its host for the rendezvous (the check used the one its hello offered)
+        "link_probed": Schema(
+            {
+                **AGENT_REPORT,
+                "check": GEN,
+                "rounds": ListOf(Int(1, 8), 8),
+                "peers": ListOf(Str(), 8),
+                "latency_s": ListOf(opt(SECONDS), 8),
+                "bandwidth_Bps": ListOf(opt(Num(0.0, 1e15)), 8),
+                "errors": ListOf(opt(Str(MAX_LINE)), 8),
+                "port": opt(PORT),
+            },
+            ("gen", "check", "rounds", "peers", "latency_s", "bandwidth_Bps", "errors"),
+        ),
         "gen_exited": Schema({**AGENT_REPORT, "exit_code": EXIT_CODE, "tail": LINES}, ("gen",)),
         "stopped": Schema(
             {**AGENT_REPORT, "survivors": ListOf(PID, MAX_RANKS), "port": PORT}, ("port",)
@@ -285,6 +301,20 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         ),
         "finishing": Schema({"gen": GEN}, ("gen",)),
         "capture_stacks": Schema({"gen": opt(GEN)}),
+        # the link check (controller/link_check.py): this host's rounds, each with its peer,
+        # where the pair's store is, and this host's rank in the pair (0: it holds the store)
+        "link_check": Schema(
+            {
+                "check": GEN,
+                "timeout_s": SECONDS,
+                "rounds": ListOf(Int(1, 8), 8),
+                "peers": ListOf(Str(), 8),
+                "addrs": ListOf(Str(), 8),
+                "ports": ListOf(PORT, 8),
+                "ranks": ListOf(Int(0, 1), 8),
+            },
+            ("check", "timeout_s", "rounds", "peers", "addrs", "ports", "ranks"),
+        ),
         "shutdown": Schema({}),
         "fence": Schema({"reason": Str(MAX_LINE)}),  # an agent we no longer count on: fence now
         "chaos_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),

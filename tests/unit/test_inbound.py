@@ -117,3 +117,24 @@ def test_the_journals_field_lists_are_fields_of_their_messages():
     assert (
         inbound.pick(CheckpointTier(gen=1, rank=0, tier="storage"), g.TIER_FIELDS)["from"] is None
     )
+
+
+def test_the_link_checks_report_lives_beside_the_health_checks_and_decodes_like_the_rest():
+    from ftrun.wire.inbound_checks import LinkProbed
+
+    body = {
+        "v": 2,
+        "kind": "link_probed",
+        "seq": 1,
+        "gen": None,
+        "check": 1,
+        "rounds": [1, 2],
+        "peers": ["node2", "node4"],
+        "latency_s": [0.0002, None],
+        "bandwidth_Bps": [4.5e8, None],
+        "errors": [None, "timed out"],
+        "port": 40001,
+    }
+    msg = typed(Role.AGENT, validate(Role.AGENT, body))
+    assert isinstance(msg, LinkProbed) and isinstance(msg, inbound.Report)
+    assert msg.errors == [None, "timed out"] and msg.port == 40001
