@@ -29,7 +29,7 @@ from typing import Any
 
 LAT_REPS = 9
 BW_BYTES = 2 << 20  # 2 MiB: a few ms on a healthy link, a fraction of a second on 100 Mbit/s
-BW_REPS = 3
+BW_REPS = 5
 
 
 def _round(slot: dict[str, Any], deadline: float) -> dict[str, Any]:
