@@ -16,13 +16,17 @@ Modes: `torchrun` (the anchor: `torch.distributed.run --nnodes 4 --rdzv-backend 
 host over ssh; it has no notion of a straggler), `ftrun-detect` (`--stragglers report`, the
 default: named, not acted on) and `ftrun-replace` (`--stragglers replace --spares node5`).
 Each run lasts --steps steps (torch.save every 5 steps to a shared directory, so the replacing
-generation resumes), then the hosts are cleaned; the testbed is always torn down.
+generation resumes), then the hosts are cleaned; the testbed is always torn down. A fourth mode,
+`ftrun-preflight`, holds nobody back: node3's link is shaped to 100 Mbit/s (tests/linkshaper.py;
+tc's netem is not in every kernel) and a short job runs with `--link-check`: the check before the
+first step must leave node3 out (its figures and seconds are the journal's `link_check`).
 
     python scripts/bench_straggler.py [--steps 400] [--slow-at 50] [--json FILE]
 
 The JSON's `summary`: detected_after_steps (ftrun-detect), throughput_after_ratio
 (ftrun-replace's after / healthy), torchrun_after_ratio and detect_after_ratio (for contrast),
-preflight_found_bad_link (null: the pairwise link test is not built yet).
+preflight_found_bad_link (ftrun-preflight: whether the link check left the shaped host out,
+and nobody else) and preflight_check_s (how long the check took).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from benchlib import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.linkshaper import slow_link  # noqa: E402
 from tests.slowdown import hold_back  # noqa: E402
 from tests.testbed import Testbed, unavailable_reason  # noqa: E402
 
@@ -183,13 +188,51 @@ class Bench:
             run.close()
             self.clean()
 
+    def preflight(self) -> dict[str, Any]:
+        """node3's link at 100 Mbit/s, a short job with --link-check: is node3 left out?"""
+        a = self.args
+        run_dir = self.tmp / "ftrun-preflight" / "runs"
+        run_dir.mkdir(parents=True)
+        cmd = [PY, "-m", "ftrun", "launch", "--ssh-config", str(self.bed.ssh_config),
+               "--hosts", ",".join(HOSTS), "--link-check", SCRIPT, "--steps", "3"]  # fmt: skip
+        env = {"FTRUN_RUN_DIR": str(run_dir), "FTRUN_QUARANTINE_FILE": str(run_dir / "q.json")}
+        try:
+            with slow_link(self.bed.host(SLOW).namespace):
+                run = Run(cmd, env=env, cwd=ROOT)
+                try:
+                    rc = run.wait(a.run_timeout_s)
+                finally:
+                    run.close()
+                    tail = run.lines[-5:]
+        finally:
+            self.clean()
+        events = [
+            json.loads(x)
+            for job in run_dir.iterdir()
+            if (job / "events.jsonl").exists()
+            for x in (job / "events.jsonl").read_text().splitlines()
+            if x
+        ]
+        checks = [e for e in events if e["kind"] == "link_check"]
+        left = [e["host"] for e in events if e["kind"] == "host_left_out"]
+        check = checks[0] if checks else {}
+        return {
+            "mode": "ftrun-preflight",
+            "rc": rc,
+            "found": left == [SLOW] and list(check.get("bad_hosts", {})) == [SLOW],
+            "left_out": left,
+            "check_s": check.get("seconds"),
+            "link_check": check or None,
+            **({} if rc == 0 else {"tail": tail}),
+        }
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--slow-at", type=int, default=50)
     p.add_argument("--tail-steps", type=int, default=40)
-    p.add_argument("--only", default="torchrun,ftrun-detect,ftrun-replace")
+    p.add_argument("--only", default="torchrun,ftrun-detect,ftrun-replace,ftrun-preflight")
     p.add_argument("--port", type=int, default=29731)
     p.add_argument("--start-timeout-s", type=float, default=120)
     p.add_argument("--run-timeout-s", type=float, default=600)
@@ -206,16 +249,23 @@ def main() -> int:
         with Testbed(5, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
             bench = Bench(bed, tmp, args)
             for mode in args.only.split(","):
-                r = bench.torchrun() if mode == "torchrun" else bench.ftrun(mode)
+                if mode == "torchrun":
+                    r = bench.torchrun()
+                elif mode == "ftrun-preflight":
+                    r = bench.preflight()
+                else:
+                    r = bench.ftrun(mode)
                 results.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "straggler"}), flush=True)
+                shown = {k: v for k, v in r.items() if k not in ("straggler", "link_check")}
+                print(json.dumps(shown), flush=True)
     by = {r["mode"]: r for r in results}
     summary = {
         "detected_after_steps": by.get("ftrun-detect", {}).get("detected_after_steps"),
         "throughput_after_ratio": by.get("ftrun-replace", {}).get("after_ratio"),
         "detect_after_ratio": by.get("ftrun-detect", {}).get("after_ratio"),
         "torchrun_after_ratio": by.get("torchrun", {}).get("after_ratio"),
-        "preflight_found_bad_link": None,
+        "preflight_found_bad_link": by.get("ftrun-preflight", {}).get("found"),
+        "preflight_check_s": by.get("ftrun-preflight", {}).get("check_s"),
     }
     print(json.dumps({"summary": summary}, indent=1))
     if args.json:
