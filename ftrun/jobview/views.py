@@ -224,6 +224,7 @@ class JobView:
             out["ranks"] = [r.to_json() for r in self.ranks]
             out["pace"] = {"unit": self.pace.unit, "compute_s": self.pace.latest}
             out["stragglers"] = self.pace.stragglers
+            out["link_check"] = self.pace.link_check  # --link-check's verdict, if it ran
         return out
 
 
