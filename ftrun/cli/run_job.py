@@ -130,7 +130,7 @@ def _run(
 def requeue_job(config: LaunchConfig, journal: Journal, outcome: JobOutcome) -> JobOutcome:
     """Put the Slurm job back in the queue, last: Slurm then ends this batch step, and the
     requeued one resumes this job directory."""
-    from ftrun.transport.slurm_allocation import requeue
+    from ftrun.slurmctl import requeue
 
     slurm = options_of(config, SlurmOptions)
     assert slurm is not None and slurm.slurm_job_id is not None

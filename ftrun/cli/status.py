@@ -23,7 +23,7 @@ from ftrun.errors import FtrunError, UsageError
 from ftrun.jobview import JobView, load_job
 from ftrun.jobview.goodput import job_goodput
 from ftrun.journal.read import find_job_dir, list_job_dirs
-from ftrun.transport.slurm_allocation import job_fields
+from ftrun.slurmctl import job_fields
 
 console = make_console()
 

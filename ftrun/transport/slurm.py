@@ -27,6 +27,7 @@ from ftrun import envcontract
 from ftrun.agent import procs
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED, HostUnreachable
+from ftrun.slurmctl import SlurmError
 from ftrun.transport import child, slurm_allocation
 from ftrun.transport.escalate import escalate
 
@@ -176,7 +177,7 @@ class SrunTransport:
         loop = asyncio.get_running_loop()
         try:
             state = await loop.run_in_executor(None, slurm_allocation.node_state, node)
-        except slurm_allocation.SlurmError as e:
+        except SlurmError as e:
             raise unreachable(node, e.message) from None
         if state in slurm_allocation.DEAD_STATES:
             raise unreachable(node, f"Slurm has the node {state}")
@@ -186,7 +187,7 @@ class SrunTransport:
             loop = asyncio.get_running_loop()
             try:
                 addr = await loop.run_in_executor(None, slurm_allocation.node_address, node)
-            except slurm_allocation.SlurmError:
+            except SlurmError:
                 addr = node
             self._dial[node] = await loop.run_in_executor(None, slurm_allocation.dial_address, addr)
         return self._dial[node]

@@ -3,8 +3,8 @@
 Everything ftrun needs to know about the allocation comes from the variables Slurm gives the
 batch step (`SLURM_JOB_ID`, `SLURM_JOB_NODELIST`, `SLURM_GPUS_ON_NODE`, `SLURM_RESTART_COUNT`) and
 from `scontrol`: the node list expanded (`scontrol show hostnames`, never a parser of our own for
-`node[1-3,7]`), a node's address and state, and `scontrol requeue`. Every command runs with a
-timeout and fails as one FtrunError that carries Slurm's own message.
+`node[1-3,7]`), a node's address and state, and `scontrol requeue`, through the client in
+ftrun/slurmctl.py.
 """
 
 from __future__ import annotations
@@ -12,20 +12,15 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ftrun.errors import FtrunError, UsageError
+from ftrun.errors import UsageError
+from ftrun.slurmctl import node_fields, scontrol
 
-SCONTROL_TIMEOUT_S = 15.0
 # Node states (scontrol's State=, first word) in which a node cannot run an agent any more.
 # A draining node still runs what it has (ours included): only these are refused.
 DEAD_STATES = frozenset({"DOWN", "FAIL", "FUTURE"})
-
-
-class SlurmError(FtrunError):
-    """A Slurm command failed or is missing: the message carries Slurm's own words."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +90,13 @@ def read_allocation(environ: Mapping[str, str] = os.environ) -> Allocation:
 def node_state(node: str, environ: Mapping[str, str] = os.environ) -> str:
     """The node's base state as scontrol shows it: IDLE, ALLOCATED, MIXED, DOWN, DRAIN…
     (flags such as `+DRAIN` and `*` stripped)."""
-    fields = _fields(scontrol("show", "node", "-o", node, environ=environ))
-    return fields.get("State", "UNKNOWN").split("+")[0].rstrip("*~#!%$@^-")
+    state = node_fields(node, environ=environ).get("State", "UNKNOWN")
+    return state.split("+")[0].rstrip("*~#!%$@^-")
 
 
 def node_address(node: str, environ: Mapping[str, str] = os.environ) -> str:
     """The address Slurm reaches the node at (NodeAddr, which defaults to its name)."""
-    fields = _fields(scontrol("show", "node", "-o", node, environ=environ))
-    return fields.get("NodeAddr") or node
+    return node_fields(node, environ=environ).get("NodeAddr") or node
 
 
 def dial_address(node_addr: str) -> str:
@@ -115,54 +109,6 @@ def dial_address(node_addr: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return socket.gethostbyname(socket.gethostname())
-
-
-def requeue(job_id: str, environ: Mapping[str, str] = os.environ) -> None:
-    """Put the job back in the queue: Slurm ends this run of it and starts it again later."""
-    scontrol("requeue", job_id, environ=environ)
-
-
-def job_fields(job_id: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """`scontrol show job -o`'s KEY=VALUE fields (JobState, NodeList, RunTime, …)."""
-    return _fields(scontrol("show", "job", "-o", job_id, environ=environ))
-
-
-def scontrol(*args: str, environ: Mapping[str, str] = os.environ) -> str:
-    exe = shutil.which("scontrol", path=environ.get("PATH"))
-    if exe is None:
-        raise SlurmError(
-            "scontrol not found: ftrun --slurm needs the Slurm client commands",
-            hint="run it on a node of the Slurm cluster, with Slurm's bin directory on PATH",
-        )
-    try:
-        done = subprocess.run(
-            [exe, *args],
-            capture_output=True,
-            text=True,
-            timeout=SCONTROL_TIMEOUT_S,
-            env=dict(environ),
-        )
-    except subprocess.TimeoutExpired:
-        raise SlurmError(
-            f"`scontrol {' '.join(args)}` did not answer within {SCONTROL_TIMEOUT_S:g} s",
-            hint="is slurmctld up? try `scontrol ping`",
-        ) from None
-    if done.returncode != 0:
-        raise SlurmError(
-            f"`scontrol {' '.join(args)}` failed: {(done.stderr or done.stdout).strip()}",
-            hint="try the command by hand; `scontrol ping` checks slurmctld",
-        )
-    return done.stdout
-
-
-def _fields(line: str) -> dict[str, str]:
-    """KEY=VALUE KEY=VALUE … (one-line scontrol output) → a dict; a value ends at a space."""
-    out: dict[str, str] = {}
-    for token in line.split():
-        key, sep, value = token.partition("=")
-        if sep:
-            out[key] = value
-    return out
 
 
 def _int(text: str | None) -> int | None:
