@@ -151,19 +151,23 @@ step_pids() {
 # Descendants of the given pids (job tasks under a slurmstepd), found by parent pid, not by name.
 descendants() {
     [ $# -gt 0 ] || return 0
-    awk -v roots=" $* " '
-        FNR == 1 { sub(/^[0-9]+ \(.*\) /, ""); split($0, a, " "); pid = FILENAME; gsub(/[^0-9]/, "", pid); parent[pid] = a[2] }
+    # cat, not awk on the files: mawk quits (printing nothing) when a file vanishes mid-read.
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v roots=" $* " '
+        { pid = $1; sub(/^[0-9]+ \(.*\) /, ""); split($0, a, " "); parent[pid] = a[2] }
         END {
             n = split(roots, r, " "); for (i = 1; i <= n; i++) seen[r[i]] = 1
             do { grew = 0; for (p in parent) if (!(p in seen) && (parent[p] in seen)) { seen[p] = 1; print p; grew = 1 } } while (grew)
-        }' /proc/[0-9]*/stat 2>/dev/null || true
+        }' || true
 }
 
 # SIGKILL every job step (slurmstepd) and everything under it. They are stopped first, all of
 # them, until the set stops growing: a killed slurmstepd's tasks would be reparented to init and
-# no longer be found, and a running task could fork while we look.
+# no longer be found, and a running task could fork while we look. Then they are killed deepest
+# first: a parent killed before its stopped children orphans their process group, and the kernel
+# sends such a group SIGHUP and SIGCONT, which a real power loss never does (an srun woken that
+# way cancelled the job's steps on the other nodes: "forcing job termination").
 kill_steps() {  # $1: of that node only
-    local set=() prev="" roots i
+    local set=() order=() prev="" roots i
     for ((i = 0; i < 50; i++)); do
         roots=$(step_pids "${1:-}" | tr '\n' ' ')
         [ -n "$roots" ] || return 0
@@ -173,6 +177,10 @@ kill_steps() {  # $1: of that node only
         [ "${set[*]}" != "$prev" ] || break
         prev=${set[*]}
     done
+    # descendants lists parents before their children: reversed, children come first.
+    # shellcheck disable=SC2086
+    mapfile -t order < <({ printf '%s\n' $roots; descendants $roots; } | tac)
+    for i in "${order[@]}"; do kill -KILL "$i" 2>/dev/null || true; done
     kill -KILL "${set[@]}" 2>/dev/null || true
     kill -CONT "${set[@]}" 2>/dev/null || true   # a stopped process dies of SIGKILL anyway; harmless
     wait_gone 5 "${set[@]}"
