@@ -53,6 +53,11 @@ class Bootstrap:
     # The umask the agent, and so every rank, runs with: 0o077 (files 0600, directories
     # 0700), or 0o027 with --group-readable (LaunchConfig.umask).
     umask: int = 0o077
+    # Under Slurm with --requeue: the Slurm job this agent requeues when it loses its controller
+    # and Slurm says the batch node is gone (agent/slurm_requeue.py), and the run's
+    # SLURM_RESTART_COUNT, so that a later run of the job is never requeued by mistake.
+    slurm_requeue_job: str = ""
+    slurm_restart_count: int = 0
 
     @property
     def process_tag(self) -> str:

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from ftrun.agent import copy_tunables
+from ftrun.agent import copy_tunables, slurm_requeue
 from ftrun.agent.agent import Agent
 from ftrun.bootstrap import Bootstrap
 
@@ -29,7 +29,18 @@ def main() -> int:
     os.environ.update(boot.env)
     if tunables := copy_tunables.apply(os.environ):
         logging.info("ranks start with GLIBC_TUNABLES=%s (copy_tunables.py)", tunables)
-    return asyncio.run(Agent(boot).run())
+    agent = Agent(boot)
+    code = asyncio.run(agent.run())
+    if boot.slurm_requeue_job and agent.lost_controller is not None:
+        # Its ranks are stopped; if the controller's node is what was lost, the job goes back
+        # in the queue rather than holding the others until the time limit (slurm_requeue.py).
+        slurm_requeue.requeue_if_batch_node_lost(
+            boot.slurm_requeue_job,
+            boot.slurm_restart_count,
+            host=boot.host,
+            lost_at=agent.ended_at,
+        )
+    return code
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import logging
 import shutil
 import signal
 import threading
+import time
 from functools import partial
 from typing import Any
 
@@ -84,9 +85,17 @@ class Agent:
             tier=self.tier,
         )
         self.exit_code: int | None = None
+        self.finish_reason: str | None = None  # the first reason to end, and when
+        self.ended_at = 0.0
         self.done = asyncio.Event()
         self.orders: asyncio.Queue[dict[str, Any]] = asyncio.Queue()  # read, not yet done
         self.stdin_watch: threading.Thread | None = None
+
+    @property
+    def lost_controller(self) -> str | None:
+        """Why, when this agent ended because its controller was lost (not told to stop)."""
+        lost = self.link.lost
+        return lost if lost is not None and lost == self.finish_reason else None
 
     @property
     def gen(self) -> GenerationRun | None:
@@ -154,7 +163,7 @@ class Agent:
         that is the end. With one, the control connection decides (link.py); over ssh our
         output went into that session, so it goes to a file from now on."""
         if self.boot.controller_grace_s <= 0:
-            self._finish(EXIT_FENCED, "stdin closed: the launcher is gone")
+            self.link.lose("stdin closed: the launcher is gone")
             return
         if not self.boot.local:
             workdir.redirect_output(self.work / "agent.log")
@@ -163,6 +172,8 @@ class Agent:
     def _finish(self, code: int, reason: str) -> None:
         if self.exit_code is None:
             self.exit_code = code
+            self.finish_reason = reason
+            self.ended_at = time.time()
             if code:
                 log.warning(
                     "fencing: %s; killing every process of this job on %s", reason, self.boot.host

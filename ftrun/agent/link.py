@@ -75,6 +75,9 @@ class ControlLink:
         self._early: list[tuple[str, dict[str, Any]]] = []
         self.rejoining = False
         self.peer_port: int | None = None  # where this agent's peer store listens, if it does
+        # Why the controller was lost, if it was (gone or silent, never told us to stop): under
+        # Slurm the agent then checks whether the batch node is lost (slurm_requeue.py).
+        self.lost: str | None = None
 
     async def open(self, *, port: int, rejoin: bool = False) -> None:
         """Connect, authenticate and say hello; raises OSError or TimeoutError when the
@@ -135,7 +138,7 @@ class ControlLink:
         the grace runs out (fence, False)."""
         grace = self.boot.controller_grace_s
         if grace <= 0:
-            self._fence(reason)
+            self.lose(reason)
             return False
         if self.chan is not None:
             self.chan.close()
@@ -160,7 +163,7 @@ class ControlLink:
                 delay = min(2 * delay, REJOIN_CAP_S)
         finally:
             self.rejoining = False
-        self._fence(f"{reason}, and no controller came back within {grace:g} s")
+        self.lose(f"{reason}, and no controller came back within {grace:g} s")
         return False
 
     async def heartbeat_loop(self, generation: Callable[[], int | None]) -> None:
@@ -177,7 +180,7 @@ class ControlLink:
                 if not self.boot.local:
                     why = f"no word from the controller for {silent:.1f} s"
                     if self.boot.controller_grace_s <= 0:
-                        self._fence(why)
+                        self.lose(why)
                         return
                     if not self.rejoining:
                         log.warning("%s: taking it for gone", why)
@@ -192,6 +195,12 @@ class ControlLink:
             elif silent <= self.boot.fence_timeout_s:
                 warned = False
             await check.sleep(self.boot.heartbeat_interval_s)
+
+    def lose(self, reason: str) -> None:
+        """The controller is lost for good (not told to stop): fence, and remember why."""
+        if self.lost is None:
+            self.lost = reason
+        self._fence(reason)
 
     def send(self, kind: str, **fields: Any) -> None:
         """Send a message; one too big for a frame (a bug: reports are bounded) is sent with

@@ -23,7 +23,8 @@ from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
-from ftrun.transport.registry import backend
+from ftrun.transport.options import SlurmOptions
+from ftrun.transport.registry import backend, options_of
 
 log = logging.getLogger("ftrun.controller")
 
@@ -103,6 +104,7 @@ class AgentProcesses:
             controller_cert=self.controller_cert,
             checkpoint_key=self.checkpoint_key,
             umask=cfg.umask,
+            **self._requeue_fields(),
         )
         try:
             fd = self.journal.files.open_append(f"agents/{_safe(host)}.log")
@@ -121,6 +123,17 @@ class AgentProcesses:
             return None
         self.await_hello(agent_id, host)
         return agent_id
+
+    def _requeue_fields(self) -> dict[str, Any]:
+        """Under Slurm with --requeue, the agents requeue the job if its batch node (ours) is
+        lost (agent/slurm_requeue.py): the job and this run's restart count."""
+        slurm = options_of(self.config, SlurmOptions)
+        if not self.config.requeue or slurm is None or not slurm.slurm_job_id:
+            return {}
+        return {
+            "slurm_requeue_job": slurm.slurm_job_id,
+            "slurm_restart_count": slurm.slurm_restart_count,
+        }
 
     def await_hello(self, agent_id: str, host: str) -> None:
         """An agent that started but never says hello (cannot dial us, exited at once) makes

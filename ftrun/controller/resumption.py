@@ -18,6 +18,7 @@ from ftrun.controller.generation import GenWatch
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.incidents import Incidents
 from ftrun.controller.reporting import Reporter
+from ftrun.controller.requeue_note import BatchLoss
 from ftrun.controller.stalldesk import StallDesk
 from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
@@ -47,30 +48,53 @@ class Resumption:
         self.inbox = inbox
         self.stalls = stalls
 
-    def journal_start(self, point: ResumePoint, *, adopting: bool, next_gen: int) -> None:
+    def journal_start(
+        self,
+        point: ResumePoint,
+        *,
+        adopting: bool,
+        next_gen: int,
+        batch_loss: BatchLoss | None = None,
+    ) -> None:
         """A job that ran before goes on. If its controller died (no `job_finished`), the
-        outage is an incident; unless the running generation may be adopted, it ended."""
+        outage is an incident; unless the running generation may be adopted, it ended.
+        `batch_loss`: the Slurm batch node was lost with it, and an agent requeued the job."""
         incident = point.open_incident
         if point.finished is None:
             incident = self.incidents.open()
+            fault, reason = "controller-lost", "the controller died"
+            if batch_loss is not None:
+                fault = "batch-node-lost"
+                reason = (
+                    f"the batch node {batch_loss.batch_host} was lost, and the controller with "
+                    f"it; the agent on {batch_loss.by} requeued the Slurm job"
+                )
             self.journal.record(
                 "fault_detected",
                 incident=incident,
                 gen=point.generation,
-                fault="controller-lost",
+                fault=fault,
+                host=batch_loss.batch_host if batch_loss else None,
                 fault_t=point.last_t,
-                detected_t=time.time(),
+                detected_t=batch_loss.lost_t if batch_loss else time.time(),
                 step=point.last_step,
-                reason="the controller died",
+                reason=reason,
             )
             self.journal.record(
                 "fault_classified",
                 incident=incident,
                 tier="restart-in-place",
                 decision="restart",
-                rule="controller-lost",
-                reason="the controller died; a new one goes on from the freshest checkpoint",
+                rule=fault,
+                reason=f"{reason}; a new one goes on from the freshest checkpoint",
             )
+            if batch_loss is not None:  # the requeue killed the old run's steps
+                self.journal.record(
+                    "torn_down",
+                    incident=incident,
+                    gen=point.generation,
+                    torn_down_t=batch_loss.requeued_t,
+                )
             if adopting:
                 return  # adopted, or ended, once its agents are back or not (adopt)
             if point.running is not None:

@@ -24,6 +24,7 @@ restarted or ends the job with it as the root cause, never a controller that sil
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import time
@@ -32,12 +33,14 @@ import psutil
 
 from ftrun import tls
 from ftrun.config import LaunchConfig
+from ftrun.controller import requeue_note
 from ftrun.controller.adoption import CONTROL_FILE, Adoption, save_identity
 from ftrun.controller.desks import wire_desks
 from ftrun.controller.generation import Ending, GenWatch
 from ftrun.controller.job import End, LaunchSpec, Relaunch
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, Reporter
+from ftrun.controller.requeue_note import BatchLoss
 from ftrun.controller.resumption import Interrupted
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
@@ -135,7 +138,10 @@ class Supervisor:
         )
         if self.resume is not None:
             self.resumption.journal_start(
-                self.resume, adopting=self.adoption is not None, next_gen=self.generation + 1
+                self.resume,
+                adopting=self.adoption is not None,
+                next_gen=self.generation + 1,
+                batch_loss=await self._batch_loss(self.resume),
             )
         self.quarantine.bench_known(self.job)
         self.signals.install()
@@ -195,6 +201,21 @@ class Supervisor:
                 else JobOutcome.stopped("stopped before the job started")
             )
         return await self._supervise()
+
+    async def _batch_loss(self, point: ResumePoint) -> BatchLoss | None:
+        """A Slurm run requeued after its controller died: the note of the agent that requeued
+        it because the batch node was lost, if one did (requeue_note.py)."""
+        slurm = options_of(self.config, SlurmOptions)
+        if (
+            point.finished is not None
+            or slurm is None
+            or not slurm.slurm_job_id
+            or slurm.slurm_restart_count <= point.slurm_restart_count
+        ):
+            return None
+        return await asyncio.to_thread(
+            requeue_note.read, slurm.slurm_job_id, previous_last_t=point.last_t
+        )
 
     def _slurm_fields(self) -> dict[str, object]:
         slurm = options_of(self.config, SlurmOptions)

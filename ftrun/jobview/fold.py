@@ -187,7 +187,7 @@ def _feed_job(f: JobFolder, ev: dict[str, Any]) -> None:
     elif kind == "torn_down":
         inc = f.incidents.get(ev.get("incident", -1))
         if inc is not None:
-            inc.torn_down_t = t
+            inc.torn_down_t = ev.get("torn_down_t") or t  # told after the fact (requeue_note.py)
     elif kind in ("restart", "resumed", "adopted"):
         # restart: relaunched after it; resumed: a requeued job's next run picks up the
         # incident that ended it; adopted: a resumed controller took over the generation.

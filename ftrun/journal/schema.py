@@ -64,7 +64,9 @@ def _fields(names: str, check: Any, expected: str) -> None:
 
 
 _fields("t", _is_time, "a time in seconds since the epoch")
-_fields("fault_t detected_t controller_create_time", _or_none(_is_time), "a time or null")
+_fields(
+    "fault_t detected_t torn_down_t controller_create_time", _or_none(_is_time), "a time or null"
+)
 _fields("gen incident rank step exit_code clean_rank run", _int_or_none, "an integer or null")
 _fields(
     "world_size slurm_restart_count controller_pid max_nodes nproc_per_node",
