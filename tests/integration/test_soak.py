@@ -29,10 +29,12 @@ def test_a_short_soak_with_every_fault_once(tmp_path):
     report = tmp_path / "soak.json"
     proc = subprocess.Popen(
         [
-            # 1.5 min: 675 steps, so the job (~80 s with its recoveries) is still running when
-            # the fifth fault comes at ~60 s; with 1.1 min (495 steps) it could finish first.
-            sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "1.5",
-            "--fault-every", "12", "--cycle", "--sample-every", "2", "--warmup-s", "10",
+            # 0.8 min: 360 steps (~50 s with the recoveries, which take 1-3 s each), a fault
+            # every 6 s once the last has recovered: the fifth (the controller kill) comes at
+            # step ~190, so the job is still running then (faults every 12 s with 495 steps
+            # could see it finish after four). Alone: 67 s, against 106 s at 1.5 min / 12 s.
+            sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "0.8",
+            "--fault-every", "6", "--cycle", "--sample-every", "2", "--warmup-s", "10",
             "--json", str(report),
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
