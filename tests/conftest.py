@@ -27,6 +27,13 @@ from ftrun.agent import workdir
 from tests.slurmbed import SlurmBed, slurm_bed_fixture
 from tests.testbed import Testbed, ssh_testbed_fixture
 
+# Every torch process of the suite (the workers' own, ranks, persist workers, references) computes
+# on one thread, as torchrun's ranks do by default. With torch's default of one per core, two
+# workers' processes oversubscribed the 2 cores and OpenMP's spinning waits took CPU from the
+# other worker: the live-snapshot unit tests spent 62 s of CPU on 2 workers, 47 s on one thread.
+# Set before anything imports torch; the xdist workers and every process they start inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 BIN = Path(__file__).parent / "bin"
 TESTS = Path(__file__).resolve().parent
 # The tiers (scripts/test.sh --fast runs the first alone). A test's tier follows from where it
