@@ -251,6 +251,19 @@ class Ftrun:
         assert len(jobs) == 1, jobs
         return self.status_json(jobs[0]["job_id"])
 
+    def job_id(self, timeout_s: float = 30) -> str:
+        """The id of the test's one job, once its journal is in the run dir (what `status`
+        lists), read from there: polling `ftrun status` spawned a CLI (0.2-0.5 s of CPU) a try."""
+
+        def jobs() -> list[str]:
+            if not self.run_dir.is_dir():
+                return []
+            return [p.name for p in self.run_dir.iterdir() if (p / "events.jsonl").is_file()]
+
+        found = wait_for(jobs, timeout_s, "the job's journal in the run dir")
+        assert len(found) == 1, found
+        return found[0]
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         path = self.run_dir / job_id / "events.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

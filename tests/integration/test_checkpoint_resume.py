@@ -30,7 +30,7 @@ def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_pa
     try:
         clean = ftrun.run("launch", "--nproc-per-node", "2", TRAIN, "--steps", "12", timeout=90)
         assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
-        jobs.append(ftrun.only_job()["job_id"])
+        jobs.append(ftrun.job_id())
         # Three slots (the default): the newest complete snapshot is never overwritten, even
         # while a persist holds one slot, so at most one step is lost (two slots: see
         # docs/checkpoint.md).

@@ -68,7 +68,7 @@ def test_record_error_file_is_the_root_cause(ftrun):
     assert "Traceback" not in result.stdout  # the rank printed none: only its error file has it
     assert "died with exit code 1: DatasetCorrupt: shard 17 has a bad header" in result.stderr
     assert "raise DatasetCorrupt" in result.stderr
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     inspected = json.loads(ftrun.run("inspect", job_id, "--json").stdout)
     root = inspected["root_cause"]
     assert root["exception"] == "DatasetCorrupt: shard 17 has a bad header"
@@ -201,7 +201,7 @@ def test_env_and_env_file_reach_every_rank_and_no_command_line(ftrun, tmp_path, 
     for env in seen:
         assert env["DATA_DIR"] == "/data/odd path" and env["WANDB_API_KEY"] == secret
         assert env["FROM_FILE"] == "flag" and env["FROM_LAUNCHER"] == "here"
-    job_dir = ftrun.run_dir / ftrun.only_job()["job_id"]
+    job_dir = ftrun.run_dir / ftrun.job_id()
     config = json.loads((job_dir / "config.json").read_text())
     assert config["env"] == ["DATA_DIR", "WANDB_API_KEY", "FROM_FILE", "FROM_LAUNCHER"]
     # Only where the script itself printed it: its own logs, none of ftrun's files.

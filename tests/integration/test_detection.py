@@ -20,7 +20,7 @@ def chaos(ftrun, job_id, *args):
 
 
 def running_job(ftrun) -> str:
-    return wait_for(lambda: [j["job_id"] for j in ftrun.status_json()], 30, "the job to appear")[0]
+    return ftrun.job_id(30)
 
 
 def test_hung_rank_is_detected_with_stacks_and_restarted(ftrun, tmp_path):

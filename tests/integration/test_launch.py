@@ -43,7 +43,7 @@ def test_ranks_see_torchrun_and_ftrun_environment(ftrun):
         if "ENV " in line
     ]
     assert sorted(e["RANK"] for e in envs) == ["0", "1"]
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     for env in envs:
         assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
         assert env["MASTER_ADDR"] and env["MASTER_PORT"]

@@ -84,7 +84,7 @@ def through_a_power_loss(
     out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
     bed.kill(victim)
     assert proc.wait(timeout=120) == 0, out.text()
-    events = ftrun.events(ftrun.only_job()["job_id"])
+    events = ftrun.events(ftrun.job_id())
     failed_at = max(step for r in range(3) for step, _ in recorded_steps(record, r))
     return out, events, failed_at
 
@@ -99,7 +99,7 @@ def test_at_step_on_a_host_whose_ranks_report_no_step_waits_for_the_jobs_step(ft
     )  # fmt: skip
     out = Output(proc)
     out.wait_for("[rank0]: step 3", 120)
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     result = ftrun.run("chaos", job_id, "kill-rank", "--rank", "1", "--at-step", "40", timeout=30)
     assert result.returncode == 0, result.stderr
     assert proc.wait(timeout=90) == 0, out.text()
@@ -130,7 +130,7 @@ def test_a_host_lost_after_its_ranks_exited_0_fails_nothing(ftrun, bed, tmp_path
         str(marker),
     )  # fmt: skip
     out = Output(proc)
-    job_id = wait_for(lambda: ftrun.status_json() and ftrun.only_job()["job_id"], 60, "the job")
+    job_id = ftrun.job_id(60)
     wait_for(lambda: kinds(ftrun.events(job_id), "exit_barrier"), 90, "rank 1 to exit 0")
     bed.kill("node2")
     wait_for(lambda: kinds(ftrun.events(job_id), "host_lost_after_finishing"), 30, "the loss")
@@ -203,7 +203,7 @@ def test_without_a_spare_the_job_shrinks_then_grows_back(ftrun, bed, tmp_path):
     out.wait_for("[rank2]: STEP 10 ", 120)
     bed.kill("node3")
     out.wait_for("WORLD 2 rank 1 on node2", 60)
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     # The host powers on again: the controller's retries reach it, and the job grows back.
     bed.start("node3")
     out.wait_for("WORLD 3 rank 2 on node3", 90)
@@ -250,7 +250,7 @@ def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun,
     )  # fmt: skip
     out = Output(proc)
     out.wait_for("[rank0]: LOSS rank=0 step=15 ", 120)
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     assert ftrun.run("hosts", job_id, "remove", "node3").returncode == 0
     wait_for(
         lambda: any(e["kind"] == "first_step" and e["gen"] == 2 for e in ftrun.events(job_id)),
@@ -281,7 +281,7 @@ def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun,
 def test_hosts_remove_and_add_from_the_command_line(ftrun, bed, tmp_path):
     proc, out = launch(ftrun, bed, "--hosts", "node1,node2", ckpt=tmp_path, steps=100000)
     out.wait_for("[rank1]: STEP 3 ", 120)
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     removed = ftrun.run("hosts", job_id, "remove", "node2")
     assert removed.returncode == 0 and "removed node2 (active)" in removed.stderr
     out.wait_for("WORLD 1 rank 0 on node1", 60)
@@ -339,7 +339,7 @@ def test_a_partitioned_host_trains_on_but_is_fenced_off(ftrun, bed, tmp_path):
     )
     out = Output(proc)
     out.wait_for("[rank1]: LOSS rank=1 step=10 ", 120)
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     bed.cut("node1")
     wait_for(lambda: kinds(ftrun.events(job_id), "first_step")[1:], 60, "generation 2's first step")
     wait_for(
@@ -402,7 +402,7 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
     )
     out = Output(proc)
     out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     kill_and_adopt(ftrun, proc, job_id, record, hosts="node1, node2", steps=120)
     events = ftrun.events(job_id)
     spare = [e["agent"] for e in kinds(events, "agent_connected") if e["host"] == "node3"]
@@ -416,7 +416,7 @@ def test_unreachable_host_at_start_is_replaced_or_fails_the_launch(ftrun, bed, t
         ftrun, bed, "--hosts", f"node1,{nowhere}", "--spares", "node2", ckpt=tmp_path, steps=10
     )
     assert proc.wait(timeout=120) == 0, out.text()
-    events = ftrun.events(ftrun.only_job()["job_id"])
+    events = ftrun.events(ftrun.job_id())
     [unreachable] = [e for e in kinds(events, "host_unreachable") if not e["retry"]]
     assert unreachable["host"] == nowhere and "Unable to connect" in unreachable["error"]
     assert kinds(events, "generation_launched")[0]["hosts"] == ["node1", "node2"]
@@ -512,7 +512,7 @@ def test_contract_and_user_env_reach_the_ranks_of_every_host(ftrun, bed, tmp_pat
         proceed.touch()
     assert proc.wait(timeout=120) == 0, out.text()
     assert leaks == []
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     seen = [json.loads(line.split("CONTRACT ", 1)[1]) for line in out.lines if "CONTRACT " in line]
     assert len(seen) == 8, out.text()
     for env in seen:

@@ -91,7 +91,7 @@ def test_a_lost_host_replans_dp_x_pp_and_the_job_grows_back(ftrun, testbed, tmp_
     out = Output(proc)
     try:
         out.wait_for("step 5 loss", 120)
-        job_id = ftrun.only_job()["job_id"]
+        job_id = ftrun.job_id()
         bed.kill("node4")
         wait_for(
             lambda: any(e["gen"] == 2 for e in kinds(ftrun.events(job_id), "first_step")),

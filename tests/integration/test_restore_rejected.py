@@ -31,7 +31,7 @@ def test_a_job_failing_right_after_restoring_step_n_goes_back_one_more_commit(ft
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     events = ftrun.events(job_id)
 
     restored = [(e["gen"], e["step"]) for e in events if e["kind"] == "checkpoint_restored"]

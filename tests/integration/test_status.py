@@ -50,7 +50,7 @@ def test_inspect_shows_incident_phases(ftrun, tmp_path):
         str(marker),
     )
     assert result.returncode == 0, result.stderr
-    job_id = ftrun.only_job()["job_id"]
+    job_id = ftrun.job_id()
     text = ftrun.run("inspect", job_id).stdout
     for phase in ("fault", "detected", "torn down", "relaunched", "first step again"):
         assert phase in text
