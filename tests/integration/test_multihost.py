@@ -245,7 +245,7 @@ def test_a_removed_host_shrinks_from_memory_and_its_return_persists_first(ftrun,
     persisted since the first save), in case that fetch comes back empty."""
     proc = ftrun.start(
         "launch", "--ssh-config", str(bed.ssh_config), "--hosts", "node1,node2,node3",
-        "--min-nodes", "2", CKPT_TRAIN, "--steps", "300", "--step-time", "0.1",
+        "--min-nodes", "2", CKPT_TRAIN, "--steps", "150", "--step-time", "0.1",
         "--persist-every", "100000",
     )  # fmt: skip
     out = Output(proc)
