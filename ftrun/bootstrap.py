@@ -58,6 +58,9 @@ class Bootstrap:
     # SLURM_RESTART_COUNT, so that a later run of the job is never requeued by mistake.
     slurm_requeue_job: str = ""
     slurm_restart_count: int = 0
+    # The term of the controller that started this agent (its run of the job: terms.py). A host
+    # that obeys a newer term refuses this agent, and it ignores `fence` on its stdin then.
+    term: int = 1
 
     @property
     def process_tag(self) -> str:

@@ -126,6 +126,8 @@ class LaunchConfig:
     # Hosts as the user wrote them (ftrun/hostlist.py). No --hosts: this machine, no ssh.
     hosts: tuple[str, ...] = ("localhost",)
     spares: tuple[str, ...] = ()
+    # The host that keeps a standby controller (docs/standby.md); None: none.
+    standby: str | None = None
     # Fewest hosts the job may shrink to after losing some (torchrun's --nnodes MIN:MAX).
     min_nodes: int = 1
     # Most hosts the job grows to as hosts are added (torchrun's MAX); None: as many as --hosts.
@@ -223,6 +225,10 @@ class LaunchConfig:
             problems.append(f"--metrics-port must be 0 to 65535 (got {self.metrics_port})")
         if self.spares and not self.remote:
             problems.append("--spares needs --hosts or --hostfile (spares are other machines)")
+        if self.standby is not None and self.standby not in (*self.hosts, *self.spares):
+            problems.append(f"--standby {self.standby} is not one of the job's --hosts or --spares")
+        elif self.standby is not None and not self.remote:
+            problems.append("--standby needs hosts on other machines (--hosts or --hostfile)")
         if self.preempt_signal not in signal.Signals.__members__:
             problems.append(f"--preempt-signal: no signal {self.preempt_signal!r}")
         elif self.preempt_signal in UNFORWARDABLE_SIGNALS:

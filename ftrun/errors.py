@@ -24,6 +24,9 @@ EXIT_PREEMPTED = 75
 # its own tasks failed for good (tasks.py); the controller has the reason in its journal.
 EXIT_FENCED = 3
 EXIT_AGENT_ERROR = 4
+# Superseded: a newer controller (a standby that took the job over) leads the job on that host,
+# so what this one asked (start an agent, sweep one) was refused there (ftrun/terms.py).
+EXIT_SUPERSEDED = 5
 
 
 class FtrunError(Exception):

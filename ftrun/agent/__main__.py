@@ -7,9 +7,11 @@ import logging
 import os
 import sys
 
+from ftrun import terms
 from ftrun.agent import copy_tunables, slurm_requeue
 from ftrun.agent.agent import Agent
 from ftrun.bootstrap import Bootstrap
+from ftrun.errors import EXIT_SUPERSEDED
 
 
 def main() -> int:
@@ -29,6 +31,11 @@ def main() -> int:
     os.environ.update(boot.env)
     if tunables := copy_tunables.apply(os.environ):
         logging.info("ranks start with GLIBC_TUNABLES=%s (copy_tunables.py)", tunables)
+    if terms.superseded(boot.job_id, boot.term):  # started by a controller cut off, then back
+        logging.error(
+            "a newer controller than term %d leads this job here: not starting", boot.term
+        )
+        return EXIT_SUPERSEDED
     agent = Agent(boot)
     code = asyncio.run(agent.run())
     if boot.slurm_requeue_job and agent.lost_controller is not None:

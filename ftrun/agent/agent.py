@@ -33,11 +33,13 @@ import time
 from functools import partial
 from typing import Any
 
+from ftrun import terms
 from ftrun.agent import link_probe, tiers, watch, workdir
 from ftrun.agent.generations import Generations
 from ftrun.agent.genrun import GenerationRun
 from ftrun.agent.link import ControlLink, watch_stdin
 from ftrun.agent.rank_socket import RankSocket
+from ftrun.agent.standby import Standby
 from ftrun.agent.warm import WarmInterpreter, WarmStartFailed
 from ftrun.bootstrap import Bootstrap
 from ftrun.errors import EXIT_AGENT_ERROR, EXIT_FENCED
@@ -65,6 +67,8 @@ class Agent:
         self.ranks = RankSocket(
             str(self.work / "agent.sock"), on_event=self._on_rank_event, report=self.tasks.report
         )
+        self.standby = Standby(boot, self.link)
+        self.link.on_controller_gone = self._controller_gone
         self.warm = WarmInterpreter(boot, self.work / "zygote.sock", report=self._warm_failed)
         self.tier = workdir.memory_tier(boot.job_id)
         self.peers = PeerStore(
@@ -132,7 +136,7 @@ class Agent:
             self.stdin_watch = watch_stdin(
                 loop,
                 on_eof=self._stdin_closed,
-                on_fence=partial(self._finish, EXIT_FENCED, "the launcher terminates this agent"),
+                on_fence=self._fence_word,
             )
             await self.done.wait()
         except (OSError, asyncio.TimeoutError) as e:
@@ -168,6 +172,21 @@ class Agent:
         if not self.boot.local:
             workdir.redirect_output(self.work / "agent.log")
         log.warning("stdin closed: the launcher may be gone; waiting for its connection to say")
+
+    def _fence_word(self) -> None:
+        """The launcher wrote `fence` on our stdin: it terminates us; unless it is a controller
+        that a newer one has superseded here (its word comes late, from a cut-off primary)."""
+        if terms.superseded(self.boot.job_id, self.boot.term):
+            log.warning("ignored `fence` from the launcher: a newer controller leads this job")
+            return
+        self._finish(EXIT_FENCED, "the launcher terminates this agent")
+
+    def _controller_gone(self) -> None:
+        """The controller is gone (we keep our ranks for the grace): over ssh our output went
+        into its session, so it goes to a file from now on; the standby host takes over."""
+        if not self.boot.local:
+            workdir.redirect_output(self.work / "agent.log")
+        self.standby.controller_gone()
 
     def _finish(self, code: int, reason: str) -> None:
         if self.exit_code is None:
@@ -226,6 +245,7 @@ class Agent:
         which may wait (a launch fetches its ranks' snapshots from a peer first)."""
         while (msg := await self.link.receive()) is not None:
             if msg["kind"] == "shutdown":
+                terms.forget(self.boot.job_id)  # the job is over
                 self._finish(0, "shutdown")
                 return
             if msg["kind"] == "stop" and msg.get("grace_s", 0) <= 0:
@@ -259,6 +279,12 @@ class Agent:
                 run.on_finishing()
         elif kind == "capture_stacks":
             self.tasks.spawn("stacks for the exit barrier", gens.send_stacks(msg.get("gen")))
+        elif kind == "term":  # the leading controller's term (terms.py)
+            terms.obey(self.boot.job_id, int(msg["term"]))
+        elif kind == "standby":
+            self.standby.on_standby(msg)
+        elif kind == "replicate":
+            self.standby.replicate(msg)
         elif kind == "link_check":  # before the first generation (link_probe.py)
             self.tasks.spawn("link check", link_probe.link_check(self.boot.python, msg, self.link))
 

@@ -54,6 +54,9 @@ MAX_EARLY_MESSAGES = 256
 REJOIN_FIRST_S = 0.25
 REJOIN_CAP_S = 2.0
 REJOIN_ATTEMPT_S = 3.0
+# With a standby to dial in turn, an attempt on the primary is cut shorter: a machine that lost
+# power never answers, and the turn of the standby (which does) should not wait on it.
+REJOIN_ATTEMPT_WITH_STANDBY_S = 1.0
 
 
 class ControlLink:
@@ -78,16 +81,24 @@ class ControlLink:
         # Why the controller was lost, if it was (gone or silent, never told us to stop): under
         # Slurm the agent then checks whether the batch node is lost (slurm_requeue.py).
         self.lost: str | None = None
+        # Where the standby controller listens (agent/standby.py): dialled in turn with the
+        # primary's address while the controller is gone. And what to do when it goes.
+        self.standby: tuple[str, int] | None = None
+        self.on_controller_gone: Callable[[], None] = lambda: None
 
-    async def open(self, *, port: int, rejoin: bool = False) -> None:
+    async def open(
+        self, *, port: int, rejoin: bool = False, to: tuple[str, int] | None = None
+    ) -> None:
         """Connect, authenticate and say hello; raises OSError or TimeoutError when the
         controller cannot be reached in time. `port` is a free port of this host, in case the
-        controller makes us the rendezvous host (node rank 0)."""
+        controller makes us the rendezvous host (node rank 0). `to`: another address than the
+        primary's (the standby's)."""
+        host, cport = to or (self.boot.controller_host, self.boot.controller_port)
         self.chan = await open_channel(
-            self.boot.controller_host,
-            self.boot.controller_port,
+            host,
+            cport,
             self.boot.secret,
-            timeout_s=REJOIN_ATTEMPT_S if rejoin else self.boot.fence_timeout_s,
+            timeout_s=self._attempt_s(to) if rejoin else self.boot.fence_timeout_s,
             cert_pem=self.boot.controller_cert,
         )
         # Our end of the control connection is an address the other hosts can reach too:
@@ -110,6 +121,11 @@ class ControlLink:
         early, self._early = self._early, []
         for kind, fields in early:
             self.send(kind, **fields)
+
+    def _attempt_s(self, to: tuple[str, int] | None) -> float:
+        if self.standby is not None and to is None:
+            return REJOIN_ATTEMPT_WITH_STANDBY_S
+        return REJOIN_ATTEMPT_S
 
     async def receive(self) -> dict[str, Any] | None:
         """The controller's next message; None once the agent fences (fence was called).
@@ -148,15 +164,21 @@ class ControlLink:
             "%s; keeping this host's ranks for up to %.0f s while reconnecting", reason, grace
         )
         self.rejoining = True
+        self.on_controller_gone()
         delay = REJOIN_FIRST_S
+        tries = 0
         try:
             while time.monotonic() < deadline:
+                # The primary's address and the standby's in turn: whichever leads answers.
+                to = self.standby if self.standby is not None and not tries % 2 else None
+                tries += 1
                 try:
-                    await self.open(port=free_port(ALL_INTERFACES), rejoin=True)
-                    log.warning("reconnected to the controller")
+                    await self.open(port=free_port(ALL_INTERFACES), rejoin=True, to=to)
+                    log.warning("reconnected to the %s controller", "standby" if to else "primary")
                     return True
                 except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
-                    log.info("no controller yet (%s)", e.__class__.__name__)
+                    where = "the standby" if to else "the primary"
+                    log.info("no controller yet at %s (%s)", where, e.__class__.__name__)
                 except ProtocolError as e:
                     log.warning("the controller refused us: %s", e)
                 await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
@@ -184,7 +206,10 @@ class ControlLink:
                         return
                     if not self.rejoining:
                         log.warning("%s: taking it for gone", why)
-                        self.chan.close()  # the receive loop sees it and rejoins
+                        # What is said from now on waits for the next controller (send); the
+                        # receive loop sees the closed connection and rejoins.
+                        self.rejoining = True
+                        self.chan.abort()
                 elif not warned:
                     log.warning(
                         "no word from the controller for %.1f s; not fencing: it runs "
@@ -219,9 +244,12 @@ class ControlLink:
 
     def unsent_bytes(self) -> int:
         """Bytes queued on the connection that the controller has not taken yet."""
-        if self.chan is None or self.chan.writer.transport is None:
+        if self.chan is None or self.rejoining or self.chan.writer.transport is None:
             return 0
-        return self.chan.writer.transport.get_write_buffer_size()
+        try:
+            return self.chan.writer.transport.get_write_buffer_size()
+        except AttributeError:  # a TLS transport we closed (the controller went silent)
+            return 0
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Wait until what was sent has left, at most timeout_s; False when it had not."""

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-from ftrun import envcontract
+from ftrun import envcontract, terms
+from ftrun.errors import EXIT_SUPERSEDED
 
 
 def killpg_quietly(pgid: int, sig: int) -> None:
@@ -84,11 +85,15 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m ftrun.agent.procs AGENT_ID`: the launcher's last resort on a host whose agent
-    did not exit when told (run over a fresh ssh session): kill everything tagged with the id."""
-    if len(argv) != 1:
-        print("usage: python -m ftrun.agent.procs AGENT_ID", file=sys.stderr)
+    """`python -m ftrun.agent.procs AGENT_ID [TERM]`: the launcher's last resort on a host whose
+    agent did not exit when told (run over a fresh ssh session): kill everything tagged with the
+    id; unless a controller of a newer term than TERM leads the job here (ftrun/terms.py)."""
+    if len(argv) not in (1, 2) or (len(argv) == 2 and not argv[1].isdigit()):
+        print("usage: python -m ftrun.agent.procs AGENT_ID [TERM]", file=sys.stderr)
         return 2
+    if len(argv) == 2 and terms.superseded(argv[0].split("/")[0], int(argv[1])):
+        print(f"not swept: a controller newer than term {argv[1]} leads the job", file=sys.stderr)
+        return EXIT_SUPERSEDED
     survivors = kill_all([], argv[0])
     if survivors:
         print(f"survived SIGKILL: {survivors}", file=sys.stderr)

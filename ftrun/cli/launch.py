@@ -59,6 +59,7 @@ def launch(
     host_lost_timeout: float | None = opts.HOST_LOST_TIMEOUT,
     fence_timeout: float | None = opts.FENCE_TIMEOUT,
     controller_grace: float = opts.CONTROLLER_GRACE,
+    standby: str | None = opts.STANDBY,
     peer_copy_rate: float = opts.PEER_COPY_RATE,
     local_stall_timeout: float | None = opts.LOCAL_STALL_TIMEOUT,
     profile: Path | None = opts.PROFILE,
@@ -219,6 +220,7 @@ def launch(
             host_lost_timeout_s=timeouts.host_lost_timeout_s,
             fence_timeout_s=timeouts.fence_timeout_s,
             controller_grace_s=controller_grace,
+            standby=standby,
             peer_copy_mbps=peer_copy_rate,
             local_stall_timeout_s=timeouts.local_stall_timeout_s,
             preempt_signal=signal_name(preempt_signal),
@@ -237,6 +239,11 @@ def launch(
         problems.insert(0, e.message)
     if problems:
         raise UsageError("; ".join(problems), hint=inputs.hint(problems))
+    if standby and allocation is not None:
+        problems.append(
+            "--standby is for ssh hosts: under Slurm the agents requeue a job whose batch node "
+            "is lost (docs/slurm.md)"
+        )
     if requeue and allocation is None:
         problems.append("--requeue needs --slurm (only a Slurm job can be requeued)")
     if problems:

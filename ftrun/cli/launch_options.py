@@ -113,6 +113,12 @@ CONTROLLER_GRACE: Any = typer.Option(
     help="Seconds agents keep their ranks once the controller is gone, for `ftrun resume` to "
     "adopt them; 0 = kill them at once (always under Slurm).",
 )
+STANDBY: Any = typer.Option(
+    None,
+    "--standby",
+    help="A host (one of --hosts or --spares) that keeps a standby controller: if this machine "
+    "is lost, it takes the job over and adopts the running ranks (docs/standby.md).",
+)
 PEER_COPY_RATE: Any = typer.Option(
     1000.0,
     "--peer-copy-rate",

@@ -16,6 +16,7 @@ read again from this shell's environment, and a missing one is an error that nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -30,6 +31,7 @@ from ftrun.cli import job_options, launch, saved_launch
 from ftrun.config import LaunchConfig, resolve_run_dir
 from ftrun.controller.adoption import adoption_of
 from ftrun.controller.policy_file import policy_from_dict
+from ftrun.controller.resumption import StoodDown
 from ftrun.errors import UsageError
 from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import controller_alive
@@ -44,6 +46,13 @@ TUPLES = ("script_args", "hosts", "spares", "forward_signals")
 def resume(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     run_dir: Path | None = job_options.RUN_DIR,
+    takeover_port: int | None = typer.Option(
+        None,
+        "--takeover-port",
+        hidden=True,
+        help="A standby's takeover (agent/standby.py): listen on this port, where the agents "
+        "dial the standby, and adopt only if most of them come.",
+    ),
 ) -> None:
     """Start a new controller for a job whose controller died: it goes on from its freshest
     checkpoint, with the settings it was launched with."""
@@ -57,7 +66,8 @@ def resume(
     events = read_events(job_dir)
     point = resume_point(events)
     pid = point.controller[0]
-    if controller_alive(*point.controller):
+    # The old controller's pid is another machine's when a standby takes over.
+    if takeover_port is None and controller_alive(*point.controller):
         raise UsageError(
             f"job {job_dir.name} is running: its controller is pid {pid}",
             hint=f"`ftrun status {job_dir.name}` shows it",
@@ -77,6 +87,16 @@ def resume(
     os.umask(config.umask)
     # Within the agents' grace, the running generation may still be alive: adopt it.
     adoption = adoption_of(config, point, events, now=time.time())
+    if takeover_port is not None:
+        if adoption is None:
+            raise StoodDown(
+                f"job {job_dir.name} has no generation this standby can adopt (none running, or "
+                "past the agents' grace): standing down",
+                hint="if its controller is gone for good, `ftrun resume` it by hand",
+            )
+        adoption = dataclasses.replace(adoption, port=takeover_port, takeover=True)
+        # It runs on the standby host itself: no standby of its own (docs/standby.md).
+        config = dataclasses.replace(config, standby=None)
     code = launch.run(config, policy, point, adoption)
     if code:
         raise typer.Exit(code)

@@ -47,6 +47,9 @@ class Adoption:
     # The job's other live agents (spares, hosts back after a loss): host → agent id. They
     # dial back too, and are kept: without them the next lost host would shrink the job.
     spares: dict[str, str] = field(default_factory=dict)
+    # A standby's takeover (docs/standby.md): it adopts only if most of the generation's agents
+    # come to it; fewer means the primary still has them, and the standby stands down.
+    takeover: bool = False
 
     @property
     def wait_s(self) -> float:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ftrun.bootstrap import Bootstrap
@@ -19,7 +21,7 @@ from ftrun.controller.rendezvous import Rendezvous
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.roster import HostState, Roster
 from ftrun.controller.server import ControlServer
-from ftrun.errors import FtrunError
+from ftrun.errors import EXIT_SUPERSEDED, FtrunError
 from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import AgentHandle, Transport
@@ -71,6 +73,9 @@ class AgentProcesses:
         self._work: set[asyncio.Task[Any]] = set()  # starts and stops: awaited at the end
         self._retry_delay: dict[str, float] = {}
         self.closing = False
+        self.term = 1  # this controller's run of the job (terms.py); the supervisor sets it
+        # A host refused our agent: a standby took the job over (job_signals.py sets it).
+        self.superseded: Callable[[str], None] = lambda host: None
 
     # ---- starting -----------------------------------------------------------------------------
 
@@ -104,6 +109,7 @@ class AgentProcesses:
             controller_cert=self.controller_cert,
             checkpoint_key=self.checkpoint_key,
             umask=cfg.umask,
+            term=self.term,
             **self._requeue_fields(),
         )
         try:
@@ -141,9 +147,20 @@ class AgentProcesses:
         self._spawn(self._hello_deadline(agent_id, host), self._waits)
 
     async def _hello_deadline(self, agent_id: str, host: str) -> None:
-        await asyncio.sleep(self.config.agent_start_timeout_s)
-        if self.roster.host_of(agent_id) == host and self.roster.state(host) is HostState.STARTING:
-            self.never_connected({agent_id})
+        deadline = time.monotonic() + self.config.agent_start_timeout_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(HELLO_POLL_S, max(0.0, deadline - time.monotonic())))
+            if (
+                self.roster.host_of(agent_id) != host
+                or self.roster.state(host) is not HostState.STARTING
+            ):
+                return
+            handle = self.handles.get(agent_id)
+            if handle is not None and handle.returncode == EXIT_SUPERSEDED:
+                # A newer controller leads the job there (ftrun/terms.py): we were cut off.
+                self.superseded(host)
+                return
+        self.never_connected({agent_id})
 
     def never_connected(self, agent_ids: set[str]) -> None:
         """Agents that started but did not say hello in time: their hosts are lost."""
@@ -222,6 +239,9 @@ class AgentProcesses:
         task = self.tasks.spawn(f"fleet: {coro.__qualname__}", coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+
+HELLO_POLL_S = 0.5  # how often a starting agent's exit is looked at before its hello
 
 
 def _safe(host: str) -> str:

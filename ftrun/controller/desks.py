@@ -30,6 +30,7 @@ from ftrun.controller.reporting import Reporter
 from ftrun.controller.resumption import Resumption
 from ftrun.controller.server import ControlServer
 from ftrun.controller.stalldesk import StallDesk
+from ftrun.controller.standby_desk import StandbyDesk
 from ftrun.controller.teardown import Teardown
 from ftrun.controller.watcher import Watcher
 from ftrun.journal import Journal
@@ -56,6 +57,7 @@ class Desks:
     quarantine: QuarantineDesk
     checks: HostChecks
     links: LinkCheck
+    standby: StandbyDesk
     resumption: Resumption
     watcher: Watcher
 
@@ -110,12 +112,15 @@ def wire_desks(
         journal=journal, reporter=reporter, leave_out=job.leave_out, let_in=job.let_in
     )
     fleet.hello_checks = checks.heard
+    standby = StandbyDesk(config, server=server, journal=journal)
+    fleet.hello_standby = standby.heard
     inbox = Inbox(
         server,
         fleet=fleet,
         internal=internal,
         chaos=ChaosDesk(server, journal, nproc_per_node=config.nproc_per_node),
         host_added=job.unbench,
+        standby_ready=standby.ready,
     )
     stalls = StallDesk(config, server=server, journal=journal, confirm_s=policy.hang.confirm_s)
     judge = Judge(job=job, stalls=stalls, journal=journal, reporter=reporter)
@@ -131,6 +136,7 @@ def wire_desks(
     signals = JobSignals(
         config, server=server, journal=journal, reporter=reporter, generation=generation
     )
+    fleet.agents.superseded = signals.superseded
     return Desks(
         internal=internal,
         server=server,
@@ -146,6 +152,7 @@ def wire_desks(
         job=job,
         quarantine=quarantine,
         checks=checks,
+        standby=standby,
         links=LinkCheck(
             config,
             fleet=fleet,

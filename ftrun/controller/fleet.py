@@ -56,6 +56,8 @@ class Fleet:
         self.rendezvous = Rendezvous(config)
         # Each ready agent's hello, for the host checks (desks.py sets it: host_checks.py).
         self.hello_checks: Callable[[str, Hello], None] = lambda host, msg: None
+        # And each one's term and the standby's address (standby_desk.py; desks.py sets it).
+        self.hello_standby: Callable[[str, str, Hello], None] = lambda agent, host, msg: None
         self.agents = AgentProcesses(
             config,
             transport=transport,
@@ -142,6 +144,7 @@ class Fleet:
             return
         addr = self.rendezvous.connected(agent_id, {"addr": msg.addr, "peer_port": msg.peer_port})
         self.hello_checks(host, msg)  # versions and clock (host_checks.py)
+        self.hello_standby(agent_id, host, msg)
         shm = {
             k: v
             for k, v in (("shm_total", msg.shm_total), ("shm_free", msg.shm_free))

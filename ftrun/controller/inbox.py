@@ -29,6 +29,7 @@ from ftrun.wire.inbound import (
     Stopped,
     StopRequested,
 )
+from ftrun.wire.inbound_checks import StandbyReady
 
 # What ends a wait between generations early: a stop, or a preemption notice (supervisor.py's
 # _interrupted tells them apart).
@@ -46,7 +47,9 @@ class Inbox:
         chaos: ChaosDesk,
         internal: InternalFailures,
         host_added: Callable[[str], None] = lambda host: None,
+        standby_ready: Callable[[str, StandbyReady], None] = lambda agent, msg: None,
     ) -> None:
+        self.standby_ready = standby_ready  # the standby's agent picked its port
         self.server = server
         self.fleet = fleet
         self.chaos = chaos
@@ -82,6 +85,9 @@ class Inbox:
                 return True
             case AgentLost() if watch is None or sender not in watch.agents:
                 self.fleet.on_lost(sender)
+                return True
+            case StandbyReady():
+                self.standby_ready(sender, msg)
                 return True
             case Stopped():
                 self.fleet.on_stopped(sender, msg)  # a stopped agent's fresh port

@@ -81,6 +81,20 @@ class JobSignals:
             self.server.broadcast("stop", gen=self.generation(), grace_s=0)
         self.server.inbox.put_nowait(("", StopRequested()))
 
+    def superseded(self, host: str) -> None:
+        """A host refused our agent because a newer controller leads the job there: a standby
+        took it over while we were cut off (docs/standby.md). This controller stops; the job
+        goes on there."""
+        self.journal.record("superseded", host=host)
+        self.reporter.notice(
+            f"{host} refused this controller: a standby controller took the job over while "
+            "this machine was cut off; stopping here (the job goes on there: `ftrun status` "
+            "on the standby host)",
+            level="warning",
+        )
+        self.count += 1
+        self.server.inbox.put_nowait(("", StopRequested()))
+
     def _on_preempt(self, sig: signal.Signals) -> None:
         """A preemption notice (preemption.py): the running generation commits a checkpoint
         and stops; one that comes between generations is taken up by the next watch."""

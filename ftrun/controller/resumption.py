@@ -20,12 +20,20 @@ from ftrun.controller.incidents import Incidents
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.requeue_note import BatchLoss
 from ftrun.controller.stalldesk import StallDesk
+from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
 
 
 class Interrupted(Exception):
     """A stop or a preemption notice came while the agents were awaited."""
+
+
+class StoodDown(FtrunError):
+    """A standby's takeover that most of the generation's agents did not come to: the primary
+    still has them. Nothing was started; the standby stands down (exit 0)."""
+
+    exit_code = 0
 
 
 class Resumption:
@@ -122,6 +130,13 @@ class Resumption:
         incident = self.incidents.count
         agents = [adoption.agents[h] for h in adoption.hosts]
         missing = [h for h, a in zip(adoption.hosts, agents, strict=True) if a not in back]
+        if adoption.takeover and 2 * (len(agents) - len(missing)) <= len(agents):
+            raise StoodDown(
+                f"{len(agents) - len(missing)} of the {len(agents)} agents of generation "
+                f"{adoption.gen} came to this standby: the primary controller still leads; "
+                "standing down",
+                hint="nothing was started or stopped",
+            )
         if not missing:
             self.fleet.roster.adopt(adoption.hosts)
             self.fleet.rendezvous.previous = agents  # where its ranks' snapshots are (peercopy)

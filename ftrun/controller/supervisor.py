@@ -41,7 +41,7 @@ from ftrun.controller.job import End, LaunchSpec, Relaunch
 from ftrun.controller.policy_file import FaultPolicy
 from ftrun.controller.reporting import JobOutcome, Reporter
 from ftrun.controller.requeue_note import BatchLoss
-from ftrun.controller.resumption import Interrupted
+from ftrun.controller.resumption import Interrupted, StoodDown
 from ftrun.errors import FtrunError
 from ftrun.journal import Journal
 from ftrun.journal.read import ResumePoint
@@ -89,7 +89,7 @@ class Supervisor:
         self.teardown, self.signals, self.plans = desks.teardown, desks.signals, desks.plans
         self.resumption, self.watcher = desks.resumption, desks.watcher
         self.job, self.quarantine, self.checks = desks.job, desks.quarantine, desks.checks
-        self.links = desks.links
+        self.links, self.standby = desks.links, desks.standby
         if resume is not None:  # a requeued job goes on where its journal left off
             self.job.generation = resume.generation
             self.incidents.count = resume.incidents
@@ -117,6 +117,9 @@ class Supervisor:
         context = tls.server_context(identity, self.journal.job_dir) if identity else None
         port = await self._listen(bind, context)
         self.fleet.controller_cert = identity.cert_pem if identity else ""
+        # This run's term (terms.py): what its agents carry, and the hosts keep the highest of.
+        self.term = (self.resume.runs + 1) if self.resume is not None else 1
+        self.fleet.agents.term = self.standby.term = self.term
         me = psutil.Process()
         self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
         self.journal.record(
@@ -133,7 +136,7 @@ class Supervisor:
             nproc_per_node=cfg.nproc_per_node,
             max_restarts=cfg.max_restarts,
             entrypoint=cfg.entrypoint(),
-            run=(self.resume.runs + 1) if self.resume is not None else 1,
+            run=self.term,
             **self._slurm_fields(),
         )
         if self.resume is not None:
@@ -145,17 +148,23 @@ class Supervisor:
             )
         self.quarantine.bench_known(self.job)
         self.signals.install()
+        stood_down: StoodDown | None = None
         try:
-            outcome = await self.internal.guard(self._start_and_supervise(port))
-            if isinstance(outcome, TaskFailure):
-                outcome = self.internal.outcome(outcome)
+            result = await self.internal.guard(self._start_and_supervise(port))
+            outcome = self.internal.outcome(result) if isinstance(result, TaskFailure) else result
+        except StoodDown as e:  # a standby the agents did not come to: the primary leads
+            stood_down = e
         except FtrunError as e:
             outcome = JobOutcome.failed(e.message, {"hint": e.hint}, exit_code=e.exit_code)
         finally:
             self.signals.remove()
-            await self.fleet.stop_all()
+            if stood_down is None:  # else the agents that came are the primary's: let go
+                await self.fleet.stop_all()
             await self.server.close()
             self.journal.files.unlink(CONTROL_FILE)
+        if stood_down is not None:
+            self.journal.record("stood_down", reason=stood_down.message)
+            raise stood_down
         self.journal.record(
             "job_finished",
             state=outcome.state.value,

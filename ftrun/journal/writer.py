@@ -86,6 +86,9 @@ class Journal:
         self._logs: dict[tuple[int, str], IO[str]] = {}
         self._log_failures: dict[str, int] = {}  # errno name → lines dropped
         self._logs_stopped = False
+        # Called with each event's line as it is written: the standby's replica of the journal
+        # (controller/standby_desk.py).
+        self.followers: list[Callable[[str], None]] = []
 
     def write_config(self, config: dict[str, Any]) -> None:
         data = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
@@ -96,6 +99,8 @@ class Journal:
         now is kept and written before the next one (see the module's docstring)."""
         event = {"t": self.clock(), "kind": kind, **fields}
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
+        for follow in self.followers:
+            follow(line)
         if len(self._pending) < MAX_PENDING_EVENTS:
             self._pending.append(line.encode("utf-8", "backslashreplace"))
         self._write_pending()

@@ -59,8 +59,10 @@ class SshAgent:
         log_file: IO[bytes],
         *,
         env_prefix: str = "",
+        term: int = 1,
     ) -> None:
         self.host = host
+        self.term = term  # the sweep is refused where a newer controller leads (terms.py)
         self.process_tag = process_tag
         self.python = python
         self.env_prefix = env_prefix
@@ -127,7 +129,7 @@ class SshAgent:
             chan.set_combine_stderr(True)
             chan.exec_command(
                 f"exec env {self.env_prefix}{shlex.quote(self.python)} "
-                f"-m ftrun.agent.procs {shlex.quote(self.process_tag)}"
+                f"-m ftrun.agent.procs {shlex.quote(self.process_tag)} {self.term}"
             )
             if not chan.status_event.wait(SWEEP_TIMEOUT_S / 2):
                 raise TimeoutError("the sweep did not finish")
@@ -195,7 +197,14 @@ class SshTransport:
                 ) from None
             raise
         return SshAgent(
-            boot.host, boot.process_tag, boot.python, conn, chan, log_file, env_prefix=env_prefix
+            boot.host,
+            boot.process_tag,
+            boot.python,
+            conn,
+            chan,
+            log_file,
+            env_prefix=env_prefix,
+            term=boot.term,
         )
 
     def _connect(self, host: str) -> tuple[Any, str | None]:

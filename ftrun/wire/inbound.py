@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftrun.wire.inbound_base import Message, Report
-from ftrun.wire.inbound_checks import LinkProbed
+from ftrun.wire.inbound_checks import LinkProbed, StandbyReady
 from ftrun.wire.messages import ENVELOPE, Role
 
 # ---- agent → controller --------------------------------------------------------------------
@@ -302,6 +302,7 @@ CLASSES: dict[Role, dict[str, type[Message]]] = {
             Stopped,
             AgentError,
             LinkProbed,
+            StandbyReady,
         )
     },
     Role.CLIENT: {c.KIND: c for c in (ClientHello, Chaos, Hosts)},

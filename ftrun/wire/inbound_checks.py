@@ -1,11 +1,12 @@
-"""What agents report of the checks before a job's first step, typed (inbound.py holds the
-table of every class; tests/unit/test_inbound.py holds each equal to its schema)."""
+"""What agents report of the checks before a job's first step, and of the standby, typed
+(inbound.py holds the table of every class; tests/unit/test_inbound.py holds each equal to its
+schema)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ftrun.wire.inbound_base import Report
+from ftrun.wire.inbound_base import Message, Report
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,3 +22,12 @@ class LinkProbed(Report):
     bandwidth_Bps: list[float | None]
     errors: list[str | None]
     port: int | None = None  # a fresh port its host offers for the next rendezvous
+
+
+@dataclass(frozen=True, kw_only=True)
+class StandbyReady(Message):
+    """The standby host's agent is ready to run the standby controller, on this port of its
+    host (controller/standby_desk.py)."""
+
+    KIND = "standby_ready"
+    port: int

@@ -23,6 +23,7 @@ import enum
 from typing import Any
 
 from ftrun.errors import ProtocolError
+from ftrun.wire import messages_standby as standby
 from ftrun.wire.schema import (
     CHAOS_ACTIONS,
     EXIT_CODE,
@@ -143,8 +144,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             },
             ("gen", "rank"),
         ),
-        # A rank's checkpoint memory tier stepped down (ftrun/checkpoint/capacity.py); bytes,
-        # -1 where unknown.
+        # A rank's memory tier stepped down (checkpoint/capacity.py); bytes, -1 where unknown.
         "checkpoint_tier": Schema(
             {
                 **AGENT_REPORT,
@@ -242,6 +242,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
             },
             ("task", "error"),
         ),
+        **standby.AGENT_KINDS,
     },
     Role.CLIENT: {
         "hello": Schema({"role": Str(16, choices=("client", "chaos"))}, ("role",)),
@@ -321,6 +322,7 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         "hosts_ack": Schema({"ok": Bool(), "message": opt(Str(MAX_LINE))}, ("ok",)),
         # a client's request that its schema refuses: said to it, rather than left unanswered
         "refused": Schema({"message": Str(MAX_LINE)}, ("message",)),
+        **standby.CONTROLLER_KINDS,
     },
 }
 ENVELOPE = ("v", "kind", "seq")  # protocol.py's own fields, checked there

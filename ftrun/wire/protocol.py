@@ -185,6 +185,15 @@ class Channel:
     def close(self) -> None:
         self.writer.close()
 
+    def abort(self) -> None:
+        """Drop the connection now: a TLS close would wait up to 30 s for a silent peer's
+        close_notify before the reader learns that the connection is gone."""
+        transport = self.writer.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()
+        else:
+            self.writer.close()
+
 
 def _blob_label(seq: int) -> bytes:
     return b"ftrun-blob\0" + seq.to_bytes(8, "big")
