@@ -20,6 +20,12 @@ host shares the machine's clock). Modes, alternated trial by trial:
                 tests/bin/ckpt_train.py (ftrun.checkpoint, a snapshot every step, persisted
                 every --persist-every): the spare with the peer copy, the spare without it
                 (storage), and the shrink (the survivors' own memory, in the new layout).
+  torchrun-store, ftrun-standby
+                the controller's machine lost (issue 36): torchrun's single point, the host of
+                its c10d store (node1), powered off, the survivors read on node2; ftrun launched
+                from inside node5 (`ip netns exec`: the controller runs there) with node4 as
+                spare and `--standby`, node5 powered off: the standby adopts the running
+                generation (recovery: the adoption; `phases` has the takeover's start).
                 For ftrun, ranks' output reaches the controller's stdout as `[rankN]: ...`; the
                 journal (`first_step` of the new generation, `ftrun inspect --json`: detected_s,
                 recovered_s) is the cross-check. Each trial ends with SIGINT to the controller's
@@ -81,8 +87,19 @@ CKPT_SCRIPT = str(ROOT / "tests" / "bin" / "ckpt_train.py")
 PY = sys.executable
 # ftrun.checkpoint with a snapshot every step: spare node4 with the peer tier on / off (storage
 # only), and no spare (a shrink to 2: the survivors' own memory, resharded)
-CKPT_MODES = ("ftrun-peer", "ftrun-storage", "ftrun-ckpt-shrink")
-MODES = ("torchrun", "ftrun-spare", "ftrun-shrink", *CKPT_MODES)
+CKPT_MODES = ("ftrun-peer", "ftrun-storage", "ftrun-ckpt-shrink", "ftrun-standby")
+MODES = (
+    "torchrun",
+    "ftrun-spare",
+    "ftrun-shrink",
+    *CKPT_MODES[:3],
+    "torchrun-store",
+    CKPT_MODES[3],
+)
+# The controller's machine lost (issue 36): ftrun's controller runs on node5 (launched there, in its
+# namespace) with node4 as spare and standby; torchrun's equivalent single point is the host of
+# its c10d store, node1, and the survivors' output is read on node2.
+CONTROLLER_HOST = "node5"
 HOSTS = ("node1", "node2", "node3")  # the job's hosts; node4 is the spare
 VICTIM = "node3"
 STEP = re.compile(r"^(?:\[rank(\d+)\]:\s*)?STEP (\d+) t=([\d.]+)")
@@ -172,6 +189,7 @@ class Bench:
             str(args.persist_every),
         ]
         self.victim_down = False
+        self.victim = VICTIM
 
     # -- hosts ---------------------------------------------------------------------------------
 
@@ -220,22 +238,34 @@ class Bench:
             time.sleep(0.2)
         raise RuntimeError(f"processes survive on the testbed: {self.leftovers(0)}")
 
+    def stop_takeover(self, timeout_s: float) -> int | None:
+        """Ctrl-C to the standby's controller (on node4, where it took the job over)."""
+        procs = [
+            p for p in self.host_procs(self.bed.host("node4"))
+            if "resume" in " ".join(p.cmdline()) and "ftrun" in " ".join(p.cmdline())
+        ]  # fmt: skip
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
+        return None if alive else (gone[0].returncode if gone else 0)
+
     def restore_victim(self) -> None:
         """Power node3 on again if this trial killed it (`start` also kills anything left)."""
         if self.victim_down:
-            self.bed.start(VICTIM)
+            self.bed.start(self.victim)
             self.victim_down = False
 
     def kill_victim(self) -> tuple[float, float]:
         before = time.time()
         self.victim_down = True
-        self.bed.kill(VICTIM)
+        self.bed.kill(self.victim)
         return before, time.time()
 
     # -- the anchor ----------------------------------------------------------------------------
 
-    def torchrun_trial(self, i: int) -> dict[str, Any]:
+    def torchrun_trial(self, i: int, *, store: bool = False) -> dict[str, Any]:
         a = self.args
+        self.victim, watch = ("node1", "node2") if store else (VICTIM, "node1")
         work = self.tmp / f"torchrun-{i}"
         ckpt = work / "ckpt"
         ckpt.mkdir(parents=True)
@@ -269,7 +299,7 @@ class Bench:
             )
         )
         result: dict[str, Any] = {
-            "mode": "torchrun",
+            "mode": "torchrun-store" if store else "torchrun",
             "trial": i,
             "recovered": False,
             "recovery_s": None,
@@ -288,11 +318,11 @@ class Bench:
             since = {h: len(r.lines) for h, r in runs.items()}
             fault_t, killed_t = self.kill_victim()
             result.update(fault_t=fault_t, kill_s=killed_t - fault_t)
-            node1 = runs["node1"]
+            watched = runs[watch]
             deadline = fault_t + a.wait_s
             found = None
             while time.time() < deadline and found is None:
-                found = recovery(node1.lines, since["node1"])
+                found = recovery(watched.lines, since[watch])
                 time.sleep(0.05)
             if found:
                 t, step, resumed = found
@@ -328,6 +358,10 @@ class Bench:
         run_dir.mkdir()
         shrink = mode in ("ftrun-shrink", "ftrun-ckpt-shrink")
         policy = ["--min-nodes", "2"] if shrink else ["--spares", "node4"]
+        standby = mode == "ftrun-standby"
+        self.victim = CONTROLLER_HOST if standby else VICTIM
+        if standby:
+            policy += ["--standby", "node4"]
         if mode == "ftrun-storage":
             policy += ["--peer-copy-rate", "0"]
         ckpt_mode = mode in CKPT_MODES
@@ -359,6 +393,8 @@ class Bench:
             "recovery_s": None,
             "command": shlex.join(cmd),
         }
+        if standby:  # typed on node5: the controller runs in its namespace
+            cmd = ["ip", "netns", "exec", self.bed.host(CONTROLLER_HOST).namespace, *cmd]
         run = Run(cmd, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
         try:
             fault_line = (
@@ -382,8 +418,11 @@ class Bench:
             result.update(fault_t=fault_t, kill_s=killed_t - fault_t)
             deadline = fault_t + a.wait_s
             found = None
-            while time.time() < deadline and found is None and run.proc.poll() is None:
-                found = journal_recovery(run_dir) if ckpt_mode else recovery(run.lines, since)
+            while time.time() < deadline and found is None and (standby or run.proc.poll() is None):
+                if standby:
+                    found = standby_recovery(run_dir)
+                else:
+                    found = journal_recovery(run_dir) if ckpt_mode else recovery(run.lines, since)
                 time.sleep(0.05)
             if found:
                 t, step, resumed = found
@@ -403,20 +442,60 @@ class Bench:
             result["after_fault"] = [line for line in run.lines[since:] if not STEP.search(line)][
                 -a.keep_lines :
             ]
-            rc = run.interrupt(a.stop_timeout_s)
+            if standby:
+                result["phases"] = standby_phases(run_dir, fault_t)
+                rc = self.stop_takeover(a.stop_timeout_s)
+            else:
+                rc = run.interrupt(a.stop_timeout_s)
             result["stop_rc"] = rc
             if rc is None:
                 result["stop_error"] = (
                     f"controller still running {a.stop_timeout_s:g} s after SIGINT"
                 )
             result["left_on_hosts"] = self.leftovers(a.teardown_wait_s)
-            result["journal"] = journal_check(run_dir, fault_t)
+            if not standby:
+                result["journal"] = journal_check(run_dir, fault_t)
             return result
         finally:
             run.close()
             result["tail"] = run.lines[-a.keep_lines :]
             self.clean_hosts()
             self.restore_victim()
+
+
+def replica_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The standby's replica of the journal, on node4 (docs/standby.md)."""
+    events = []
+    for path in run_dir.glob(".standby/node4/*/events.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+def standby_recovery(run_dir: Path) -> tuple[float, int | None, int | None] | None:
+    """The standby adopted the running generation: its ranks never stopped, so the controller
+    is back in control (the first progress it hears) is training again, 0 steps lost."""
+    events = replica_events(run_dir)
+    adopted = next((e for e in events if e.get("kind") == "adopted"), None)
+    if adopted is None:
+        return None
+    heard = [e for e in events if e.get("kind") == "progress" and e["t"] >= adopted["t"]]
+    return adopted["t"], (heard[0].get("step") if heard else None), None
+
+
+def standby_phases(run_dir: Path, fault_t: float) -> dict[str, float | None]:
+    """Seconds from the power loss: the takeover's start (detected), the generation adopted."""
+    events = replica_events(run_dir)
+    found = {
+        "detected": next(
+            (e["detected_t"] for e in events if e.get("kind") == "fault_detected"), None
+        ),
+        "adopted": next((e["t"] for e in events if e.get("kind") == "adopted"), None),
+    }
+    return {k: (round(v - fault_t, 3) if v else None) for k, v in found.items()}
 
 
 def describe(p: psutil.Process) -> str:
@@ -676,7 +755,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     try:
-        with Testbed(4, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
+        with Testbed(5, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
             bench = Bench(bed, tmp, args)
             print(
                 f"testbed {args.prefix} {args.subnet}: "
@@ -689,8 +768,8 @@ def main() -> int:
                     if mode in skip:
                         continue
                     r = (
-                        bench.torchrun_trial(i)
-                        if mode == "torchrun"
+                        bench.torchrun_trial(i, store=mode == "torchrun-store")
+                        if mode.startswith("torchrun")
                         else bench.ftrun_trial(mode, i)
                     )
                     results.append(r)

@@ -13,6 +13,11 @@ spares. Every --fault-every seconds, once the job has recovered from the previou
   partition        `testbed.sh cut HOST`, healed once the job has recovered
   controller-kill  SIGKILL to the controller, then `ftrun resume JOB` (adopts the running
                    generation within --controller-grace)
+  controller-power (only with --faults naming it) the controller's machine loses power: the job
+                   is launched from inside testbed host node5 with node4 as `--standby`, and
+                   `testbed.sh kill node5` leaves the standby to take the job over and adopt the
+                   running generation (docs/standby.md); once, and after it neither controller
+                   fault nor a loss of node4 (where the controller now runs) comes again
 
 is injected at random (--seed), or in that order with --cycle. After --minutes no more faults
 come and the job trains to its last step. It ends with:
@@ -57,6 +62,8 @@ from tests.testbed import Testbed, unavailable_reason  # noqa: E402
 SCRIPT = str(ROOT / "tests" / "bin" / "ckpt_train.py")
 PY = sys.executable
 FAULTS = ("rank-crash", "rank-hang", "host-loss", "partition", "controller-kill")
+ALL_FAULTS = (*FAULTS, "controller-power")
+CONTROLLER_HOST, STANDBY = "node5", "node4"  # with controller-power: where each controller runs
 # Two ranks: a DDP all-reduce of two is exact whichever rank adds first. With three, the order
 # of the additions follows DDP's buckets, which a restarted process builds anew, and the losses
 # would differ from the uninterrupted run's in the last bit from the first restart on.
@@ -88,6 +95,15 @@ class Soak:
         self.policy = tmp / "policy.toml"
         # A soak fails its hosts on purpose: no quarantine, and no restart budget to run out.
         self.policy.write_text("[quarantine]\nfailures = 100000\nwindow_s = 1\nexpiry_s = 1\n")
+        self.faults_asked = tuple(args.faults.split(","))
+        self.standby = "controller-power" in self.faults_asked
+        self.taken_over = False  # the standby leads: its replica of the job directory is read
+
+    @property
+    def job_dir(self) -> Path:
+        if self.taken_over:
+            return self.run_dir / ".standby" / STANDBY / self.job
+        return self.run_dir / self.job
 
     # -- the job ---------------------------------------------------------------------------
 
@@ -96,9 +112,12 @@ class Soak:
             PY, "-m", "ftrun", "launch", "--ssh-config", str(self.bed.ssh_config),
             "--hosts", ",".join(HOSTS), "--spares", ",".join(SPARES),
             "--max-restarts", "100000", "--policy", str(self.policy), "--job-name", "soak",
+            *(["--standby", STANDBY] if self.standby else []),
             SCRIPT, "--steps", str(self.steps), "--step-time", str(self.args.step_time),
             "--save-every", "1", "--persist-every", "20", "--ckpt-dir", str(self.tmp / "ckpt"),
         ]  # fmt: skip
+        if self.standby:  # typed on node5: the controller runs in its namespace
+            cmd = ["ip", "netns", "exec", self.bed.host(CONTROLLER_HOST).namespace, *cmd]
         self.controllers.append(Run(cmd, env=self.env, cwd=ROOT))
         deadline = time.time() + 180
         while time.time() < deadline and not self.events_of("first_step"):
@@ -123,7 +142,10 @@ class Soak:
                 return []
             self.job = jobs[0].name
         out = []
-        for line in (self.run_dir / self.job / "events.jsonl").read_text().splitlines():
+        path = self.job_dir / "events.jsonl"
+        if not path.exists():
+            return []
+        for line in path.read_text().splitlines():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
@@ -140,9 +162,12 @@ class Soak:
         return bool(self.events_of("job_finished"))
 
     def ftrun(self, *args: str) -> subprocess.CompletedProcess[str]:
+        argv, env = [PY, "-m", "ftrun", *args], {**os.environ, **self.env}
+        if self.taken_over:  # the controller runs on the standby host, its directory there
+            argv = ["ip", "netns", "exec", self.bed.host(STANDBY).namespace, *argv]
+            env["FTRUN_RUN_DIR"] = str(self.job_dir.parent)
         return subprocess.run(
-            [PY, "-m", "ftrun", *args], capture_output=True, text=True, timeout=60,
-            cwd=ROOT, env={**os.environ, **self.env},
+            argv, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
         )  # fmt: skip
 
     # -- faults ----------------------------------------------------------------------------
@@ -158,8 +183,13 @@ class Soak:
                 fault["error"] = (done.stderr or done.stdout).strip()[-300:]
                 return fault
         elif kind in ("host-loss", "partition"):
-            fault["host"] = self.rng.choice(gen["hosts"])
+            fault["host"] = self.rng.choice([h for h in gen["hosts"] if not self.leads_on(h)])
             (self.bed.kill if kind == "host-loss" else self.bed.cut)(fault["host"])
+        elif kind == "controller-power":
+            self.bed.kill(CONTROLLER_HOST)
+            self.controller.wait(30)
+            self.taken_over = True
+            self.controllers.append(Takeover(self.bed, self.job_dir))
         else:
             self.controller.proc.kill()  # SIGKILL, the controller alone: agents live on
             self.controller.wait(30)
@@ -184,7 +214,7 @@ class Soak:
         while time.time() < deadline:
             self.check_controller()
             events = self.events()
-            if fault["kind"] == "controller-kill":
+            if fault["kind"] in ("controller-kill", "controller-power"):
                 back = [
                     e for e in events
                     if e["kind"] in ("adopted", "resumed") and e["t"] > fault["t"]
@@ -279,7 +309,8 @@ class Soak:
                 self.sample()
                 next_sample = now + a.sample_every
             if now >= next_fault and now - start < a.minutes * 60:
-                kind = FAULTS[cycle % len(FAULTS)] if a.cycle else self.rng.choice(FAULTS)
+                kinds = self.faults_now()
+                kind = kinds[cycle % len(kinds)] if a.cycle else self.rng.choice(kinds)
                 cycle += 1
                 fault = self.inject(kind)
                 self.faults.append(fault)
@@ -292,6 +323,22 @@ class Soak:
         rc = self.controller.wait(a.minutes * 60 + 600)
         self.sample_after()
         return {"rc": rc, "soak_s": round(time.time() - start, 1)}
+
+    def leads_on(self, host: str) -> bool:
+        """The host the controller runs on, after a takeover: not a fault's victim."""
+        return self.taken_over and host == STANDBY
+
+    def faults_now(self) -> tuple[str, ...]:
+        """After the standby took over, its controller is the only one: no controller fault
+        again (nothing stands by now), and no loss of its host."""
+        if not self.taken_over:
+            return self.faults_asked
+        gen_hosts = self.generation()["hosts"]
+        return tuple(
+            k for k in self.faults_asked
+            if not k.startswith("controller")
+            and not (k in ("host-loss", "partition") and all(map(self.leads_on, gen_hosts)))
+        ) or ("rank-crash",)  # fmt: skip
 
     def check_controller_or_done(self) -> None:
         if self.controller.proc.poll() is not None and not self.finished():
@@ -327,6 +374,68 @@ class Soak:
             run.close()
 
 
+class Takeover:
+    """The standby's controller (docs/standby.md): not our child, so watched by its pid on the
+    standby host, its exit code read from its journal, its output from its takeover.log."""
+
+    def __init__(self, bed: Testbed, job_dir: Path) -> None:
+        self.job_dir = job_dir
+        deadline = time.time() + RECOVER_TIMEOUT_S
+        found: list[psutil.Process] = []
+        while not found and time.time() < deadline:
+            for pid in bed.pids(STANDBY):
+                try:
+                    if "resume" in psutil.Process(pid).cmdline():
+                        found.append(psutil.Process(pid))
+                except psutil.Error:
+                    continue
+            time.sleep(0.2)
+        if not found:
+            raise SoakError(f"no standby controller on {STANDBY} within {RECOVER_TIMEOUT_S:g} s")
+        self.process = found[0]
+        self.proc = self  # what the soak asks of a Run's Popen: poll, pid, kill
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        if self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE:
+            return None
+        ends = [e for e in events_in(self.job_dir) if e.get("kind") == "job_finished"]
+        return int(ends[-1].get("exit_code", 1)) if ends else 1
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            self.process.wait(timeout_s)
+        except psutil.TimeoutExpired:
+            return None
+        return self.poll()
+
+    def tail(self, chars: int) -> str:
+        try:
+            return (self.job_dir / "takeover.log").read_text(errors="replace")[-chars:]
+        except OSError as e:
+            return str(e)
+
+    def close(self) -> None:
+        if self.poll() is None:
+            self.kill()
+
+
+def events_in(job_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in (job_dir / "events.jsonl").read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 class SoakError(Exception):
     pass
 
@@ -347,12 +456,12 @@ def describe(f: dict[str, Any]) -> str:
     )
 
 
-def losses_of(logs: Path) -> tuple[dict[tuple[int, int], str], list[str]]:
+def losses_of(dirs: list[Path]) -> tuple[dict[tuple[int, int], str], list[str]]:
     """(rank, step) → loss over every generation's rank logs, and every step printed twice with
     two different losses (a restore that did not resume exactly)."""
     seen: dict[tuple[int, int], str] = {}
     clashes = []
-    for path in sorted(logs.glob("g*/rank*.log")):
+    for path in sorted(p for logs in dirs for p in logs.glob("g*/rank*.log")):
         for m in LOSS.finditer(path.read_text(errors="replace")):
             key, loss = (int(m.group(1)), int(m.group(2))), m.group(3)
             if seen.setdefault(key, loss) != loss:
@@ -430,6 +539,11 @@ def main() -> int:
     p.add_argument("--step-time", type=float, default=0.1, help="seconds a step takes at least")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cycle", action="store_true", help="the faults in turn, not at random")
+    p.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"comma-separated, among {', '.join(ALL_FAULTS)} [all but controller-power]",
+    )
     p.add_argument("--sample-every", type=float, default=5.0)
     p.add_argument(
         "--warmup-s", type=float, default=30.0, help="a process's first seconds are not compared"
@@ -441,6 +555,9 @@ def main() -> int:
     args = p.parse_args()
     if args.minutes <= 0 or args.fault_every <= 0 or args.step_time <= 0:
         p.error("--minutes, --fault-every and --step-time must be more than 0")
+    unknown = [f for f in args.faults.split(",") if f not in ALL_FAULTS]
+    if unknown:
+        p.error(f"--faults: unknown {', '.join(unknown)}; choose among {', '.join(ALL_FAULTS)}")
     reason = unavailable_reason()
     if reason:
         print(f"soak: {reason}", file=sys.stderr)
@@ -451,8 +568,9 @@ def main() -> int:
     report: dict[str, Any] = {"config": vars(args)}
     soak: Soak | None = None
     try:
+        hosts = len(HOSTS + SPARES) + ("controller-power" in args.faults.split(","))
         with Testbed(
-            len(HOSTS + SPARES), state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix
+            hosts, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix
         ) as bed:
             soak = Soak(bed, tmp, args)
             print(f"soak: {soak.steps} steps on {', '.join(HOSTS)} (spares "
@@ -469,7 +587,14 @@ def main() -> int:
                 {e["world_size"] for e in events if e["kind"] == "generation_launched"}
             )
             report["finished"] = [e.get("state") for e in events if e["kind"] == "job_finished"]
-            got, clashes = losses_of(tmp / "runs" / soak.job / "logs") if soak.job else ({}, [])
+            got, clashes = ({}, [])
+            if soak.job:  # the primary's logs, and the standby's after a takeover
+                got, clashes = losses_of(
+                    [
+                        tmp / "runs" / soak.job / "logs",
+                        tmp / "runs" / ".standby" / STANDBY / soak.job / "logs",
+                    ]
+                )
             if args.keep and soak.job:
                 shutil.copytree(tmp / "runs" / soak.job, Path(args.keep) / soak.job)
             soak.close()
@@ -485,6 +610,7 @@ def main() -> int:
                 "first_differ": [f"rank {r} step {s}: {got[(r, s)]} vs {ref.get((r, s))}"
                                  for r, s in sorted(differ)[:5]],
                 "all_steps": sorted({s for _, s in got}) == list(range(1, soak.steps + 1)),
+                "not_printed": soak.steps * WORLD - len(got),
             }  # fmt: skip
         report["growth"] = growth(soak.samples if soak else [], args.warmup_s)
         report["samples"] = soak.samples if soak else []
@@ -501,7 +627,7 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> int:
             by_kind.setdefault(f["kind"], []).append(f["recovered_s"])
     print()
     print("fault            count  training again: median  max")
-    for kind in FAULTS:
+    for kind in ALL_FAULTS:
         times = by_kind.get(kind, [])
         if times:
             print(
@@ -522,7 +648,14 @@ def summarize(report: dict[str, Any], args: argparse.Namespace) -> int:
             f"run: {losses['differ']} differ, {len(losses['clashes'])} printed twice differently"
             + ("" if plan_same else f" (the plan changed: world sizes {report['world_sizes']})")
         )
-        if plan_same and (losses["differ"] or losses["clashes"] or not losses["all_steps"]):
+        # What ranks printed while the controller's machine was dark went into a connection
+        # that no one reads any more (the steps ran: tests/integration/test_standby.py counts
+        # them); that output is lost, not the training (docs/standby.md, Limits).
+        power = any(f["kind"] == "controller-power" for f in faults)
+        if losses["not_printed"]:
+            print(f"{losses['not_printed']} (rank, step) losses were never printed to a controller")
+        missing = not losses["all_steps"] and not power
+        if plan_same and (losses["differ"] or losses["clashes"] or missing):
             problems.append(f"losses: {losses['first_differ'] or losses['clashes']}")
     grew = [r for r in report.get("growth", []) if r["verdict"] != "flat"]
     if grew:
