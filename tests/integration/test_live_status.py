@@ -93,9 +93,11 @@ def scrape(port: int) -> dict[str, list]:
 def test_metrics_and_the_notes_of_a_slow_start(ftrun: Ftrun, tmp_path: Path) -> None:
     script = tmp_path / "slow_start.py"
     script.write_text(SCRIPT)
+    # 200 steps: generation 2 trains 10 s (0.05 s a step), for the scrapes of it below, which
+    # take a few polls; 400 made the test wait 10 s more for the job to end.
     proc = ftrun.start(
         "launch", "--metrics-port", "0", "--nproc-per-node", "2",
-        str(script), str(tmp_path / "crashed-once"), "400",
+        str(script), str(tmp_path / "crashed-once"), "200",
     )  # fmt: skip
     out = Output(proc)
     try:
