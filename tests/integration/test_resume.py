@@ -21,7 +21,11 @@ from tests.integration.test_checkpoint_resume import losses
 TRAIN = str(BIN / "ckpt_train.py")
 ARGS = ("--nproc-per-node", "2", TRAIN, "--steps", "40", "--step-time", "0.05", "--no-memory")
 GRACE = ("--controller-grace", "2")  # the agents fence 2 s after the controller is gone
-LONG = ("--nproc-per-node", "2", TRAIN, "--steps", "150", "--step-time", "0.05", "--no-memory")
+# Killed after step 12 and two CLI calls (a second or two): 90 steps of ~0.1 s (a storage save
+# each) are left then, so it is killed mid-run; 150 made the clean and the resumed run longer.
+LONG_STEPS = 100
+LONG = ("--nproc-per-node", "2", TRAIN, "--steps", str(LONG_STEPS), "--step-time", "0.05",
+        "--no-memory")  # fmt: skip
 
 
 def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_id):
@@ -57,7 +61,7 @@ def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_i
     [step] = {int(line.split("restored step ")[1].split()[0]) for line in restored}
     before, after = losses("".join(out.lines)), losses(resumed.stdout)
     assert step >= 5 and min(s for _, s in after) == step + 1  # a checkpoint, not a fresh start
-    assert {(r, s) for r in (0, 1) for s in range(step + 1, 151)} == set(after)
+    assert {(r, s) for r in (0, 1) for s in range(step + 1, LONG_STEPS + 1)} == set(after)
     want = losses(clean.stdout)
     for key, seen in [*before.items(), *after.items()]:
         assert seen == want[key], key  # every step of either run is the clean run's, bit for bit
