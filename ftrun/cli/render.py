@@ -132,6 +132,10 @@ def print_job(console: Console, v: JobView) -> None:
         console.print(Text.assemble(("damaged: ", "bold red"), clean(v.damaged)), soft_wrap=True)
     if v.reason:
         console.print(f"reason: {v.reason}", soft_wrap=True)
+    if v.controller_host is not None and v.ended_t is None:
+        console.print(
+            clean(f"controller: {v.controller_host} pid {v.controller_pid}, term {v.runs}")
+        )
     current = v.generations[-1] if v.generations else None
     if current is not None and current.plan is not None:
         console.print(f"plan: {current.plan} on {len(current.hosts)} host(s)", soft_wrap=True)

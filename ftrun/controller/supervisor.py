@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import time
 
@@ -127,6 +128,7 @@ class Supervisor:
             job_id=cfg.job_id,
             name=cfg.job_name,
             controller_pid=me.pid,
+            controller_host=socket.gethostname(),
             controller_create_time=me.create_time(),
             control_port=port,
             hosts=list(cfg.hosts),

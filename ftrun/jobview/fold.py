@@ -7,6 +7,7 @@ still runs (pid plus start time, so a recycled pid is not mistaken for it).
 from __future__ import annotations
 
 import copy
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,9 +83,16 @@ class JobFolder:
         view.runs, view.restarts = job["runs"], job["restarts"]
         view.generations = [copy.deepcopy(self.gens[k]) for k in sorted(self.gens)]
         view.incidents = [copy.deepcopy(self.incidents[k]) for k in sorted(self.incidents)]
-        if alive is None:
+        elsewhere = view.controller_host not in (None, socket.gethostname())
+        if alive is None and not elsewhere:
             alive = controller_alive(view.controller_pid, job["create_time"])
-        if view.ended_t is None and not alive:
+        if view.ended_t is None and elsewhere and alive is None:
+            # Its pid is another machine's (a standby's replica, a shared run directory).
+            view.reason = view.reason or (
+                f"its controller (term {view.runs}) runs on {view.controller_host}: not "
+                "checked from here"
+            )
+        elif view.ended_t is None and not alive:
             view.state = "failed"
             view.reason = (
                 "the controller died without finishing the job (killed, or its host was lost); "
@@ -101,7 +109,8 @@ class JobFolder:
 # The job's own figures, as a job_started resets them (a requeued job's next run).
 FRESH_JOB: dict[str, Any] = {
     "name": "", "state": "running", "reason": None, "started_t": None, "ended_t": None,
-    "exit_code": None, "controller_pid": None, "generation": 0, "step": None,
+    "exit_code": None, "controller_pid": None, "controller_host": None, "generation": 0,
+    "step": None,
     "root_cause": None, "slurm_job_id": None, "create_time": None,
 }  # fmt: skip
 
@@ -120,6 +129,7 @@ def _feed_job(f: JobFolder, ev: dict[str, Any]) -> None:
         job["runs"] = ev.get("run", 1)
         job["slurm_job_id"] = ev.get("slurm_job_id", job["slurm_job_id"])
         job["controller_pid"] = ev.get("controller_pid")
+        job["controller_host"] = ev.get("controller_host")
         job["create_time"] = ev.get("controller_create_time")
     elif kind == "plan_chosen":
         f.plans[ev.get("gen", -1)] = {k: ev.get(k) for k in ("summary", "why", "predicted_step_s")}

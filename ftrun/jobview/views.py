@@ -173,6 +173,7 @@ class JobView:
     ended_t: float | None = None
     exit_code: int | None = None
     controller_pid: int | None = None
+    controller_host: str | None = None  # the machine it runs on (a standby's, after a takeover)
     generation: int = 0
     restarts: int = 0
     step: int | None = None
@@ -213,6 +214,11 @@ class JobView:
             "job_dir": str(self.job_dir),
             "hosts": self.hosts,
             "runs": self.runs,
+            "controller": {
+                "host": self.controller_host,
+                "pid": self.controller_pid,
+                "term": self.runs,
+            },
             "slurm_job_id": self.slurm_job_id,
             "damaged": self.damaged,
             "turned_away": self.turned_away,

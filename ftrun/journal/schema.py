@@ -80,7 +80,7 @@ _fields(
 )
 _fields(
     "name host signal exception traceback traceback_source injected section reason tier "
-    "decision rule state outcome summary why fault slurm_job_id",
+    "decision rule state outcome summary why fault slurm_job_id controller_host",
     _or_none(lambda v: isinstance(v, str)),
     "a string or null",
 )

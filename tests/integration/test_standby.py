@@ -112,6 +112,7 @@ def test_the_controllers_machine_loses_power_and_the_standby_adopts_the_ranks(
         assert done == list(range(1, STEPS + 1)), done[-5:]
     shown = ftrun.run("inspect", job_dir.name, "--run-dir", str(replica.parent), "--json")
     assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["controller"]["term"] == 2  # the standby's
     (incident,) = json.loads(shown.stdout)["incidents"]
     assert incident["kind"] == "controller-lost"
     print(f"killed at {killed_t:.3f}; phases {incident['phases']}")
