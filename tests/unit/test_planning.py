@@ -61,6 +61,16 @@ def desk(tmp_path: Path, clock: Clock | None = None, **config: object) -> tuple[
     return made, journal
 
 
+def measured(plans: PlanDesk, gen: int, step_s: float, steps: int = 12) -> None:
+    """Generation `gen`'s steps as the journal would show them, `step_s` apart: the desk
+    weighs a grow once the running plan's steps are steady (plan_learning.py)."""
+    assert plans.learning is not None
+    for i in range(steps):
+        kind = "first_step" if i == 0 else "progress"
+        ev = {"t": 1000.0 + i * step_s, "kind": kind, "gen": gen, "step": i + 1}
+        plans.learning.follow(json.dumps(ev, separators=(",", ":")))
+
+
 def events(journal: Journal, kind: str) -> list[dict]:
     return [e for e in read_events(journal.job_dir) if e["kind"] == kind]
 
@@ -114,6 +124,9 @@ def test_a_grow_goes_ahead_only_when_it_pays_for_its_restart(tmp_path):
     plans.torn_down(3.0)
     assert plans.switch_cost_s() == pytest.approx(15.0)
     grow = Reconfigure("grow", "n3, n4 ready")
+    assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None  # the running plan not measured yet
+    assert not events(journal, "grow_declined")
+    measured(plans, 1, 1.0)
     # Two seconds of training left cannot pay 15 s of restart: declined, journaled once.
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
@@ -124,6 +137,7 @@ def test_a_grow_goes_ahead_only_when_it_pays_for_its_restart(tmp_path):
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
     # In the next generation, with an hour ahead, the faster plan pays for it.
     plans.choose(HOSTS[:2], gen=2, why="a rank crashed")
+    measured(plans, 2, 1.0)
     change = plans.gate(grow, HOSTS[:2], HOSTS[2:])
     assert change is not None and change.why == "grow" and "grow" in change.detail
     # A removed host is never held back.
