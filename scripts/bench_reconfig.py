@@ -10,12 +10,16 @@ from `ftrun profile` on this machine, first. Then, in one job:
   1. the 4-host plan runs --steps-per-phase steps;
   2. node4 is powered off (link down, every process SIGKILLed): the controller detects it,
      re-plans for the 3 hosts left, restores the checkpoint resharded, trains --steps-per-phase;
-  3. node4 is powered on: the controller's retries reach it, the planner finds the 4-host plan
-     pays for a restart, the job grows back and trains --steps-per-phase; then Ctrl-C.
+  3. node4 is powered on: the controller's retries reach it and the planner weighs growing
+     back on its calibrated predictions (docs/planner.md, *A planner that learns*): the job
+     grows and trains --steps-per-phase, or the grow is declined (journaled with why) and the
+     job trains on; then Ctrl-C.
 
 Measured, from the job's journal (`ftrun inspect --json`) and rank 0's per-step lines:
-  (a) per plan the controller chose: predicted step time vs measured (median of rank 0's step
-      times in that generation, its first 2 steps left out), and the error;
+  (a) per plan the controller chose: predicted step time (calibrated with what the job measured
+      before it, and the cost model's alone) vs measured (median of rank 0's step times in that
+      generation, its first 2 steps left out), and the error; each grow taken or declined, and
+      whether a grow's plan then measured slower than the plan it left;
   (b) host lost → first step under the new plan, split into detect / tear down / relaunch /
       first step (the incident's phases);
   (c) throughput kept after losing 1 of 4 hosts: the re-plan's measured samples/s vs the best
@@ -26,7 +30,7 @@ Measured, from the job's journal (`ftrun inspect --json`) and rank 0's per-step 
   (d) steps lost per switch: the steps trained again after each restore.
 
     python scripts/bench_reconfig.py [--layers 8 --dim 128 --global-batch 32 --budget 24MiB]
-                                     [--steps-per-phase 30] [--json FILE]
+                                     [--steps-per-phase 30] [--link-check] [--json FILE]
 
 Targets (issue 12): (a) error <= 20 %; (b) <= 15 s; (c) >= 1.2x when the model needs PP >= 2;
 (d) <= 1 step with a snapshot every step.
@@ -145,6 +149,21 @@ class Job:
             time.sleep(0.2)
         raise RuntimeError(f"generation {gen} did not train {n} steps in {timeout_s:g} s")
 
+    def grown_or_declined(self, timeout_s: float) -> bool:
+        """After a host came back: True once a generation 3 is planned (a grow), False once the
+        grow was declined."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            evs = self.events()
+            if any(e["kind"] == "plan_chosen" and e["gen"] == 3 for e in evs):
+                return True
+            if any(e["kind"] == "grow_declined" for e in evs):
+                return False
+            if self.run.proc.poll() is not None:
+                raise RuntimeError(f"the job ended: {self.run.tail(2000)}")
+            time.sleep(0.2)
+        raise RuntimeError(f"no grow decided in {timeout_s:g} s")
+
     def stop(self) -> int | None:
         return self.run.interrupt(60)
 
@@ -173,6 +192,7 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
     profile = tmp / "profile.json"
     flags = ["--hosts", ",".join(HOSTS), "--min-nodes", "2", "--profile", str(profile)]
     flags += ["--replan-horizon", str(a.horizon_s)]
+    flags += ["--link-check"] if a.link_check else []
     job = Job(bed, run_dir, model, flags)
     out: dict[str, Any] = {"command": job.command}
     try:
@@ -181,7 +201,8 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
         bed.kill(VICTIM)
         job.wait_steps(2, a.steps_per_phase, a.timeout_s)
         bed.start(VICTIM)
-        job.wait_steps(3, a.steps_per_phase, a.timeout_s)
+        if job.grown_or_declined(a.timeout_s):
+            job.wait_steps(3, a.steps_per_phase, a.timeout_s)
         out["exit_code"] = job.stop()
     finally:
         job.run.close()
@@ -194,6 +215,8 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
             "why": p["why"],
             "hosts": len(p["hosts"]),
             "predicted_step_s": p["predicted_step_s"],
+            "model_step_s": p.get("model_step_s", p["predicted_step_s"]),
+            "calibration": (p.get("calibration") or {}).get("source", "uncalibrated"),
             "measured_step_s": measured_step_s(run_dir, job.job_id, p["gen"]),
             "global_batch": p["layout"]["global_batch"],
         }
@@ -203,7 +226,15 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
     for p in out["plans"]:
         if p["measured_step_s"]:
             p["error"] = p["predicted_step_s"] / p["measured_step_s"] - 1
+            p["model_error"] = p["model_step_s"] / p["measured_step_s"] - 1
             p["samples_per_s"] = p["global_batch"] / p["measured_step_s"]
+    out["calibrated"] = [
+        {k: e.get(k) for k in ("gen", "summary", "measured_step_s", "factor", "steps", "final")}
+        for e in evs
+        if e["kind"] == "plan_calibrated"
+    ]
+    out["links"] = [p.get("links") for p in evs if p["kind"] == "plan_chosen"][:1]
+    out["grows"] = grows(evs, out["plans"])
     [lost] = [i for i in view["incidents"] if i["kind"] == "host-lost"]
     phases = lost["phases"]
     base = out["fault_t"]  # just before the power-off, on the clock every host shares
@@ -217,7 +248,25 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
     }
     ended = {e["gen"]: e.get("step") for e in evs if e["kind"] == "generation_ended"}
     first = {e["gen"]: e["step"] for e in evs if e["kind"] == "first_step"}
-    out["grow_lost_steps"] = (ended.get(2) or 0) - (first.get(3, 1) - 1)
+    out["grow_lost_steps"] = (ended.get(2) or 0) - (first[3] - 1) if 3 in first else None
+    return out
+
+
+def grows(evs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each grow taken (with whether its plan then measured slower than the plan it left) and
+    each declined, with the desk's reason."""
+    by_gen = {p["gen"]: p for p in plans}
+    out: list[dict[str, Any]] = []
+    for p in plans:
+        if p["why"].startswith("grow") and p["gen"] - 1 in by_gen:
+            before, after = by_gen[p["gen"] - 1]["measured_step_s"], p["measured_step_s"]
+            slower = before is not None and after is not None and after > before
+            out.append({"taken": True, "gen": p["gen"], "from_s": before, "to_s": after,
+                        "slower": slower, "reason": p["why"]})  # fmt: skip
+    for e in evs:
+        if e["kind"] == "grow_declined":
+            out.append({"taken": False, "candidate": e.get("candidate"),
+                        "predicted_step_s": e.get("predicted_step_s"), "reason": e["reason"]})  # fmt: skip
     return out
 
 
@@ -245,6 +294,7 @@ def dp_only_job(
     flags = ["--hosts", ",".join(HOSTS[:hosts])]
     if planned:
         flags += ["--profile", str(tmp / "profile-unbounded.json")]
+        flags += ["--link-check"] if a.link_check else []
     job = one_generation(bed, run_dir, model, flags, a)
     step_s = measured_step_s(run_dir, job.job_id, 1)
     plan = [e["summary"] for e in job.events() if e["kind"] == "plan_chosen"]
@@ -286,6 +336,9 @@ def main() -> int:
     p.add_argument("--horizon-s", type=float, default=3600.0, help="--replan-horizon")
     p.add_argument("--timeout-s", type=float, default=180.0, help="per phase")
     p.add_argument("--dp-only-fits", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--link-check", action="store_true", help="launch with --link-check: measured link figures"
+    )
     p.add_argument("--prefix", default="ftbr", help="testbed name prefix")
     p.add_argument("--subnet", default="10.213.62.0/24", help="testbed /24")
     p.add_argument("--json", default=None, help="also write the figures to this file")
@@ -340,8 +393,11 @@ def report(result: dict[str, Any]) -> None:
             Column(key="plan", header="plan", align="<"),
             Column(key="hosts", header="hosts"),
             Column(key="predicted_step_s", header="predicted s", spec=".3f"),
+            Column(key="model_step_s", header="model s", spec=".3f"),
             Column(key="measured_step_s", header="measured s", spec=".3f"),
             Column(key="error", header="error", spec="+.0%"),
+            Column(key="model_error", header="model err", spec="+.0%"),
+            Column(key="calibration", header="calibrated", align="<"),
             Column(key="samples_per_s", header="samples/s", spec=".0f"),
             Column(key="why", header="why", align="<"),
         ]
@@ -351,6 +407,18 @@ def report(result: dict[str, Any]) -> None:
         print("    the same model where each rank has a core of its own (the testbed's 4 hosts")
         print("    share this machine's 2 cores; the model assumes a device per rank):")
         print("    " + table.render([result["two_hosts"]]).replace("\n", "\n    "))
+    for c in r.get("calibrated", []):
+        print(f"    plan_calibrated gen {c['gen']} {c['summary']}: {c['measured_step_s']:.3f} s "
+              f"measured over {c['steps']} steps, factor {c['factor']:.2f}"
+              f"{' (final)' if c['final'] else ''}")  # fmt: skip
+    for g in r.get("grows", []):
+        if g["taken"]:
+            verdict = "measured SLOWER" if g["slower"] else "measured faster"
+            print(f"    grow taken (gen {g['gen']}): {g['from_s']} s -> {g['to_s']} s, {verdict}")
+        else:
+            print(f"    grow declined: {g['reason']}")
+    if r.get("links"):
+        print(f"    links: {r['links'][0]}")
     h = r["host_lost"]
     print(
         f"\n(b) host lost → first step under the new plan: {h['total_s']:.2f} s "
@@ -375,9 +443,10 @@ def report(result: dict[str, Any]) -> None:
         planned, plain = result["unbounded"]
         ratio = benchlib.ratio(planned["samples_per_s"], plain["samples_per_s"])
         print(f"    planned / DP-only, both fitting: {ratio:.2f}x")
+    grow = r.get("grow_lost_steps")
     print(
-        f"\n(d) steps lost: host lost {h['lost_steps']}, grow back {r['grow_lost_steps']} "
-        "(snapshot every step; target <= 1)"
+        f"\n(d) steps lost: host lost {h['lost_steps']}, grow back "
+        f"{'- (no grow)' if grow is None else grow} (snapshot every step; target <= 1)"
     )
 
 
