@@ -5,11 +5,13 @@ For each round it is in, the host forms a 2-rank gloo group with that round's pe
 TCPStore on a port the store's host offered, rank 0 holding it) and measures, after one warm-up
 all-reduce that also waits for the peer:
 
-- latency: the median time of LAT_REPS all-reduces of one float (a round trip each, or nearly);
+- latency: the shortest of LAT_REPS all-reduces of one float (a round trip each, or nearly);
 - bandwidth: BW_BYTES over the best time of up to BW_REPS all-reduces of that many bytes (the
   algorithm bandwidth, as DLRover's bm_allreduce reports it), as many as the round's time
-  allows, at least one. The best, not the median: on a busy host the CPU, not the link, makes
-  a rep slow now and then, while a link that is slow (a NIC at 100 Mbit/s) is slow every time.
+  allows, at least one. The best, not the median, for both: on a busy host the CPU, not the
+  link, makes a rep slow now and then, while a link that is slow (a NIC at 100 Mbit/s) is slow
+  every time. (The median latency of a healthy pair whose probes were starved of CPU in a loaded
+  test run was 12 times the typical pair's, and made a healthy host look bad.)
 
 Gloo over TCP finds its interface by the host's name, as the ranks' torchrun does, so the link
 measured is the one the ranks will use. A round that fails (the peer never came, the time ran
@@ -22,7 +24,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
@@ -52,7 +53,7 @@ def _round(slot: dict[str, Any], deadline: float) -> dict[str, Any]:
             began = time.perf_counter()
             dist.all_reduce(small)
             times.append(time.perf_counter() - began)
-        out["latency_s"] = statistics.median(times)
+        out["latency_s"] = min(times)
         big = torch.zeros(BW_BYTES // 4)
         began = time.perf_counter()
         dist.all_reduce(big)  # warm-up; also how long one takes, to fit the reps in the time

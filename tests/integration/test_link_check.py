@@ -42,7 +42,10 @@ def the_check(events: list[dict]) -> dict:
 def test_healthy_links_leave_nobody_out(ftrun: Ftrun, bed: Testbed) -> None:
     out, events = run_job(ftrun, bed)
     check = the_check(events)
-    assert check["bad_hosts"] == {} and check["note"] is None, out
+    # Nobody left out. On a loaded machine the check may find the figures too noisy to judge
+    # and say so (its note); what it must never do is leave a healthy host out.
+    assert check["bad_hosts"] == {}, out
+    assert check["note"] is None or "nobody is left out" in check["note"], out
     assert len(check["pairs"]) == 4
     assert all(p["error"] is None for p in check["pairs"]), check
     # A slow link between two healthy hosts would only be said (and on a loaded machine one
