@@ -54,7 +54,10 @@ def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_pa
         [job_id] = [j["job_id"] for j in ftrun.status_json() if j["job_id"] not in jobs]
         jobs.append(job_id)
         job = ftrun.status_json(job_id)
-        assert (job["state"], job["restarts"]) == ("succeeded", 1)
+        # A second restart was seen once in a loaded CI run: its incidents say why.
+        assert (job["state"], job["restarts"]) == ("succeeded", 1), (
+            ftrun.run("inspect", job_id, "--json").stdout[-4000:] + out[-2000:]
+        )
 
         assert "[rank1]: FAULT rank=1 step=7" in out
         restored = re.findall(
