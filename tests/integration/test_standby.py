@@ -22,7 +22,7 @@ from tests.testbed import Testbed
 
 BIN = Path(__file__).resolve().parent.parent / "bin"
 CKPT_TRAIN = str(BIN / "ckpt_train.py")
-STEPS = 300  # 15 s at 0.05 s a step: the generation still runs when it is adopted (~5 s)
+STEPS = 200  # 10 s at 0.05 s a step: the generation still runs when it is adopted (~5 s)
 
 
 @pytest.fixture
