@@ -39,7 +39,9 @@ def obey(job_id: str, term: int, root: Path | str = memtier.ROOT) -> bool:
     have = current(job_id, root)
     if term < have:
         return False
-    if term > have:
+    # Term 1 (the launch) needs no file: a host without one is at term 1 at most. So a job that
+    # never changed controllers leaves nothing here, whatever way its agents end.
+    if term > max(have, 1):
         target = path(job_id, root)
         with contextlib.suppress(OSError):
             target.parent.mkdir(mode=0o700, exist_ok=True)

@@ -15,6 +15,7 @@ def test_a_host_keeps_the_highest_term_and_refuses_older_ones(tmp_path: Path) ->
     assert terms.current("job-a1", tmp_path) == 0
     assert terms.obey("job-a1", 1, tmp_path)
     assert not terms.superseded("job-a1", 1, tmp_path)
+    assert not list(tmp_path.rglob("*.term")), "a job at term 1 leaves no file"
     assert terms.obey("job-a1", 2, tmp_path)  # a standby took over
     assert terms.current("job-a1", tmp_path) == 2
     assert terms.superseded("job-a1", 1, tmp_path)
