@@ -234,8 +234,10 @@ class PlanDesk(SwitchCost):
         offer = tuple(joining)
         if self.current is None or offer in self._declined:
             return None  # decided for this generation already: no planning on every step
-        if self.learning is not None and self.learning.waiting():
-            return None  # weighed once the running plan's steps are steady (a few steps)
+        if self.learning is not None:
+            if self.learning.waiting():
+                return None  # weighed once the running plan's steps are steady (a few steps)
+            self.learning.current()  # its factor from its latest steps
         ranked = self.ranked(len(active) + len(joining))
         if not ranked:
             self._declined.add(offer)

@@ -241,3 +241,28 @@ def test_the_link_check_figures_replace_the_defaults(tmp_path):
     assert chosen["links"]["allreduce_bytes_per_s"] == 2e9
     assert chosen["links"]["p2p_latency_s"] == pytest.approx(0.0002)
     assert json.dumps(chosen)  # journaled whole
+
+
+def test_a_grow_is_weighed_on_the_running_plans_latest_steps(tmp_path):
+    plans, journal = learning_desk(tmp_path)
+    plans.choose(HOSTS, gen=1, why="launch")
+    four = plans.current
+    assert four is not None
+    steps(journal, 1, 3.0 * four.step_s)
+    plans.choose(HOSTS[:2], gen=2, why="n3, n4 lost")
+    two = plans.current
+    assert two is not None
+    grow = Reconfigure("grow", "n3, n4 ready")
+    # Steady at first at 5x the model (slower than the 4-host plan measured) ...
+    for i in range(9):
+        journal.clock = lambda t=1000.0 + i * 5.0 * two.step_s: t
+        journal.record("progress" if i else "first_step", gen=2, step=i + 1)
+    assert plans.learning is not None and not plans.learning.waiting()
+    # ... then at the model's pace for long: the latest steps count, and the grow is declined.
+    t0 = 1000.0 + 8 * 5.0 * two.step_s
+    for i in range(1, 200):
+        journal.clock = lambda t=t0 + i * two.step_s: t
+        journal.record("progress", gen=2, step=9 + i)
+    assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
+    [declined] = kinds(journal, "grow_declined")
+    assert "stay" in declined["reason"]
