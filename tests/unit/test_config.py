@@ -76,3 +76,12 @@ def test_max_nodes_is_at_least_min_nodes():
     assert make(hosts=("a",), transport="ssh", max_nodes=8).max_nodes == 8
     with pytest.raises(UsageError, match="--max-nodes must be at least --min-nodes"):
         make(hosts=("a", "b"), transport="ssh", min_nodes=2, max_nodes=1)
+
+
+def test_the_standby_is_one_of_the_jobs_other_machines():
+    assert make(hosts=("a", "b"), spares=("c",), transport="ssh", standby="c").standby == "c"
+    assert make(hosts=("a", "b"), transport="ssh", standby="b").standby == "b"
+    with pytest.raises(UsageError, match="--standby d is not one of the job's --hosts or --spares"):
+        make(hosts=("a", "b"), transport="ssh", standby="d")
+    with pytest.raises(UsageError, match="--standby needs hosts on other machines"):
+        make(standby="localhost")
