@@ -72,7 +72,9 @@ def losses(text: str) -> dict[int, float]:
 # Profile, launch on 4 hosts, lose one, re-plan, power it on, grow: ~50 s on 2 workers, and its
 # own waits allow more on a busier machine than the suite's 120 s default would (118 s, 3 workers).
 @pytest.mark.timeout(300)
-def test_a_lost_host_replans_dp_x_pp_and_the_job_grows_back(ftrun, testbed, tmp_path):
+def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_steps(
+    ftrun, testbed, tmp_path
+):
     bed = testbed
     profile = tmp_path / "profile.json"
     made = ftrun.run("profile", "--out", str(profile), RECIPE, *MODEL, timeout=120)
