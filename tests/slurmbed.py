@@ -426,7 +426,10 @@ def slurm_bed_fixture(
         kwargs = dict(options)
         kwargs.setdefault("state_dir", tmp_path_factory.mktemp("slurmbed") / "state")
         if "ctld_port" not in kwargs and "slurmd_port" not in kwargs:
-            base = free_port_block(n + 1, start=random.randrange(20000, 50000, 100))
+            # Below 20000: the ports ftrun picks for rendezvous are 20000 up to the kernel's
+            # ephemeral range (ftrun/netutil.py), and a powered-off node's slurmd must find its
+            # port free again when it is started.
+            base = free_port_block(n + 1, start=random.randrange(10000, 19000, 100))
             kwargs["ctld_port"], kwargs["slurmd_port"] = base, base + 1
         bed = SlurmBed(n, **kwargs)
         try:
