@@ -28,7 +28,10 @@ import psutil
 HERE = Path(__file__).resolve().parent
 MODES = ("warm", "cold", "torchrun")
 RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
-CONF_LINE = re.compile(r"^CONF r(\d+) a(\d+) (.*)$")
+# Searched, not matched at the line's start: plain torchrun's ranks share one pipe, and a python -u
+# print writes its text and its newline apart, so another rank's text can come first on the
+# line ("step 12CONF r0 a0 weight sum ..." in a loaded CI run).
+CONF_LINE = re.compile(r"CONF r(\d+) a(\d+) (.*)$")
 # ftrun's exit barrier: a rank exited 0 and another did not exit within --exit-timeout. The job
 # still succeeds (its work was done), so only this line tells an exit stall from a clean exit.
 EXIT_STALL = re.compile(r"^ftrun: rank \d+ exited 0 but .* did not exit within", re.MULTILINE)
@@ -211,7 +214,7 @@ def conf_lines(output: str) -> dict[int, list[str]]:
     """Each rank's CONF lines from its last attempt."""
     found: dict[int, list[tuple[int, str]]] = {}
     for line in output.splitlines():
-        m = CONF_LINE.match(_strip_prefixes(line))
+        m = CONF_LINE.search(_strip_prefixes(line))
         if m:
             found.setdefault(int(m.group(1)), []).append((int(m.group(2)), m.group(3)))
     last = {}
