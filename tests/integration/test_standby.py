@@ -62,6 +62,17 @@ def launch_on_node1(ftrun: Ftrun, bed: Testbed, record: Path) -> subprocess.Pope
     )
 
 
+def training_with_a_standby(ftrun: Ftrun, record: Path) -> tuple[Path, Path, dict[int, int]]:
+    """Once the standby is ready and the ranks are past step 10: the job's directory, the
+    standby's replica of it, and each rank's pid."""
+    wait_for(lambda: list(ftrun.run_dir.glob("*/events.jsonl")), 60, "the job's journal")
+    job_dir = next(ftrun.run_dir.glob("*/events.jsonl")).parent
+    replica = ftrun.run_dir / ".standby" / "node4" / job_dir.name
+    wait_for(lambda: kinds(job_dir, "standby_ready"), 60, "the standby")
+    wait_for(lambda: len(recorded_steps(record, 1)) >= 10, 120, "step 10")
+    return job_dir, replica, {e["rank"]: e["pid"] for e in kinds(job_dir, "rank_started")}
+
+
 def test_the_controllers_machine_loses_power_and_the_standby_adopts_the_ranks(
     ftrun: Ftrun, bed: Testbed, tmp_path: Path
 ) -> None:
@@ -69,12 +80,7 @@ def test_the_controllers_machine_loses_power_and_the_standby_adopts_the_ranks(
     record.mkdir()
     proc = launch_on_node1(ftrun, bed, record)
     try:
-        wait_for(lambda: list(ftrun.run_dir.glob("*/events.jsonl")), 60, "the job's journal")
-        job_dir = next(ftrun.run_dir.glob("*/events.jsonl")).parent
-        replica = ftrun.run_dir / ".standby" / "node4" / job_dir.name
-        wait_for(lambda: kinds(job_dir, "standby_ready"), 60, "the standby")
-        wait_for(lambda: len(recorded_steps(record, 1)) >= 10, 120, "step 10")
-        ranks = {e["rank"]: e["pid"] for e in kinds(job_dir, "rank_started")}
+        job_dir, replica, ranks = training_with_a_standby(ftrun, record)
         # The replica has what the primary journaled: it follows line by line.
         wait_for(
             lambda: kinds(replica, "rank_started") == kinds(job_dir, "rank_started"),
@@ -129,12 +135,7 @@ def test_a_cut_off_primary_that_comes_back_is_fenced_by_term(
     record.mkdir()
     proc = launch_on_node1(ftrun, bed, record)
     try:
-        wait_for(lambda: list(ftrun.run_dir.glob("*/events.jsonl")), 60, "the job's journal")
-        job_dir = next(ftrun.run_dir.glob("*/events.jsonl")).parent
-        replica = ftrun.run_dir / ".standby" / "node4" / job_dir.name
-        wait_for(lambda: kinds(job_dir, "standby_ready"), 60, "the standby")
-        wait_for(lambda: len(recorded_steps(record, 1)) >= 10, 120, "step 10")
-        ranks = {e["rank"]: e["pid"] for e in kinds(job_dir, "rank_started")}
+        job_dir, replica, ranks = training_with_a_standby(ftrun, record)
         bed.cut("node1")
         wait_for(
             lambda: kinds(replica, "adopted"),
