@@ -131,13 +131,7 @@ LOSS = re.compile(r"LOSS rank=\d+ step=(\d+) ")
 def journal_recovery(run_dir: Path) -> tuple[float, int | None, int | None] | None:
     """For ftrun.checkpoint's script: (wall time, step, restored step) of generation 2's first
     step as the journal has it (the controller heard it then), None if not yet."""
-    events = []
-    for path in run_dir.glob("*/events.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    events = journal_events(run_dir)
     first = next((e for e in events if e.get("kind") == "first_step" and e.get("gen") == 2), None)
     if first is None:
         return None
@@ -465,8 +459,13 @@ class Bench:
 
 def replica_events(run_dir: Path) -> list[dict[str, Any]]:
     """The standby's replica of the journal, on node4 (docs/standby.md)."""
+    return journal_events(run_dir, ".standby/node4/*/events.jsonl")
+
+
+def journal_events(run_dir: Path, pattern: str = "*/events.jsonl") -> list[dict[str, Any]]:
+    """Every event of the journals under `run_dir`; a line being written is skipped."""
     events = []
-    for path in run_dir.glob(".standby/node4/*/events.jsonl"):
+    for path in run_dir.glob(pattern):
         for line in path.read_text().splitlines():
             try:
                 events.append(json.loads(line))

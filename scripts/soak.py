@@ -141,16 +141,7 @@ class Soak:
             if not jobs:
                 return []
             self.job = jobs[0].name
-        out = []
-        path = self.job_dir / "events.jsonl"
-        if not path.exists():
-            return []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written
-        return out
+        return events_in(self.job_dir) if (self.job_dir / "events.jsonl").exists() else []
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events() if e.get("kind") == kind]
@@ -427,6 +418,7 @@ class Takeover:
 
 
 def events_in(job_dir: Path) -> list[dict[str, Any]]:
+    """The job's journal; a line being written is skipped."""
     out = []
     for line in (job_dir / "events.jsonl").read_text().splitlines():
         try:
