@@ -85,6 +85,12 @@ def main() -> None:
     )
     p.add_argument("--persist-bandwidth", type=float, default=None, help="MB/s (default: ftrun's)")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds a step takes at least")
+    p.add_argument(
+        "--first-generation-step-time",
+        type=float,
+        default=None,
+        help="generation 1's --step-time (a zombie that must outlive the next one's start)",
+    )
     p.add_argument("--keep", type=int, default=3, help="committed checkpoints kept")
     p.add_argument("--record", default=None, help="a directory for what each rank did")
     args = p.parse_args()
@@ -118,12 +124,15 @@ def main() -> None:
             with open(os.path.join(args.record, f"g{generation}-r{rank}.txt"), "a") as f:
                 f.write(f"{line}\n")
 
+    step_time = args.step_time
+    if generation == "1" and args.first_generation_step_time is not None:
+        step_time = args.first_generation_step_time
     start = mgr.restore(state)
     print(f"RESTORED rank={rank} step={start} tier={mgr.restored.tier}", flush=True)
 
     for step in range(start + 1, args.steps + 1):
-        if args.step_time:  # a slower "model": time for a test to act in the middle of a run
-            time.sleep(args.step_time)
+        if step_time:  # a slower "model": time for a test to act in the middle of a run
+            time.sleep(step_time)
         x, y = loader.next()
         x = x + 0.01 * random.random() * torch.randn_like(x)
         loss = nn.functional.mse_loss(model(x), y)

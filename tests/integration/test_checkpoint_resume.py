@@ -25,6 +25,11 @@ def losses(stdout: str) -> dict[tuple[int, int], set[str]]:
     return seen
 
 
+def checkpoint_lines(stdout: str) -> list[str]:
+    """What ftrun.checkpoint and the fault injection said: why a restore took the step it did."""
+    return [line for line in stdout.splitlines() if "ftrun-checkpoint" in line or "FAIL" in line]
+
+
 def test_restart_in_place_restores_from_memory_and_resumes_exactly(ftrun, tmp_path):
     jobs: list[str] = []
     try:
@@ -154,7 +159,12 @@ def test_a_live_snapshot_restores_the_step_every_rank_saved_else_the_last_full_c
                 r"\[rank(\d)\]: ftrun-checkpoint: restored step (\d+) from (\w+)", run.stdout
             )
             [step] = {s for _, s, _ in restored}  # one step, the same on both ranks
-            assert int(step) in allowed, (where, restored)
+            said = checkpoint_lines(run.stdout + run.stderr)
+            # The live path may have been left, with a warning saying why (the memory tier
+            # stepped down on a /dev/shm other tests fill): then step 6 was a copy still in
+            # flight when rank 1 died, and the full copy of 5 is the exact restore.
+            left_live = any("ftrun-checkpoint: warning" in line for line in said)
+            assert int(step) in allowed | ({5} if left_live else set()), (where, restored, said)
             assert sorted(restored) == [("0", step, "memory"), ("1", step, "memory")]
             got = losses(run.stdout)
             assert set(got) == set(want)

@@ -332,6 +332,10 @@ def test_a_partitioned_host_trains_on_but_is_fenced_off(ftrun, bed, tmp_path):
         "150",
         "--step-time",
         "0.05",
+        # The zombie must still be training when generation 2 claims the directories: at 0.05 s
+        # a step it could finish its 150 before a loaded machine's relaunch (seen in CI).
+        "--first-generation-step-time",
+        "0.2",
         "--keep",
         "1000",
         "--record",
@@ -342,10 +346,16 @@ def test_a_partitioned_host_trains_on_but_is_fenced_off(ftrun, bed, tmp_path):
     job_id = ftrun.job_id()
     bed.cut("node1")
     wait_for(lambda: kinds(ftrun.events(job_id), "first_step")[1:], 60, "generation 2's first step")
+
+    def zombie_said() -> str:
+        return "the zombie's save to be refused; it recorded: " + " | ".join(
+            f"{p.name}: {p.read_text().splitlines()[-2:]}" for p in sorted(record.glob("g1-r*"))
+        )
+
     wait_for(
         lambda: any("SUPERSEDED" in p.read_text() for p in record.glob("g1-r*.txt")),
         30,
-        "the zombie's save to be refused",
+        zombie_said,
     )
     bed.heal("node1")  # what the zombie's agent still has to say now reaches the controller
     assert proc.wait(timeout=120) == 0, out.text()
