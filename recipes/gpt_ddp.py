@@ -107,6 +107,13 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--ckpt-every", type=int, default=1, help="snapshot every N steps")
     p.add_argument(
+        "--min-step-time",
+        type=float,
+        default=0.0,
+        help="seconds a step takes at least: a bigger model's pace, where a demo or a test on a "
+        "small machine shares its cores with other work",
+    )
+    p.add_argument(
         "--ckpt-dir",
         default=None,
         help="default: <ftrun job dir>/checkpoints, or ./checkpoints outside ftrun",
@@ -140,6 +147,8 @@ def main() -> None:
         ftrun.step(step)
         if step % args.ckpt_every == 0:
             mgr.save(step, state)  # returns at once; the copy overlaps the next step
+        if (spare := args.min_step_time - (time.perf_counter() - t0)) > 0:
+            time.sleep(spare)
         if rank == 0 and (step % 10 == 0 or step == start + 1):
             print(
                 f"step {step} loss {loss.item():.4f} ppl {math.exp(loss.item()):.1f} "

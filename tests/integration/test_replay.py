@@ -21,6 +21,9 @@ RECIPE = str(ROOT / "recipes" / "gpt_ddp.py")
 # waits for a persist (a step or two) and relaunches (3-4 s), with steps of 1.5 s when the suite
 # loads the 2 cores (8 s was too short once).
 SCALE, TAIL = "0.2", "80"
+# A small model at 10 steps a second at most: the trace sets the test's length, and an
+# unpaced model's ranks would take every core the suite has for all of it (~40 s of CPU).
+PACE = ("--dim", "64", "--layers", "1", "--context", "32", "--batch", "4", "--min-step-time", "0.1")
 
 
 def bed_command(bed: Testbed, action: str) -> str:
@@ -43,7 +46,7 @@ def test_replay_on_the_testbed_and_the_simulation_of_it(
         "--on-remove", bed_command(testbed, "kill"),
         "--on-add", bed_command(testbed, "start"),
         "--", "--ssh-config", str(testbed.ssh_config), "--max-restarts", "20",
-        RECIPE, "--steps", "1000000", "--ckpt-dir", str(tmp_path / "ckpt"),
+        RECIPE, "--steps", "1000000", *PACE, "--ckpt-dir", str(tmp_path / "ckpt"),
         timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
