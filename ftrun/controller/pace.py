@@ -1,21 +1,30 @@
 """Stragglers named, with evidence: each host's compute time per step against the others'.
 
-Every agent reports its ranks' pace (agent/pace.py): of each window of steps, the time a rank
-computed per step, its waits in collectives left out. Here the generation's hosts are compared
-(its ranks, when it has one host): a unit's figure is the median of its ranks' latest windows;
-once every unit has a fresh one (a round), each is divided by the median of all (with two
-hosts: by the other's). A unit ≥ RATIO x slower in ROUNDS rounds in a row is named a
-straggler: journaled (`straggler`, with its figures), said once, and reported only (the default
-policy; docs/policy.md, *Stragglers*). One that then runs at the others' pace for ROUNDS rounds
-is journaled as recovered. Every round is journaled (`pace`): `inspect` and the metrics show
-each host's figure.
+Every agent reports its ranks' pace (agent/pace.py): of each window of steps (≥ 1 s), the time a
+rank computed per step, its waits in collectives left out. Here the generation's hosts are
+compared (its ranks, when it has one host): a unit's figure is the median of its ranks' latest
+windows; once every unit has a fresh one (a round), each is divided by the median of all (with
+two hosts: by the other's), its ratio.
 
-Why the median and rounds in a row: a healthy job's figures differ by a few percent and
-a loaded machine slows every rank alike, so one round's outlier is noise, three are a host.
+The verdict weighs evidence, so that a host twice as slow is named sooner than one 1.3 x slow,
+and neither on one round: a unit's rounds in a row at ≥ RATIO are a streak, and it is named a
+straggler once its streak is at least MIN_ROUNDS long and the streak's ratios multiply to at
+least EVIDENCE (RATIO ** 3: three rounds at 1.3 x, two at 1.48 x or more). One round below RATIO
+ends the streak. Named: journaled (`straggler`, with its figures), said once, and reported only
+(the default policy; docs/policy.md, *Stragglers*). One that then runs at the others' pace for
+ROUNDS rounds in a row is journaled as recovered. A round is journaled (`pace`) when some unit
+not yet named is in a streak (the evidence a verdict stands on) or gets a verdict, and otherwise
+one in JOURNAL_EVERY (rounds are about a second now): `inspect` and the metrics show each
+host's latest figure.
+
+Why the median, and streaks: a healthy job's figures differ by a few percent and a loaded
+machine slows every rank alike, so the median moves with them; one round's outlier is noise,
+a streak whose ratios multiply past RATIO ** 3 is a host.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +37,11 @@ from ftrun.wire.inbound import PaceReport, Report
 if TYPE_CHECKING:
     from ftrun.controller.generation import Reconfigure, WatchResult
 
-RATIO = 1.3
-ROUNDS = 3
+RATIO = 1.3  # a round counts against a unit at this ratio to the median or more
+MIN_ROUNDS = 2  # never named on one round
+EVIDENCE = RATIO**3  # the streak's ratios multiplied, to be named
+ROUNDS = 3  # rounds in a row at the others' pace, once named, to be recovered
+JOURNAL_EVERY = 5  # a round with no unit at ≥ RATIO is journaled one in this many
 
 
 @dataclass(frozen=True)
@@ -52,18 +64,28 @@ class PaceBoard:
 
     units: list[str]  # what is compared: the generation's hosts, or its ranks ("rank N")
     latest: dict[str, float] = field(default_factory=dict)  # fresh since the last round
-    slow: dict[str, int] = field(default_factory=dict)  # rounds in a row ≥ RATIO
-    fast: dict[str, int] = field(default_factory=dict)  # rounds in a row below, once named
+    slow: dict[str, list[float]] = field(default_factory=dict)  # a streak's ratios, not named
+    fast: dict[str, int] = field(default_factory=dict)  # the named: rounds in a row back
     named: set[str] = field(default_factory=set)
+    rounds: int = 0
 
     def add(self, unit: str, compute_s: float, step: int) -> tuple[dict[str, float], list[Verdict]]:
-        """A unit's fresh figure; when it completes a round, the round's figures and verdicts."""
+        """A unit's fresh figure; when it completes a round, its verdicts, and its figures when
+        the round is to be journaled (a streak on, a verdict, or one in JOURNAL_EVERY)."""
         if unit not in self.units or len(self.units) < 2:
             return {}, []
         self.latest[unit] = compute_s
         if set(self.latest) != set(self.units):
             return {}, []
         figures, self.latest = self.latest, {}
+        verdicts = self._judge(figures, step)
+        self.rounds += 1
+        # Every round of a streak is journaled: the evidence a verdict, given or not, stood on.
+        if self.slow or verdicts or self.rounds % JOURNAL_EVERY == 1:
+            return figures, verdicts
+        return {}, verdicts
+
+    def _judge(self, figures: dict[str, float], step: int) -> list[Verdict]:
         verdicts = []
         median = statistics.median(figures.values())
         for name, value in figures.items():
@@ -72,21 +94,29 @@ class PaceBoard:
             others = (
                 next(v for u, v in figures.items() if u != name) if len(figures) == 2 else median
             )
-            if others > 0 and value >= RATIO * others:
-                self.slow[name] = self.slow.get(name, 0) + 1
-                self.fast.pop(name, None)
-                if self.slow[name] == ROUNDS and name not in self.named:
+            if name in self.named:  # named: only whether it is back at the others' pace
+                back = others > 0 and value < RATIO * others
+                self.fast[name] = self.fast.get(name, 0) + 1 if back else 0
+                if self.fast[name] == ROUNDS:
+                    self.named.discard(name)
+                    del self.fast[name]
+                    verdicts.append(Verdict(name, False, value, others, step, ROUNDS))
+            elif others > 0 and value >= RATIO * others:
+                streak = self.slow.setdefault(name, [])
+                streak.append(value / others)
+                if named_by(streak):
+                    del self.slow[name]
                     self.named.add(name)
-                    verdicts.append(Verdict(name, True, value, others, step, ROUNDS))
+                    verdicts.append(Verdict(name, True, value, others, step, len(streak)))
             else:
-                self.slow.pop(name, None)
-                if name in self.named:
-                    self.fast[name] = self.fast.get(name, 0) + 1
-                    if self.fast[name] == ROUNDS:
-                        self.named.discard(name)
-                        del self.fast[name]
-                        verdicts.append(Verdict(name, False, value, others, step, ROUNDS))
-        return figures, verdicts
+                self.slow.pop(name, None)  # one round at the others' pace ends the streak
+        return verdicts
+
+
+def named_by(streak: list[float]) -> bool:
+    """Whether a streak of rounds at ≥ RATIO (each one's ratio) names its unit a straggler."""
+    # (A hair under EVIDENCE: three rounds at exactly RATIO multiply to it, rounding aside.)
+    return len(streak) >= MIN_ROUNDS and math.prod(streak) >= EVIDENCE * (1 - 1e-9)
 
 
 class StragglerWatch:

@@ -9,8 +9,29 @@ import sys
 import time
 from pathlib import Path
 
-from ftrun.agent.pace import WINDOW_MIN_S, WINDOW_STEPS, PaceMeter, thread_state
-from ftrun.controller.pace import RATIO, ROUNDS, PaceBoard, StragglerWatch
+import pytest
+
+import ftrun.agent.pace as pace_module
+from ftrun.agent.pace import (
+    MIN_SAMPLES,
+    WAIT_WEIGHT,
+    WINDOW_MIN_S,
+    WINDOW_STEPS,
+    Pace,
+    PaceMeter,
+    Window,
+    sched_ns,
+    thread_state,
+)
+from ftrun.controller.pace import (
+    EVIDENCE,
+    JOURNAL_EVERY,
+    MIN_ROUNDS,
+    RATIO,
+    ROUNDS,
+    PaceBoard,
+    StragglerWatch,
+)
 from ftrun.jobview.fold import JobFolder
 from ftrun.journal import Journal
 from ftrun.journal.read import read_journal
@@ -24,52 +45,90 @@ def test_a_sleeping_rank_waits_and_a_spinning_or_stopped_one_does_not() -> None:
     try:
         wait_for(lambda: thread_state(sleeper.pid) == "S", 10, "the sleeper asleep")
         wait_for(lambda: thread_state(spinner.pid) in ("R",), 10, "the spinner running")
-        meter = PaceMeter()
+        assert sched_ns(sleeper.pid) is not None  # schedstat: what follows is counted
+        meter = PaceMeter(window_min_s=0.3)
         meter.on_start(0, sleeper.pid)
         meter.on_start(1, spinner.pid)
+
+        def window(end_step: int) -> tuple[Pace | None, Pace | None]:
+            for _ in range(MIN_SAMPLES + 10):
+                meter.sample()
+                time.sleep(0.02)
+            now = time.monotonic()
+            return meter.on_step(0, end_step, now), meter.on_step(1, end_step, now)
+
         t0 = time.monotonic()
         meter.on_step(0, 1, t0)
         meter.on_step(1, 1, t0)
-        for _ in range(40):
-            meter.sample()
-            time.sleep(0.01)
-        end = t0 + WINDOW_MIN_S
-        asleep, busy = (
-            meter.on_step(0, 1 + WINDOW_STEPS, end),
-            meter.on_step(1, 1 + WINDOW_STEPS, end),
-        )
+        asleep, busy = window(1 + WINDOW_STEPS)
         assert asleep is not None and busy is not None
         assert asleep.compute_s < 0.05 * busy.compute_s  # it only waited
-        # A held-back (stopped) rank is not waiting for the others either.
+        # Running or waiting for a CPU (this machine may be busy): all of it counted.
+        assert abs(busy.compute_s * busy.steps / busy.wall_s - 1) < 0.1, busy
+        # A held-back (stopped) rank is not waiting for the others either: sampled, as schedstat
+        # does not count it.
         spinner.send_signal(19)  # SIGSTOP
         wait_for(lambda: thread_state(spinner.pid) == "T", 10, "the spinner stopped")
-        for _ in range(20):
-            meter.sample()
-        held = meter.on_step(1, 1 + 2 * WINDOW_STEPS, end + WINDOW_MIN_S)
-        assert held is not None and held.compute_s == busy.compute_s
+        _, held = window(1 + 2 * WINDOW_STEPS)
+        assert held is not None and held.compute_s * held.steps / held.wall_s > 0.9, held
     finally:
         for p in (sleeper, spinner):
             p.kill()
             p.wait()
-    assert thread_state(spinner.pid) is None  # gone: no state, no sample
+    assert thread_state(spinner.pid) is None and sched_ns(spinner.pid) is None  # gone
+
+
+def test_busy_time_is_counted_where_schedstat_counts_it_else_sampled() -> None:
+    # No schedstat: the share of samples in a busy state, of the wall time, a step.
+    assert Window(0, 0.0, None, busy=5, samples=10).parts(None, 5, 2.0) == (0.2, None)
+    # Counted: 0.5 s on a CPU plus 2 of 10 samples held stopped (of 2 s); 1 s waiting for one.
+    counted = Window(0, 0.0, (10**9, 0), busy=9, held=2, samples=10)
+    assert counted.parts((int(1.5e9), 10**9), 5, 2.0) == ((0.5 + 0.4) / 5, 1 / 5)
+
+
+def test_waiting_for_a_cpu_is_averaged_over_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On-CPU time shows in its own window; a window's run-queue wait (which rank the scheduler
+    makes wait is chance from second to second) moves the figure by WAIT_WEIGHT of it."""
+    counts = iter([(0, 0), (10**9, 0), (2 * 10**9, 10**9), (3 * 10**9, 10**9), (5 * 10**9, 10**9)])
+    monkeypatch.setattr(pace_module, "sched_ns", lambda pid: next(counts))
+    meter = PaceMeter()
+    meter.on_start(0, 1)
+    meter.on_step(0, 0, 0.0)
+    figures = []
+    for i in range(1, 5):  # windows of 10 steps, 10 s each: 1 s on a CPU (then 2 s), 1 s waiting
+        for _ in range(MIN_SAMPLES):
+            meter.sample()
+        pace = meter.on_step(0, 10 * i, 10.0 * i)
+        assert pace is not None
+        figures.append(pace.compute_s)
+    wait = WAIT_WEIGHT * 0.1  # the one second of waiting, a fifth of it, then fading
+    assert figures == pytest.approx([0.1, 0.1 + wait, 0.1 + (1 - WAIT_WEIGHT) * wait,
+                                     0.2 + (1 - WAIT_WEIGHT) ** 2 * wait], abs=1e-4)  # fmt: skip
 
 
 def test_a_window_with_a_declared_section_or_too_short_is_not_reported() -> None:
     meter = PaceMeter()
     meter.on_start(0, 1)  # pid 1: always there
     meter.on_step(0, 1, 0.0)
-    for _ in range(20):
+    for _ in range(MIN_SAMPLES - 1):
         meter.sample()
     assert meter.on_step(0, 1 + WINDOW_STEPS - 1, WINDOW_MIN_S) is None  # too few steps
-    assert meter.on_step(0, 1 + WINDOW_STEPS, 0.5) is None  # too short
+    assert meter.on_step(0, 1 + WINDOW_STEPS, WINDOW_MIN_S / 2) is None  # too short
+    assert meter.on_step(0, 1 + WINDOW_STEPS, WINDOW_MIN_S) is None  # too few looks
+    for _ in range(MIN_SAMPLES):
+        meter.sample()
     meter.on_section(0, inside=True)  # an evaluation: not every rank's work
-    for _ in range(20):
-        meter.sample()
+    meter.sample()
     meter.on_section(0, inside=False)
-    assert meter.on_step(0, 1 + WINDOW_STEPS, WINDOW_MIN_S) is None
-    for _ in range(20):
+    assert meter.on_step(0, 1 + 2 * WINDOW_STEPS, 2 * WINDOW_MIN_S) is None
+    for _ in range(MIN_SAMPLES):
         meter.sample()
-    assert meter.on_step(0, 1 + 2 * WINDOW_STEPS, 2 * WINDOW_MIN_S) is not None
+    pace = meter.on_step(0, 1 + 3 * WINDOW_STEPS, 3 * WINDOW_MIN_S)
+    assert pace is not None and (pace.step, pace.steps, pace.wall_s) == (
+        1 + 3 * WINDOW_STEPS,
+        WINDOW_STEPS,
+        WINDOW_MIN_S,
+    )
 
 
 def rounds(board: PaceBoard, figures: dict[str, float], n: int, step0: int = 0) -> list:
@@ -80,41 +139,92 @@ def rounds(board: PaceBoard, figures: dict[str, float], n: int, step0: int = 0) 
     return verdicts
 
 
+HOSTS = ["node1", "node2", "node3", "node4"]
+HEALTHY = {"node1": 0.20, "node2": 0.21, "node3": 0.19, "node4": 0.22}  # median 0.205
+
+
+def slowed(ratio: float) -> dict[str, float]:
+    """node3 at `ratio` x the median of all four (the others' median: 0.215)."""
+    return {**HEALTHY, "node3": round(0.215 * ratio, 6)}
+
+
 def test_a_host_slower_than_the_others_rounds_in_a_row_is_named_then_recovers() -> None:
-    hosts = ["node1", "node2", "node3", "node4"]
-    board = PaceBoard(hosts)
-    healthy = {"node1": 0.20, "node2": 0.21, "node3": 0.19, "node4": 0.22}
-    assert rounds(board, healthy, 50) == []  # a few percent apart: never
-    slow = {**healthy, "node3": 0.40}
-    assert rounds(board, slow, ROUNDS - 1) == []  # not yet: rounds in a row
+    board = PaceBoard(HOSTS)
+    assert rounds(board, HEALTHY, 50) == []  # a few percent apart: never
+    slow = slowed(2.0)
+    assert rounds(board, slow, MIN_ROUNDS - 1) == []  # never on one round
     [named] = rounds(board, slow, 1)
     assert named.unit == "node3" and named.named and named.ratio >= RATIO
-    assert named.median_s == 0.215  # the median of all four
+    assert named.median_s == 0.215 and named.rounds == MIN_ROUNDS  # the median of all four
     assert rounds(board, slow, 10) == []  # said once
-    assert rounds(board, healthy, ROUNDS - 1) == []
-    [back] = rounds(board, healthy, 1)
+    assert rounds(board, HEALTHY, ROUNDS - 1) == []
+    [back] = rounds(board, HEALTHY, 1)
     assert back.unit == "node3" and not back.named
-    # One slow round between fast ones is noise.
-    assert rounds(board, slow, 1) + rounds(board, healthy, 1) + rounds(board, slow, 1) == []
+
+
+def test_the_slower_the_host_the_fewer_rounds_it_takes_never_one() -> None:
+    # (ratio, rounds to be named): the streak's ratios must multiply to RATIO ** 3.
+    for ratio, needed in [(RATIO, 3), (1.35, 3), (1.45, 3), (1.5, 2), (2.0, 2), (8.0, 2),
+                          (1.29, None)]:  # fmt: skip
+        board = PaceBoard(HOSTS)
+        got = []
+        for n in range(1, 21):
+            got += rounds(board, slowed(ratio), 1, step0=10 * n)
+            if got:
+                break
+        assert (got[0].rounds if got else None) == needed, ratio
+        assert not got or got[0].ratio == round(0.215 * ratio, 6) / 0.215
+    # The streak's evidence adds up: 1.3 x, then 1.7 x (1.3 x 1.7 ≥ 1.3 ** 3) names it.
+    board = PaceBoard(HOSTS)
+    assert rounds(board, slowed(1.3), 1) == []
+    [named] = rounds(board, slowed(1.7), 1)
+    assert named.rounds == 2 and EVIDENCE == RATIO**3
+
+
+def test_noise_names_nobody() -> None:
+    board = PaceBoard(HOSTS)
+    # A loaded machine slows every rank alike: the median moves with them.
+    assert rounds(board, {h: 2.5 * v for h, v in HEALTHY.items()}, 20) == []
+    # One outlier round, however far out, between rounds at the others' pace.
+    for _ in range(10):
+        assert rounds(board, slowed(5.0), 1) + rounds(board, HEALTHY, 1) == []
+    # Rounds just over RATIO, each streak ended by one under it: 1.4 x 1.4 < 1.3 ** 3.
+    for _ in range(10):
+        assert rounds(board, slowed(1.4), 2) + rounds(board, slowed(1.2), 1) == []
+    # Every host in turn a round slow: nobody's streak grows.
+    for _ in range(5):
+        for host in HOSTS:
+            assert rounds(board, {**HEALTHY, host: 0.6}, 1) == []
+    assert not board.named
+
+
+def test_quiet_rounds_are_journaled_one_in_five_and_a_streaks_every_round() -> None:
+    board = PaceBoard(HOSTS)
+    journaled = [bool(board.add(h, v, 10)[0]) for _ in range(10) for h, v in HEALTHY.items()]
+    assert journaled.count(True) == 10 // JOURNAL_EVERY
+    slow = slowed(1.35)
+    assert [bool(board.add(h, v, 10)[0]) for h, v in slow.items()][-1]
+    assert [bool(board.add(h, v, 10)[0]) for h, v in slow.items()][-1]
 
 
 def test_with_two_hosts_each_is_measured_against_the_other(tmp_path: Path) -> None:
     board = PaceBoard(["a", "b"])
-    [named] = rounds(board, {"a": 0.1, "b": 0.14}, ROUNDS)  # 1.4x the other
-    assert named.unit == "b"
+    [named] = rounds(board, {"a": 0.1, "b": 0.14}, 3)  # 1.4x the other: 3 rounds
+    assert named.unit == "b" and named.rounds == 3
     assert rounds(PaceBoard(["a", "b"]), {"a": 0.1, "b": 0.125}, 20) == []  # 1.25x: no
     journal = Journal(tmp_path / "job", clock=lambda: 1.8e9)
     watch = StragglerWatch(3, {"a#0": "a", "b#0": "b"}, nproc_per_node=2, journal=journal,
                            reporter=Quiet())  # fmt: skip
-    for i in range(ROUNDS):
+    for i in range(MIN_ROUNDS):
         watch.on_pace("a#0", {0: (10 * i, 0.1), 1: (10 * i, 0.12)})
         watch.on_pace("b#0", {2: (10 * i, 0.3), 3: (10 * i, 0.31)})
     journal.close()
     events = read_journal(tmp_path / "job").events
     [straggler] = [e for e in events if e["kind"] == "straggler"]
     assert straggler["unit"] == "b" and straggler["ratio"] == round(0.305 / 0.11, 2)
+    assert straggler["rounds"] == MIN_ROUNDS  # 2.8x: two rounds are evidence enough
     paces = [e for e in events if e["kind"] == "pace"]
-    assert len(paces) == ROUNDS and paces[0]["compute_s"] == {"a": 0.11, "b": 0.305}
+    assert len(paces) == MIN_ROUNDS and paces[0]["compute_s"] == {"a": 0.11, "b": 0.305}
 
 
 def test_a_one_host_job_compares_all_its_ranks_whichever_reports_first(tmp_path: Path) -> None:
