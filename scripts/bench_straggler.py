@@ -20,13 +20,22 @@ generation resumes), then the hosts are cleaned; the testbed is always torn down
 `ftrun-preflight`, holds nobody back: node3's link is shaped to 100 Mbit/s (tests/linkshaper.py;
 tc's netem is not in every kernel) and a short job runs with `--link-check`: the check before the
 first step must leave node3 out (its figures and seconds are the journal's `link_check`).
+A fifth, `ftrun-busy` (not in the default --only: it lasts --minutes, 10 by default), slows
+nobody: a 4-host job runs beside `stress-ng --cpu 2` (started here, stopped in `finally`, and
+given a timeout of its own) and is stopped with Ctrl-C; every `straggler` is a false verdict.
 
     python scripts/bench_straggler.py [--steps 400] [--slow-at 50] [--json FILE]
+    python scripts/bench_straggler.py --only ftrun-busy --minutes 10 --json FILE
+
+Each ftrun result carries `pace_ratios`: the journal's `pace` rounds as [step, ratio] (the slowed
+host's figure over the median; for ftrun-busy, each round's largest), the evidence the verdicts
+stood on. Quiet rounds are journaled one in 5, every round of a streak at >= 1.3 x is.
 
 The JSON's `summary`: detected_after_steps (ftrun-detect), throughput_after_ratio
 (ftrun-replace's after / healthy), torchrun_after_ratio and detect_after_ratio (for contrast),
 preflight_found_bad_link (ftrun-preflight: whether the link check left the shaped host out,
-and nobody else) and preflight_check_s (how long the check took).
+and nobody else), preflight_check_s (how long the check took), and false_verdicts and
+busy_minutes (ftrun-busy).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import argparse
 import json
 import re
 import shlex
+import statistics
 import sys
 import tempfile
 import threading
@@ -65,6 +75,30 @@ def steps_of(lines: list[str], rank: str = "0") -> list[tuple[int, float]]:
         m = STEP.search(line)
         if m and (m.group(1) in (None, rank)):
             out.append((int(m.group(2)), float(m.group(3))))
+    return out
+
+
+def journal_events(run_dir: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(x)
+        for job in run_dir.iterdir()
+        if (job / "events.jsonl").exists()
+        for x in (job / "events.jsonl").read_text().splitlines()
+        if x
+    ]
+
+
+def ratios(events: list[dict[str, Any]], host: str | None) -> list[list[float]]:
+    """Each `pace` round: [step, the host's figure / the median of all] (host None: the
+    largest such ratio of the round), the evidence the verdicts were given on."""
+    out = []
+    for e in events:
+        if e["kind"] == "pace" and e["compute_s"]:
+            figures = e["compute_s"]
+            median = statistics.median(figures.values())
+            value = figures.get(host) if host else max(figures.values())
+            if median > 0 and value is not None:  # (a generation without the host: none)
+                out.append([e["step"], round(value / median, 3)])
     return out
 
 
@@ -121,11 +155,8 @@ class Bench:
         steps = steps_of(lines)
         healthy = [(s, t) for s, t in steps if a.slow_at - 30 <= s <= a.slow_at]
         out: dict[str, Any] = {"mode": mode, "healthy_steps_per_s": rate(healthy)}
-        events: list[dict[str, Any]] = []
-        if run_dir is not None:
-            for job in run_dir.iterdir():
-                path = job / "events.jsonl"
-                events += [json.loads(x) for x in path.read_text().splitlines() if x]
+        events = journal_events(run_dir) if run_dir is not None else []
+        out["pace_ratios"] = ratios(events, SLOW)
         named = [e for e in events if e["kind"] == "straggler"]
         out["straggler"] = named[0] if named else None
         out["detected_after_steps"] = named[0]["step"] - a.slow_at if named else None
@@ -188,6 +219,52 @@ class Bench:
             run.close()
             self.clean()
 
+    def busy(self) -> dict[str, Any]:
+        """No host slowed, for --minutes, beside `stress-ng --cpu 2` (every rank slowed alike,
+        and unevenly from moment to moment): every `straggler` named is a false verdict."""
+        a = self.args
+        run_dir = self.tmp / "ftrun-busy" / "runs"
+        run_dir.mkdir(parents=True)
+        cmd = [PY, "-m", "ftrun", "launch", "--ssh-config", str(self.bed.ssh_config),
+               "--hosts", ",".join(HOSTS), SCRIPT, "--steps", str(10**9), "--width", "2048",
+               "--ckpt-dir", str(run_dir.parent)]  # fmt: skip
+        env = {"FTRUN_RUN_DIR": str(run_dir), "FTRUN_QUARANTINE_FILE": str(run_dir / "q.json")}
+        # stress-ng's own timeout ends it even if this script is killed before `finally`.
+        stress = Run(["stress-ng", "--cpu", "2", "--timeout", f"{int(a.minutes * 60) + 300}s"])
+        try:
+            run = Run(cmd, env=env, cwd=ROOT)
+            try:
+                first = run.wait_for(STEP, a.start_timeout_s)
+                t0 = time.monotonic()
+                rc = run.wait(a.minutes * 60) if first else run.wait(0)  # must not end by itself
+                ran_s = time.monotonic() - t0
+                if rc is None:
+                    rc = run.interrupt(60)  # Ctrl-C: 130
+            finally:
+                run.close()
+        finally:
+            stress.close()
+            self.clean()
+        events = journal_events(run_dir)
+        named = [e for e in events if e["kind"] == "straggler"]
+        rounds = ratios(events, None)
+        worst = sorted(r for _, r in rounds)
+        return {
+            "mode": "ftrun-busy",
+            "rc": rc,
+            "minutes": round(ran_s / 60, 2) if first else 0.0,
+            "steps": max((s for s, _ in steps_of(run.lines)), default=0),
+            "pace_rounds": len(worst),
+            # Each round's largest figure / the median: how close noise came to RATIO.
+            "worst_ratio_p50": worst[len(worst) // 2] if worst else None,
+            "worst_ratio_p99": worst[int(len(worst) * 0.99)] if worst else None,
+            "worst_ratio_max": worst[-1] if worst else None,
+            "false_verdicts": len(named),
+            "stragglers": named,
+            "pace_ratios": rounds,
+            **({} if first else {"tail": run.lines[-10:]}),
+        }
+
     def preflight(self) -> dict[str, Any]:
         """node3's link at 100 Mbit/s, a short job with --link-check: is node3 left out?"""
         a = self.args
@@ -206,13 +283,7 @@ class Bench:
                     tail = run.lines[-5:]
         finally:
             self.clean()
-        events = [
-            json.loads(x)
-            for job in run_dir.iterdir()
-            if (job / "events.jsonl").exists()
-            for x in (job / "events.jsonl").read_text().splitlines()
-            if x
-        ]
+        events = journal_events(run_dir)
         checks = [e for e in events if e["kind"] == "link_check"]
         left = [e["host"] for e in events if e["kind"] == "host_left_out"]
         check = checks[0] if checks else {}
@@ -232,6 +303,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--slow-at", type=int, default=50)
     p.add_argument("--tail-steps", type=int, default=40)
+    p.add_argument("--minutes", type=float, default=10.0, help="ftrun-busy's length")
     p.add_argument("--only", default="torchrun,ftrun-detect,ftrun-replace,ftrun-preflight")
     p.add_argument("--port", type=int, default=29731)
     p.add_argument("--start-timeout-s", type=float, default=120)
@@ -253,10 +325,13 @@ def main() -> int:
                     r = bench.torchrun()
                 elif mode == "ftrun-preflight":
                     r = bench.preflight()
+                elif mode == "ftrun-busy":
+                    r = bench.busy()
                 else:
                     r = bench.ftrun(mode)
                 results.append(r)
-                shown = {k: v for k, v in r.items() if k not in ("straggler", "link_check")}
+                hidden = ("straggler", "stragglers", "link_check", "pace_ratios")
+                shown = {k: v for k, v in r.items() if k not in hidden}
                 print(json.dumps(shown), flush=True)
     by = {r["mode"]: r for r in results}
     summary = {
@@ -266,6 +341,8 @@ def main() -> int:
         "torchrun_after_ratio": by.get("torchrun", {}).get("after_ratio"),
         "preflight_found_bad_link": by.get("ftrun-preflight", {}).get("found"),
         "preflight_check_s": by.get("ftrun-preflight", {}).get("check_s"),
+        "false_verdicts": by.get("ftrun-busy", {}).get("false_verdicts"),
+        "busy_minutes": by.get("ftrun-busy", {}).get("minutes"),
     }
     print(json.dumps({"summary": summary}, indent=1))
     if args.json:
