@@ -4,8 +4,10 @@
 On the namespace testbed (scripts/testbed.sh, docs/testbed.md: hosts node1..node4, real sshd and
 TCP, one shared filesystem), recipes/gpt_pipeline.py (a GPT of --layers blocks, snapshot every
 step) runs under `ftrun launch --profile` on 4 hosts, one rank each, with a per-device memory
-budget the whole model does not fit in, so every plan needs pipeline stages. The profile comes
-from `ftrun profile` on this machine, first. Then, in one job:
+budget the whole model does not fit in, so every plan needs pipeline stages. Each host is held
+to --cpu-per-host cores by a cgroup quota (scripts/hostcpu.py): a device of a fixed speed, as a
+cluster's are, not a share of this machine's cores that falls as ranks are added. The profile
+comes from `ftrun profile` on this machine (uncapped), first. Then, in one job:
 
   1. the 4-host plan runs --steps-per-phase steps;
   2. node4 is powered off (link down, every process SIGKILLed): the controller detects it,
@@ -30,7 +32,8 @@ Measured, from the job's journal (`ftrun inspect --json`) and rank 0's per-step 
   (d) steps lost per switch: the steps trained again after each restore.
 
     python scripts/bench_reconfig.py [--layers 8 --dim 128 --global-batch 32 --budget 24MiB]
-                                     [--steps-per-phase 30] [--link-check] [--json FILE]
+                                     [--steps-per-phase 30] [--cpu-per-host 0.4] [--link-check]
+                                     [--json FILE]
 
 Targets (issue 12): (a) error <= 20 %; (b) <= 15 s; (c) >= 1.2x when the model needs PP >= 2;
 (d) <= 1 step with a snapshot every step.
@@ -39,6 +42,7 @@ Targets (issue 12): (a) error <= 20 %; (b) <= 15 s; (c) >= 1.2x when the model n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import signal
@@ -47,16 +51,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import benchlib
+import hostcpu
 from benchlib import Column, Run, Table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from ftrun.planner import Profile, rank_layouts  # noqa: E402
-from tests.testbed import Testbed, unavailable_reason  # noqa: E402
+from tests.testbed import Testbed, TestbedError, unavailable_reason  # noqa: E402
 
 PY = sys.executable
 RECIPE = str(ROOT / "recipes" / "gpt_pipeline.py")
@@ -102,7 +108,14 @@ def gen_steps(evs: list[dict[str, Any]], gen: int) -> int:
 class Job:
     """One `ftrun launch` on the testbed, waited on through its journal."""
 
-    def __init__(self, bed: Testbed, run_dir: Path, model: list[str], flags: list[str]) -> None:
+    def __init__(
+        self,
+        bed: Testbed,
+        run_dir: Path,
+        model: list[str],
+        flags: list[str],
+        tick: Callable[[], None] = lambda: None,  # called on every poll (the CPU caps)
+    ) -> None:
         self.run_dir = run_dir
         cmd = [
             PY,
@@ -126,6 +139,7 @@ class Job:
         self.command = " ".join(cmd)
         self.run = Run(cmd, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
         self.job_id = ""
+        self.tick = tick
 
     def events(self) -> list[dict[str, Any]]:
         if not self.job_id:
@@ -146,6 +160,7 @@ class Job:
                 return
             if self.run.proc.poll() is not None:
                 raise RuntimeError(f"the job ended: {self.run.tail(2000)}")
+            self.tick()
             time.sleep(0.2)
         raise RuntimeError(f"generation {gen} did not train {n} steps in {timeout_s:g} s")
 
@@ -161,6 +176,7 @@ class Job:
                 return False
             if self.run.proc.poll() is not None:
                 raise RuntimeError(f"the job ended: {self.run.tail(2000)}")
+            self.tick()
             time.sleep(0.2)
         raise RuntimeError(f"no grow decided in {timeout_s:g} s")
 
@@ -186,14 +202,16 @@ def dp_only_on(profile: Profile, hosts: int, global_batch: int, budget: int | No
     return next((layout for layout in layouts if layout.pp == 1), None)
 
 
-def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str]) -> dict[str, Any]:
+def replan_job(
+    bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], tick: Tick
+) -> dict[str, Any]:
     run_dir = tmp / "runs-replan"
     run_dir.mkdir()
     profile = tmp / "profile.json"
     flags = ["--hosts", ",".join(HOSTS), "--min-nodes", "2", "--profile", str(profile)]
     flags += ["--replan-horizon", str(a.horizon_s)]
     flags += ["--link-check"] if a.link_check else []
-    job = Job(bed, run_dir, model, flags)
+    job = Job(bed, run_dir, model, flags, tick)
     out: dict[str, Any] = {"command": job.command}
     try:
         job.wait_steps(1, a.steps_per_phase, a.timeout_s)
@@ -201,6 +219,7 @@ def replan_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str])
         bed.kill(VICTIM)
         job.wait_steps(2, a.steps_per_phase, a.timeout_s)
         bed.start(VICTIM)
+        tick(now=True)  # its fresh sshd into its cgroup before the controller's retry reaches it
         if job.grown_or_declined(a.timeout_s):
             job.wait_steps(3, a.steps_per_phase, a.timeout_s)
         out["exit_code"] = job.stop()
@@ -271,10 +290,15 @@ def grows(evs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> list[dict[s
 
 
 def one_generation(
-    bed: Testbed, run_dir: Path, model: list[str], flags: list[str], a: argparse.Namespace
+    bed: Testbed,
+    run_dir: Path,
+    model: list[str],
+    flags: list[str],
+    a: argparse.Namespace,
+    tick: Callable[[], None],
 ) -> Job:
     """A job that trains --steps-per-phase steps in its first generation, then is stopped."""
-    job = Job(bed, run_dir, model, flags)
+    job = Job(bed, run_dir, model, flags, tick)
     try:
         job.wait_steps(1, a.steps_per_phase, a.timeout_s)
         job.stop()
@@ -284,7 +308,14 @@ def one_generation(
 
 
 def dp_only_job(
-    bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], *, hosts: int, planned: bool
+    bed: Testbed,
+    tmp: Path,
+    a: argparse.Namespace,
+    model: list[str],
+    tick: Callable[[], None],
+    *,
+    hosts: int,
+    planned: bool,
 ) -> dict[str, Any]:
     """No budget: the planner's choice on 3 hosts vs plain DP (no --profile) on as many of them
     as keep the global batch, measured."""
@@ -295,7 +326,7 @@ def dp_only_job(
     if planned:
         flags += ["--profile", str(tmp / "profile-unbounded.json")]
         flags += ["--link-check"] if a.link_check else []
-    job = one_generation(bed, run_dir, model, flags, a)
+    job = one_generation(bed, run_dir, model, flags, a, tick)
     step_s = measured_step_s(run_dir, job.job_id, 1)
     plan = [e["summary"] for e in job.events() if e["kind"] == "plan_chosen"]
     return {
@@ -306,12 +337,14 @@ def dp_only_job(
     }
 
 
-def two_host_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str]):
-    """The model's accuracy where each rank has a core of its own: 2 hosts, 2 ranks."""
+def two_host_job(
+    bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str], tick: Callable[[], None]
+) -> dict[str, Any]:
+    """The model's accuracy on 2 hosts, 2 ranks."""
     run_dir = tmp / "runs-two-hosts"
     run_dir.mkdir()
     flags = ["--hosts", ",".join(HOSTS[:2]), "--profile", str(tmp / "profile.json")]
-    job = one_generation(bed, run_dir, model, flags, a)
+    job = one_generation(bed, run_dir, model, flags, a, tick)
     [plan] = [e for e in job.events() if e["kind"] == "plan_chosen"]
     measured = measured_step_s(run_dir, job.job_id, 1)
     return {
@@ -324,6 +357,38 @@ def two_host_job(bed: Testbed, tmp: Path, a: argparse.Namespace, model: list[str
         "samples_per_s": a.global_batch / measured if measured else None,
         "why": "2 hosts: a core per rank",
     }
+
+
+class Tick:
+    """Called on every poll of a job: moves the hosts' new processes into their cgroups (at
+    most once a second; `ip netns pids` is a process of its own)."""
+
+    def __init__(self, caps: hostcpu.HostCpu | None) -> None:
+        self.caps = caps
+        self.last = 0.0
+
+    def __call__(self, *, now: bool = False) -> None:
+        if self.caps is None or (not now and time.monotonic() - self.last < 1.0):
+            return
+        self.last = time.monotonic()
+        try:
+            self.caps.confine_all()
+        except (TestbedError, OSError, subprocess.SubprocessError) as e:
+            print(f"bench_reconfig: confining the hosts: {e}", file=sys.stderr)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return self.caps.stats() if self.caps else {}
+
+
+@contextlib.contextmanager
+def capped(bed: Testbed, a: argparse.Namespace) -> Iterator[Tick]:
+    """Each host at --cpu-per-host cores for as long as the `with` lasts (none with 0)."""
+    if not a.cpu_per_host:
+        yield Tick(None)
+        return
+    period_us = int(a.cpu_period_ms * 1000)
+    with hostcpu.HostCpu(bed, cpu_per_host=a.cpu_per_host, period_us=period_us) as caps:
+        yield Tick(caps)
 
 
 def main() -> int:
@@ -339,6 +404,14 @@ def main() -> int:
     p.add_argument(
         "--link-check", action="store_true", help="launch with --link-check: measured link figures"
     )
+    p.add_argument(
+        "--cpu-per-host",
+        type=float,
+        default=0.4,
+        help="cores each testbed host may use (a cgroup CPU quota, scripts/hostcpu.py); 0: the "
+        "hosts share the machine's cores, and a rank's share falls as ranks are added",
+    )
+    p.add_argument("--cpu-period-ms", type=float, default=10.0, help="the quota's CFS period")
     p.add_argument("--prefix", default="ftbr", help="testbed name prefix")
     p.add_argument("--subnet", default="10.213.62.0/24", help="testbed /24")
     p.add_argument("--json", default=None, help="also write the figures to this file")
@@ -347,7 +420,7 @@ def main() -> int:
     if a.report:
         report(json.loads(Path(a.report).read_text()))
         return 0
-    reason = unavailable_reason()
+    reason = unavailable_reason() or (hostcpu.unavailable_reason() if a.cpu_per_host else None)
     if reason:
         print(f"bench_reconfig: {reason}", file=sys.stderr)
         return 2
@@ -363,9 +436,12 @@ def main() -> int:
             return 1
         profile = Profile.from_dict(json.loads((tmp / "profile.json").read_text()))
         fits = dp_only_on(profile, 3, a.global_batch, profile.device_memory_bytes)
-        with Testbed(4, state_dir=tmp / "testbed", subnet=a.subnet, prefix=a.prefix) as bed:
-            result["replan"] = replan_job(bed, tmp, a, budgeted)
-            result["two_hosts"] = two_host_job(bed, tmp, a, budgeted)
+        with (
+            Testbed(4, state_dir=tmp / "testbed", subnet=a.subnet, prefix=a.prefix) as bed,
+            capped(bed, a) as tick,
+        ):
+            result["replan"] = replan_job(bed, tmp, a, budgeted, tick)
+            result["two_hosts"] = two_host_job(bed, tmp, a, budgeted, tick)
             if a.dp_only_fits:
                 unbounded = tmp / "profile-unbounded.json"
                 ftrun("profile", "--out", str(unbounded), RECIPE, *model)
@@ -373,9 +449,10 @@ def main() -> int:
                     Profile.from_dict(json.loads(unbounded.read_text())), 3, a.global_batch, None
                 )
                 result["unbounded"] = [
-                    dp_only_job(bed, tmp, a, model, hosts=3, planned=True),
-                    dp_only_job(bed, tmp, a, model, hosts=plain.dp, planned=False),
+                    dp_only_job(bed, tmp, a, model, tick, hosts=3, planned=True),
+                    dp_only_job(bed, tmp, a, model, tick, hosts=plain.dp, planned=False),
                 ]
+            result["cpu"] = {"cpu_per_host": a.cpu_per_host, "hosts": tick.stats()}
     result["dp_only_fits_budget"] = None if fits is None else fits.name
     if a.json:
         benchlib.write_json(a.json, result)
@@ -386,6 +463,16 @@ def main() -> int:
 def report(result: dict[str, Any]) -> None:
     r = result["replan"]
     print(f"\nmodel: {' '.join(result['model'])}, {result['budget']} per device, 1 rank per host")
+    cpu = result.get("cpu") or {}
+    if cpu.get("cpu_per_host"):
+        print(f"each host capped at {cpu['cpu_per_host']:g} cores (a cgroup quota); per host, the")
+        print("quota periods throttled / all, and the processes moved into the cgroup:")
+        for host, st in cpu["hosts"].items():
+            print(f"    {host}: {st.get('nr_throttled', 0)} / {st.get('nr_periods', 0)}, "
+                  f"{st.get('throttled_time', 0) / 1e9:.1f} s throttled, moved {st['moved']}")  # fmt: skip
+    else:
+        print("the hosts share this machine's cores (no --cpu-per-host): a rank's share of a core")
+        print("falls as ranks are added, which the cost model does not know")
     print("\n(a) every plan the controller chose: predicted vs measured step time")
     table = Table(
         [
@@ -404,8 +491,7 @@ def report(result: dict[str, Any]) -> None:
     )
     print(table.render(r["plans"]))
     if "two_hosts" in result:
-        print("    the same model where each rank has a core of its own (the testbed's 4 hosts")
-        print("    share this machine's 2 cores; the model assumes a device per rank):")
+        print("    the same model on 2 hosts:")
         print("    " + table.render([result["two_hosts"]]).replace("\n", "\n    "))
     for c in r.get("calibrated", []):
         print(f"    plan_calibrated gen {c['gen']} {c['summary']}: {c['measured_step_s']:.3f} s "

@@ -1,0 +1,141 @@
+"""A fixed CPU capacity per testbed host, as a real machine has: one cgroup (v1 `cpu`) per host.
+
+The testbed's hosts (tests/testbed.py) are network namespaces that share this machine's cores, so
+a rank's share of a core falls as ranks are added: 4 ranks on 2 cores get half a core each, 3 get
+two thirds. A cost model calibrated on 4 ranks then mispredicts 3 by the ratio of the shares, an
+artefact no cluster has. Here each host's processes run in a cgroup of their own with a CFS quota
+of `cpu_per_host` cores (the same for every host, their sum below the machine's cores) and high
+`cpu.shares`, so that each host gets its quota whatever else the machine runs: a host is then a
+device of a fixed speed, slower than a core, and a rank's speed no longer depends on how many
+ranks there are.
+
+Every process a host runs is started by its sshd and inherits its cgroup, so it is enough to move
+the host's processes (its sshd and whatever is already under it) in after `up` and again after a
+power-on (`Testbed.start` starts a fresh sshd); `confine` moves every live process of the host's
+namespace, so one that slipped in between the power-on and the move is caught by the next call.
+The period is short (10 ms by default) so a step of a few hundred ms spans many of them: with the
+default 100 ms a rank runs 40 ms and then stalls 60 ms, and pipeline neighbours wait on the stall.
+
+`close` (always, from `with`) moves what is left back to the root cgroup and removes the cgroups.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+SHARES = 65536  # of 262144 at most; the root cgroup's tasks weigh 1024 each
+
+
+@dataclass
+class HostCgroup:
+    host: str
+    path: Path
+    moved: int = 0  # processes moved in, all calls together
+
+
+def unavailable_reason() -> str | None:
+    if not (CPU_ROOT / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CPU_ROOT}"
+    if not os.access(CPU_ROOT, os.W_OK):
+        return f"{CPU_ROOT} is not writable (needs root)"
+    return None
+
+
+class HostCpu:
+    """A cgroup of `cpu_per_host` cores for each of `bed`'s hosts, for as long as `with` lasts."""
+
+    def __init__(
+        self, bed: Any, *, cpu_per_host: float, period_us: int = 10_000, name: str = ""
+    ) -> None:
+        cores = os.cpu_count() or 1
+        if not 0 < cpu_per_host * len(bed.hosts) < cores:
+            raise ValueError(
+                f"{cpu_per_host} cores x {len(bed.hosts)} hosts must stay below {cores} cores"
+            )
+        self.bed = bed
+        self.cpu_per_host = cpu_per_host
+        self.period_us = period_us
+        self.name = name or f"ftrun-bench-{os.getpid()}"
+        self.groups: dict[str, HostCgroup] = {}
+
+    def __enter__(self) -> HostCpu:
+        try:
+            for host in self.bed.hosts:
+                path = CPU_ROOT / f"{self.name}-{host.name}"
+                path.mkdir()
+                self.groups[host.name] = HostCgroup(host.name, path)
+                (path / "cpu.cfs_period_us").write_text(str(self.period_us))
+                (path / "cpu.cfs_quota_us").write_text(str(int(self.cpu_per_host * self.period_us)))
+                (path / "cpu.shares").write_text(str(SHARES))
+            self.confine_all()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def confine(self, host: Any) -> int:
+        """Moves every live process of `host` into its cgroup; how many were outside it."""
+        group = self.groups[self.bed.host(host).name]
+        members = set(_pids(group.path))
+        moved = 0
+        for pid in self.bed.pids(host):
+            if pid in members:
+                continue
+            try:
+                (group.path / "cgroup.procs").write_text(str(pid))
+                moved += 1
+            except (ProcessLookupError, OSError):
+                continue  # gone meanwhile (or a zombie)
+        group.moved += moved
+        return moved
+
+    def confine_all(self) -> int:
+        return sum(self.confine(host) for host in self.bed.hosts)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per host: CFS periods, how many were throttled, and the time throttled (ns)."""
+        out = {}
+        for name, group in self.groups.items():
+            try:
+                fields = dict(
+                    line.split() for line in (group.path / "cpu.stat").read_text().splitlines()
+                )
+            except OSError:
+                continue
+            out[name] = {k: int(v) for k, v in fields.items()} | {"moved": group.moved}
+        return out
+
+    def close(self) -> None:
+        """Idempotent: what is still in a cgroup goes back to the root cgroup, then it goes."""
+        for group in list(self.groups.values()):
+            for _ in range(3):  # a process may fork while we move
+                for pid in _pids(group.path):
+                    try:
+                        (CPU_ROOT / "cgroup.procs").write_text(str(pid))
+                    except (ProcessLookupError, OSError):
+                        continue
+                try:
+                    group.path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    continue
+            if group.path.exists():
+                print(f"hostcpu: could not remove {group.path}", file=sys.stderr)
+            self.groups.pop(group.host, None)
+
+
+def _pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
