@@ -33,4 +33,5 @@ fi
 # On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). The tests that start ranks wait
 # on timeouts and child processes more than they compute (60 % of a 2-core machine idle); each
 # worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
-exec .venv/bin/python -m pytest -q -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"
+# --durations: the slowest tests, in every CI log: where the suite's 15 minutes go.
+exec .venv/bin/python -m pytest -q --durations=25 -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"

@@ -102,4 +102,4 @@ def test_replay_on_the_testbed_and_the_simulation_of_it(
     # The simulator takes mean costs; this trace is 77 s long, so one slow start-up (12 s for
     # 9.5 s, and the first generation's steps lost with its host) moves goodput by 5 points. The
     # 10 % target is checked by scripts/bench_goodput.py, on three replays (docs/goodput.md).
-    assert ours["goodput"] == pytest.approx(shown["goodput"], rel=0.20)
+    assert ours["goodput"] == pytest.approx(shown["goodput"], rel=0.20), (shown, ours)
