@@ -7,7 +7,8 @@ step) runs under `ftrun launch --profile` on 4 hosts, one rank each, with a per-
 budget the whole model does not fit in, so every plan needs pipeline stages. Each host is held
 to --cpu-per-host cores by a cgroup quota (scripts/hostcpu.py): a device of a fixed speed, as a
 cluster's are, not a share of this machine's cores that falls as ranks are added. The profile
-comes from `ftrun profile` on this machine (uncapped), first. Then, in one job:
+comes from `ftrun profile` on one core of this machine (held against other load), first. Then,
+in one job:
 
   1. the 4-host plan runs --steps-per-phase steps;
   2. node4 is powered off (link down, every process SIGKILLed): the controller detects it,
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import signal
 import statistics
@@ -76,7 +78,9 @@ LEFT_OUT = 2  # a generation's first steps pay for warm-up
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
-def ftrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def ftrun(
+    *args: str, timeout: float = 300, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PY, "-m", "ftrun", *args],
         capture_output=True,
@@ -84,7 +88,19 @@ def ftrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         cwd=ROOT,
         env={**ONE_THREAD, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "160"},
+        preexec_fn=preexec_fn,
     )
+
+
+def take_profile(
+    out: Path, args: list[str], a: argparse.Namespace
+) -> subprocess.CompletedProcess[str]:
+    """`ftrun profile` on one core of this machine held against other load (with the caps on):
+    a profile taken while other work comes and goes inflates some layers and not others."""
+    if not a.cpu_per_host:
+        return ftrun("profile", "--out", str(out), RECIPE, *args)
+    with hostcpu.held(f"ftrun-bench-{os.getpid()}-profile", cpu=1.0) as enter:
+        return ftrun("profile", "--out", str(out), RECIPE, *args, preexec_fn=enter)
 
 
 def step_times(log: Path) -> dict[int, float]:
@@ -430,7 +446,7 @@ def main() -> int:
     result: dict[str, Any] = {"model": model, "budget": a.budget}
     with tempfile.TemporaryDirectory(prefix="bench-reconfig-") as tmp_name:
         tmp = Path(tmp_name)
-        made = ftrun("profile", "--out", str(tmp / "profile.json"), RECIPE, *budgeted)
+        made = take_profile(tmp / "profile.json", budgeted, a)
         if made.returncode != 0:
             print(made.stdout + made.stderr, file=sys.stderr)
             return 1
@@ -444,7 +460,7 @@ def main() -> int:
             result["two_hosts"] = two_host_job(bed, tmp, a, budgeted, tick)
             if a.dp_only_fits:
                 unbounded = tmp / "profile-unbounded.json"
-                ftrun("profile", "--out", str(unbounded), RECIPE, *model)
+                take_profile(unbounded, model, a)
                 plain = dp_only_on(
                     Profile.from_dict(json.loads(unbounded.read_text())), 3, a.global_batch, None
                 )

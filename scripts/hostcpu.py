@@ -21,8 +21,10 @@ default 100 ms a rank runs 40 ms and then stalls 60 ms, and pipeline neighbours 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,37 @@ class HostCpu:
             if group.path.exists():
                 print(f"hostcpu: could not remove {group.path}", file=sys.stderr)
             self.groups.pop(group.host, None)
+
+
+@contextlib.contextmanager
+def held(name: str, *, cpu: float, period_us: int = 10_000) -> Iterator[Callable[[], None]]:
+    """A cgroup of `cpu` cores with high shares, for one process started in the `with`: yields
+    a `preexec_fn` that moves the child in before it runs (its children follow). The profile
+    runs in one, so that another session's load on this machine does not inflate some layers'
+    timings and not others, which skews the split the planner chooses."""
+    path = CPU_ROOT / name
+    path.mkdir()
+    try:
+        (path / "cpu.cfs_period_us").write_text(str(period_us))
+        (path / "cpu.cfs_quota_us").write_text(str(int(cpu * period_us)))
+        (path / "cpu.shares").write_text(str(SHARES))
+        procs = str(path / "cgroup.procs")
+
+        def enter() -> None:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        yield enter
+    finally:
+        for pid in _pids(path):
+            try:
+                (CPU_ROOT / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                continue
+        try:
+            path.rmdir()
+        except OSError as e:
+            print(f"hostcpu: could not remove {path}: {e}", file=sys.stderr)
 
 
 def _pids(path: Path) -> list[int]:
