@@ -8,13 +8,18 @@ and the ratio measured / predicted, its *factor*, is kept per plan (`Calibration
 
 How a factor transfers (the rule `Calibration.factor` applies):
   1. a plan measured in this job is predicted at its own factor — the best evidence there is;
-  2. a plan not measured takes its factor from the plans measured on as many ranks or the
-     nearest numbers of ranks: between a smaller and a larger one, interpolated linearly in the
-     number of ranks; beyond them, the nearest (of several plans on one number of ranks, the
-     latest measured). Most of what the model leaves out is paid per rank (each rank's
-     optimizer step, its Python, its share of the host's cores) or grows with the ranks
-     (collectives, sends, ranks sharing cores), so plans of about as many ranks err alike;
-  3. nothing measured yet: factor 1, the model as it is.
+  2. a plan not measured takes its factor from the plans measured with its schedule, if any
+     was, else from all: on hosts of a fixed speed the schedule set the factor, not the ranks
+     (bench_reconfig, docs/planner.md: Interleaved1F1B ×5.4–6.6, 1F1B ×3.7–4.3 on 3 and 4
+     ranks alike) — its v-fold sends and scheduled actions per micro-batch are CPU work the
+     model does not count;
+  3. of those, from the plans measured on as many ranks or the nearest numbers of ranks:
+     between a smaller and a larger one, interpolated linearly in the number of ranks; beyond
+     them, the nearest (of several plans on one number of ranks, the latest measured). Much of
+     what the model leaves out is paid per rank (each rank's optimizer step, its Python, its
+     share of the host's cores where hosts share them) or grows with the ranks (collectives,
+     sends), so plans of about as many ranks err alike;
+  4. nothing measured yet: factor 1, the model as it is.
 
 One factor scales every term of a plan's step (compute, bubble, all-reduce, sends) alike: the
 step rate is what the job measures for a plan as a whole. Pure: figures in, figures out.
@@ -45,6 +50,7 @@ class Measured:
     """One plan as the job ran it: the model's step time against the measured one."""
 
     plan: str  # plan_key
+    schedule: str
     slots: int  # ranks it ran on
     predicted_s: float  # the cost model's, uncalibrated
     measured_s: float
@@ -71,6 +77,7 @@ class Calibration:
         """`layout` ran at `measured_s` a step (over `steps` steps): its factor from now on."""
         m = Measured(
             plan=plan_key(layout),
+            schedule=layout.schedule,
             slots=layout.slots_used,
             predicted_s=layout.step_s,
             measured_s=measured_s,
@@ -90,8 +97,9 @@ class Calibration:
             return Factor(own.factor, "measured")
         if not self._by_plan:
             return Factor(1.0, "uncalibrated")
+        alike = [m for m in self._by_plan.values() if m.schedule == layout.schedule]
         by_slots: dict[int, Measured] = {}
-        for m in self._by_plan.values():  # the latest of each number of ranks
+        for m in alike or self._by_plan.values():  # the latest of each number of ranks
             by_slots[m.slots] = m
         n = layout.slots_used
         below = [s for s in by_slots if s <= n]

@@ -23,7 +23,7 @@ PROFILE = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json
 HOSTS = ["n1", "n2", "n3", "n4"]
 
 
-def layout(dp: int, pp: int, step_s: float) -> Layout:
+def layout(dp: int, pp: int, step_s: float, schedule: str = "1F1B") -> Layout:
     return Layout(
         dp=dp,
         pp=pp,
@@ -32,7 +32,7 @@ def layout(dp: int, pp: int, step_s: float) -> Layout:
         micro_batch=1,
         micro_batches=max(pp, 12 // dp),
         global_batch=dp * max(pp, 12 // dp),
-        schedule="1F1B",
+        schedule=schedule,
         layer_names=tuple(f"l{i}" for i in range(pp)),
         compute_s=step_s * 0.75,
         bubble_s=step_s * 0.25,
@@ -75,6 +75,21 @@ def test_a_factor_transfers_by_the_number_of_ranks(dp, pp, factor, source):
     cal.learn(layout(2, 2, 0.1), measured_s=0.3, steps=10)  # (the latest of 4 ranks)
     got = cal.factor(layout(dp, pp, 0.5))
     assert got.value == pytest.approx(factor) and got.source.startswith(source)
+
+
+def test_a_factor_transfers_within_a_schedule_first():
+    # bench_reconfig, hosts of a fixed speed: the 4-rank Interleaved plan x5.6, the 3-rank 1F1B
+    # plan x4.0; the schedule set the factor, not the number of ranks.
+    cal = Calibration()
+    cal.learn(layout(2, 2, 0.055, "Interleaved1F1B"), measured_s=0.31, steps=30)
+    other = cal.factor(layout(1, 3, 0.081))  # no 1F1B plan measured yet: the other schedule's
+    assert other.value == pytest.approx(0.31 / 0.055)
+    assert other.source.startswith("from DP2×PP2 Interleaved1F1B")
+    cal.learn(layout(1, 3, 0.081), measured_s=0.32, steps=30)
+    got = cal.factor(layout(2, 2, 0.06))  # 4 ranks, 1F1B: the 3-rank 1F1B plan's factor
+    assert got.value == pytest.approx(0.32 / 0.081) and got.source.startswith("from DP1×PP3 1F1B")
+    inter = cal.factor(layout(1, 4, 0.05, "Interleaved1F1B"))  # and Interleaved its own kind's
+    assert inter.value == pytest.approx(0.31 / 0.055)
 
 
 def test_of_several_plans_on_as_many_ranks_the_latest_counts():
