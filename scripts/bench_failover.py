@@ -260,7 +260,7 @@ class Bench:
     def torchrun_trial(self, i: int, *, store: bool = False) -> dict[str, Any]:
         a = self.args
         self.victim, watch = ("node1", "node2") if store else (VICTIM, "node1")
-        work = self.tmp / f"torchrun-{i}"
+        work = self.tmp / f"{'torchrun-store' if store else 'torchrun'}-{i}"
         ckpt = work / "ckpt"
         ckpt.mkdir(parents=True)
         endpoint = f"{self.bed.host('node1').address}:{a.port + i}"
