@@ -30,8 +30,9 @@ fi
 if [ "$fast" = 1 ]; then
     exec .venv/bin/python -m pytest -q -m "not ranks and not testbed" "${args[@]}"
 fi
-# On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). The tests that start ranks wait
-# on timeouts and child processes more than they compute (60 % of a 2-core machine idle); each
+# On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). The suite is CPU-bound on 2
+# cores (vmstat: 0 % idle; mostly torch imports and the ranks' steps, counting the testbed hosts'
+# processes, which `time` does not see), so a third worker does not make it faster; each
 # worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
 # --durations: the slowest tests, in every CI log: where the suite's 15 minutes go.
 exec .venv/bin/python -m pytest -q --durations=25 -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"

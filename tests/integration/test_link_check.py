@@ -53,7 +53,8 @@ def test_healthy_links_leave_nobody_out(ftrun: Ftrun, bed: Testbed) -> None:
     assert check["seconds"] < 10 + 5, check  # the target is 10 s; a loaded CI gets some slack
     [launched] = [e for e in events if e["kind"] == "generation_launched"]
     assert launched["hosts"] == HOSTS.split(",")
-    assert "link check:" in out and "left out" not in out, out
+    # A host left out says ": left out of this job"; a slow pair says "nobody left out for it".
+    assert "link check:" in out and "left out of this job" not in out, out
     assert not [e for e in events if e["kind"] == "host_left_out"]
 
 
