@@ -71,9 +71,7 @@ class HostCpu:
                 path = CPU_ROOT / f"{self.name}-{host.name}"
                 path.mkdir()
                 self.groups[host.name] = HostCgroup(host.name, path)
-                (path / "cpu.cfs_period_us").write_text(str(self.period_us))
-                (path / "cpu.cfs_quota_us").write_text(str(int(self.cpu_per_host * self.period_us)))
-                (path / "cpu.shares").write_text(str(SHARES))
+                _set_quota(path, self.cpu_per_host, self.period_us)
             self.confine_all()
         except BaseException:
             self.close()
@@ -119,11 +117,7 @@ class HostCpu:
         """Idempotent: what is still in a cgroup goes back to the root cgroup, then it goes."""
         for group in list(self.groups.values()):
             for _ in range(3):  # a process may fork while we move
-                for pid in _pids(group.path):
-                    try:
-                        (CPU_ROOT / "cgroup.procs").write_text(str(pid))
-                    except (ProcessLookupError, OSError):
-                        continue
+                _empty(group.path)
                 try:
                     group.path.rmdir()
                     break
@@ -145,9 +139,7 @@ def held(name: str, *, cpu: float, period_us: int = 10_000) -> Iterator[Callable
     path = CPU_ROOT / name
     path.mkdir()
     try:
-        (path / "cpu.cfs_period_us").write_text(str(period_us))
-        (path / "cpu.cfs_quota_us").write_text(str(int(cpu * period_us)))
-        (path / "cpu.shares").write_text(str(SHARES))
+        _set_quota(path, cpu, period_us)
         procs = str(path / "cgroup.procs")
 
         def enter() -> None:
@@ -156,15 +148,28 @@ def held(name: str, *, cpu: float, period_us: int = 10_000) -> Iterator[Callable
 
         yield enter
     finally:
-        for pid in _pids(path):
-            try:
-                (CPU_ROOT / "cgroup.procs").write_text(str(pid))
-            except OSError:
-                continue
+        _empty(path)
         try:
             path.rmdir()
         except OSError as e:
             print(f"hostcpu: could not remove {path}: {e}", file=sys.stderr)
+
+
+def _set_quota(path: Path, cpu: float, period_us: int) -> None:
+    """`cpu` cores every `period_us`, with high shares so that the quota is had under load."""
+    (path / "cpu.cfs_period_us").write_text(str(period_us))
+    (path / "cpu.cfs_quota_us").write_text(str(int(cpu * period_us)))
+    (path / "cpu.shares").write_text(str(SHARES))
+
+
+def _empty(path: Path) -> None:
+    """Every process of the cgroup at `path` back into the root cgroup (one gone meanwhile, or
+    a zombie, is skipped)."""
+    for pid in _pids(path):
+        try:
+            (CPU_ROOT / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            continue
 
 
 def _pids(path: Path) -> list[int]:
