@@ -230,15 +230,23 @@ def test_the_desk_learns_each_generation_and_refuses_a_grow_measured_slower(tmp_
     assert declined["predicted_step_s"] > two.step_s
 
 
-def test_the_desk_grows_when_the_calibrated_plan_is_faster(tmp_path):
-    plans, journal = learning_desk(tmp_path)
+def four_then_two(plans, journal, factor: float):
+    """Generation 1 on the 4 hosts runs `factor` x the model's step time; then n3 and n4 are lost
+    and generation 2 is planned on 2: the two plans."""
     plans.choose(HOSTS, gen=1, why="launch")
     four = plans.current
     assert four is not None
-    steps(journal, 1, 1.2 * four.step_s)
+    steps(journal, 1, factor * four.step_s)
     plans.choose(HOSTS[:2], gen=2, why="n3, n4 lost")
     two = plans.current
-    assert two is not None and two.step_s > 1.3 * four.step_s  # the model: 4 hosts pay
+    assert two is not None
+    return four, two
+
+
+def test_the_desk_grows_when_the_calibrated_plan_is_faster(tmp_path):
+    plans, journal = learning_desk(tmp_path)
+    four, two = four_then_two(plans, journal, 1.2)
+    assert two.step_s > 1.3 * four.step_s  # the model: 4 hosts pay
     steps(journal, 2, 1.2 * two.step_s)
     change = plans.gate(Reconfigure("grow", "n3, n4 ready"), HOSTS[:2], HOSTS[2:])
     assert change is not None and "grow" in change.detail and "calibrated" in change.detail
@@ -260,13 +268,7 @@ def test_the_link_check_figures_replace_the_defaults(tmp_path):
 
 def test_a_grow_is_weighed_on_the_running_plans_latest_steps(tmp_path):
     plans, journal = learning_desk(tmp_path)
-    plans.choose(HOSTS, gen=1, why="launch")
-    four = plans.current
-    assert four is not None
-    steps(journal, 1, 3.0 * four.step_s)
-    plans.choose(HOSTS[:2], gen=2, why="n3, n4 lost")
-    two = plans.current
-    assert two is not None
+    _, two = four_then_two(plans, journal, 3.0)
     grow = Reconfigure("grow", "n3, n4 ready")
     # Steady at first at 5x the model (slower than the 4-host plan measured) ...
     for i in range(9):
