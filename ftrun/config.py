@@ -168,8 +168,8 @@ class LaunchConfig:
     group_readable: bool = False
     # TLS 1.3 between hosts (ftrun/tls.py); False only with --insecure-plain-control.
     control_tls: bool = True
-    # A pairwise gloo probe of the hosts' links before the first generation; a host slow with
-    # every peer is left out (controller/link_check.py, --link-check).
+    # A pairwise gloo probe of the hosts' links before the first generation, and of each host
+    # before it joins; a host slow with every peer is left out (controller/link_check.py).
     link_check: bool = False
 
     def __post_init__(self) -> None:

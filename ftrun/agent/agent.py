@@ -285,7 +285,7 @@ class Agent:
             self.standby.on_standby(msg)
         elif kind == "replicate":
             self.standby.replicate(msg)
-        elif kind == "link_check":  # before the first generation (link_probe.py)
+        elif kind == "link_check":  # before a generation (link_probe.py)
             self.tasks.spawn("link check", link_probe.link_check(self.boot.python, msg, self.link))
 
     async def _heartbeat_loop(self) -> None:

@@ -179,8 +179,8 @@ LINK_CHECK: Any = typer.Option(
     False,
     "--link-check",
     help="Before the first step, pair the hosts up in two rounds of a short gloo probe "
-    "(latency, bandwidth) and leave out a host slow with each of its peers (docs/policy.md) "
-    "[off]. Multi-host jobs only.",
+    "(latency, bandwidth) and leave out a host slow with each of its peers; later, probe each "
+    "host before it joins (docs/policy.md) [off]. Multi-host jobs only.",
 )
 
 # Shared by both commands but not passed on: the batch script gives the ones chosen at submission.

@@ -1,31 +1,42 @@
-"""The link check before the first generation (`ftrun launch --link-check`): every ready host's
-agent runs a short gloo probe with a peer in each of two rounds (link_judge.py's schedule and
-verdict, agent/link_probe.py and agent/linkprobe.py the probe); a host slow with each of its
-peers is left out of every plan (the job machine's `leave_out`), with one line saying why and
-what to do; a slow link between two hosts otherwise fine is said. Every figure is journaled
-(`link_check`).
+"""The link check (`ftrun launch --link-check`): every ready host's agent runs a short gloo
+probe with a peer in each of two rounds (link_judge.py's schedule and verdict, agent/link_probe.py
+and agent/linkprobe.py the probe); a host slow with each of its peers is left out of every plan
+(the job machine's `leave_out`), with one line saying why and what to do; a slow link between two
+hosts otherwise fine is said. Every figure is journaled (`link_check`, with the hosts probed and
+those joining).
+
+When: once for every host before the first generation (`before_first`), and between generations
+for the hosts that would join (`before_join`): a host the next plan would take whose agent no
+check has seen (a spare ready after the first check, a host added with `ftrun hosts JOB add`, a
+lost host back with a new agent) is probed with up to two checked peers, by the same schedule
+and verdict, before it enters the plan: a bad one is left out with the same line, a good one
+joins. The agents that ran the last generation count as checked, so a restart on the same hosts
+probes nothing: the check's seconds (most of them each probe importing torch) would be added to
+every restart in place, whose target is a fraction of torchrun's. A joiner with a single checked
+peer makes one pair, which judges nothing (link_judge.py): it joins unprobed, and that is said.
+The running generation is not probed (its ranks use the links): a grow toward a host that then
+proves bad costs the restart the grow began, once, since that host is left out.
 
 Opt-in: a default is a promise, and on a loaded machine a check that could leave a good host out
-has yet to prove it never does. Run once, before the first generation: between generations it
-would add its seconds to every restart, whose target is a fraction of torchrun's. Only where
-agents run on other hosts: on this machine alone there is no link.
+has yet to prove it never does. Only where agents run on other hosts: on this machine alone
+there is no link.
 
-The pair's store is held by its first host, on the port that host's hello offered for the next
-rendezvous (so no port is guessed, and none is waited for); each agent's report offers a fresh
-one in its place.
+The pair's store is held by its first host, on the port that host's hello (or its last stop)
+offered for the next rendezvous (so no port is guessed, and none is waited for); each agent's
+report offers a fresh one in its place.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ftrun.config import LaunchConfig
 from ftrun.controller.fleet import Fleet
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.link_judge import LinkVerdict, PairResult, judge, schedule
 from ftrun.controller.reporting import Reporter
-from ftrun.controller.roster import HostState
+from ftrun.controller.roster import HostState, NotEnoughHosts
 from ftrun.journal import Journal
 from ftrun.wire.inbound import AgentLost, PreemptNotice, StopRequested
 from ftrun.wire.inbound_checks import LinkProbed
@@ -56,6 +67,7 @@ class LinkCheck:
         self.journal, self.reporter = journal, reporter
         self.excluded, self.leave_out = excluded, leave_out
         self.count = 0
+        self.checked: set[str] = set()  # agents a check saw and did not leave out (or that ran)
 
     async def before_first(self) -> bool:
         """Run the check if the job asked for it; False when a stop or a preemption notice came
@@ -69,10 +81,62 @@ class LinkCheck:
         hosts = [h for h in self.fleet.roster.in_state(HostState.READY) if not out(h)]
         if len(hosts) < 2:
             self.reporter.notice(f"--link-check: {len(hosts)} host ready: no link to check")
-            return True
-        return await self.run(hosts)
+        elif not await self.run(hosts):
+            return False
+        self._checked(hosts)
+        return True
 
-    async def run(self, hosts: list[str]) -> bool:
+    async def before_join(self, ran: Iterable[str]) -> bool:
+        """Between generations, before the next plan: probe the hosts it would take that no
+        check has seen (the agents in `ran`, the last generation's, count as seen); each pass
+        leaves out or lets in every one, and a host ready meanwhile gets the next pass. False
+        when a stop or a preemption notice came meanwhile."""
+        if not (self.config.link_check and self.config.remote):
+            return True
+        self.checked.update(ran)
+        for _ in range(len(self.fleet.roster.slots)):
+            joining, peers, planned = self._joining()
+            if not joining:
+                return True
+            ring = _ring(peers[:2], joining)
+            if len(ring) < 3:
+                self.reporter.notice(
+                    f"link check: {', '.join(joining)} joins unprobed: with {len(peers)} checked "
+                    "host(s) to pair with, one pair cannot say which end of a slow link is at fault"
+                )
+            elif not await self.run(ring, joining=joining, planned=planned):
+                return False
+            self._checked(ring)
+        return True
+
+    def _joining(self) -> tuple[list[str], list[str], int]:
+        """The hosts the next plan would take that no check has seen; the checked ones to pair
+        them with (the plan's first, then other ready ones); how many the plan takes."""
+        roster, out = self.fleet.roster, self.excluded()
+        try:
+            planned = roster.preview(out)
+        except NotEnoughHosts:
+            return [], [], 0  # the plan fails as it would have: nobody to probe
+
+        def seen(host: str) -> bool:
+            return self.fleet.agent_of(host) in self.checked
+
+        usable = roster.in_state(HostState.READY, HostState.ACTIVE)
+        peers = [h for h in dict.fromkeys([*planned, *usable]) if seen(h) and not out(h)]
+        return [h for h in planned if not seen(h)], peers, len(planned)
+
+    def _checked(self, hosts: list[str]) -> None:
+        """The agents of `hosts` the check did not leave out: not probed again."""
+        out = self.excluded()
+        for host in hosts:
+            if not out(host) and (agent := self.fleet.agent_of(host)) is not None:
+                self.checked.add(agent)
+
+    async def run(
+        self, hosts: list[str], *, joining: list[str] | None = None, planned: int | None = None
+    ) -> bool:
+        """Probe `hosts` (in a ring: link_judge.schedule) and act on the verdict. `joining`: the
+        hosts a check between generations is for; `planned`: how many the next plan takes."""
         self.count += 1
         began = time.monotonic()
         rounds = schedule(hosts)
@@ -111,8 +175,8 @@ class LinkCheck:
             for a, b in pairs
         ]
         verdict = judge(hosts, results)
-        self._record(hosts, results, verdict, time.monotonic() - began)
-        self._act(hosts, verdict, time.monotonic() - began)
+        self._record(hosts, joining or [], results, verdict, time.monotonic() - began)
+        self._act(hosts, joining or [], planned or len(hosts), verdict, time.monotonic() - began)
         return True
 
     async def _reports(self, waiting: dict[str, str]) -> dict[str, LinkProbed] | None:
@@ -135,12 +199,18 @@ class LinkCheck:
         return got
 
     def _record(
-        self, hosts: list[str], results: list[PairResult], verdict: LinkVerdict, took: float
+        self,
+        hosts: list[str],
+        joining: list[str],
+        results: list[PairResult],
+        verdict: LinkVerdict,
+        took: float,
     ) -> None:
         self.journal.record(
             "link_check",
             check=self.count,
             hosts=hosts,
+            joining=joining,  # between generations: the hosts it was for (the rest: peers)
             seconds=round(took, 3),
             typical_latency_s=verdict.typical_latency_s,
             typical_bandwidth_Bps=verdict.typical_bandwidth_Bps,
@@ -160,8 +230,10 @@ class LinkCheck:
             note=verdict.note,
         )
 
-    def _act(self, hosts: list[str], verdict: LinkVerdict, took: float) -> None:
-        left = len(hosts)
+    def _act(
+        self, hosts: list[str], joining: list[str], left: int, verdict: LinkVerdict, took: float
+    ) -> None:
+        """Leave the bad hosts out (not below --min-nodes of the `left` a plan takes); say it."""
         for host, why in verdict.bad_hosts.items():
             if left - 1 < self.config.min_nodes:
                 self.reporter.notice(
@@ -193,8 +265,9 @@ class LinkCheck:
                 if lat is not None and bw is not None
                 else ""
             )
+            what = f"{', '.join(joining)} joining, " if joining else ""
             self.reporter.notice(
-                f"link check: {len(hosts)} hosts in {took:.1f} s: every link is fine{figures}"
+                f"link check: {what}{len(hosts)} hosts in {took:.1f} s: every link is fine{figures}"
             )
 
 
@@ -220,3 +293,12 @@ def _pair(
                 )
             errors.append(f"{me}: {report.errors[i] or 'no figures'}")
     return PairResult(round=number, hosts=hosts, error="; ".join(errors)[:500])
+
+
+def _ring(peers: list[str], joining: list[str]) -> list[str]:
+    """The probe's ring: joiners between checked peers (P1 J1 P2 J2 J3 ...), so that a lone
+    joiner meets both peers, and the peers' own pair gives the typical figures."""
+    ring: list[str] = []
+    for i, host in enumerate(joining):
+        ring += [peers[i], host] if i < len(peers) else [host]
+    return ring + peers[len(joining) :]

@@ -4,7 +4,8 @@ It follows the journal as it is written (`Journal.followers`): each generation's
 and `progress` events give its step rate (planner/calibrate.py's StepMeter), and once that is
 steady the plan's factor (measured / predicted) is learned and journaled (`plan_calibrated`,
 again with the final figure when the generation ends); a `link_check` (opt-in, before the first
-generation) gives the links' measured bandwidth and latency, used in place of the defaults.
+generation or a host joining) gives the links' measured bandwidth and latency, used in place of
+the defaults.
 
 The measurement is the job's own throughput as the journal sees it — everything a step costs,
 snapshots and stalls included — which is what a grow has to beat.

@@ -157,6 +157,19 @@ class Roster:
         A host that replaces one of the current generation takes its node rank, and the others
         keep theirs: their ranks then find their own memory snapshots where they are, and only
         the newcomer fetches its ranks' from the peer tier (peer_plan.py)."""
+        chosen = self.preview(excluded)
+        for slot in self.slots.values():
+            if slot.state is HostState.ACTIVE:
+                slot.state = HostState.READY
+        for host in chosen:
+            self.slots[host].state = HostState.ACTIVE
+        self.active = chosen
+        self.recently_lost.clear()
+        return chosen
+
+    def preview(self, excluded: Callable[[str], bool] = lambda host: False) -> list[str]:
+        """The hosts `plan` would choose now, changing nothing (the link check probes those
+        that would join before they do). Raises NotEnoughHosts as `plan` does."""
         keep = [h for h in self.active if self._usable(h, excluded) and h not in self.recently_lost]
         fill = [h for h in self.slots if h not in keep and self._usable(h, excluded)]
         fill.sort(key=lambda h: h in self.recently_lost)  # stable: spares in order, then those
@@ -169,13 +182,6 @@ class Roster:
         chosen = (chosen + fill)[: self.want]
         if len(chosen) < self.min_nodes or not chosen:
             raise NotEnoughHosts(chosen, self.min_nodes)
-        for slot in self.slots.values():
-            if slot.state is HostState.ACTIVE:
-                slot.state = HostState.READY
-        for host in chosen:
-            self.slots[host].state = HostState.ACTIVE
-        self.active = chosen
-        self.recently_lost.clear()
         return chosen
 
     def keep(self, hosts: list[str]) -> None:

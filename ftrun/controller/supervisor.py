@@ -291,8 +291,9 @@ class Supervisor:
     async def _next_hosts(
         self, watch: GenWatch, end: Ending, delay: float
     ) -> list[str] | JobOutcome:
-        """Between a torn-down generation and the next: the back-off waited out, then the job
-        machine's plan. A JobOutcome when the job ends here instead. A lost host's ranks may
+        """Between a torn-down generation and the next: the back-off waited out, the hosts that
+        would join probed (--link-check), then the job machine's plan. A JobOutcome when the
+        job ends here instead. A lost host's ranks may
         still run (a partition): the next generation starts anyway, because nothing they do can
         reach it (docs/fencing.md)."""
         self.fleet.release_removed()
@@ -305,6 +306,8 @@ class Supervisor:
             self.reporter.notice(f"{end.why}; next attempt in {delay:g} s", level="warning")
             if await self.inbox.stop_requested_within(delay):
                 return self._interrupted()
+        if not await self.links.before_join(watch.hosts):  # --link-check: new hosts only
+            return self._interrupted()
         relaunch = self.job.relaunch(end, watch, backoff_s=delay)
         notices = relaunch.notices if isinstance(relaunch, Relaunch) else [relaunch.notice]
         for notice in notices:

@@ -1,7 +1,7 @@
 """Stragglers and each host's pace, folded from the journal (`pace`, `straggler`,
 `straggler_recovered`: controller/pace.py) for `inspect`, `status --json` and the metrics; and
-the link check's verdict before the first step (`link_check`: controller/link_check.py), the
-other way a slow host is found."""
+the link check's last verdict, before the first step or on hosts joining between generations
+(`link_check`: controller/link_check.py), the other way a slow host is found."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 PACE_KINDS = frozenset(
     {"pace", "straggler", "straggler_recovered", "generation_launched", "link_check"}
 )
-LINK_CHECK_FIELDS = ("seconds", "hosts", "typical_latency_s", "typical_bandwidth_Bps",
+LINK_CHECK_FIELDS = ("seconds", "hosts", "joining", "typical_latency_s", "typical_bandwidth_Bps",
                      "bad_hosts", "bad_links", "note")  # fmt: skip
 MAX_KEPT = 200  # stragglers kept in the view: a job names few; a pathological one is bounded
 
