@@ -2,7 +2,9 @@
 
 Checkpoints with torch.save every --ckpt-every steps and resumes from the newest checkpoint, so a
 restarted run continues. Faults are injected deterministically: --fail-at STEP on --fail-rank R,
-as a SIGKILL, an exception, or an exit code; with --fail-once MARKER only the first time.
+as a SIGKILL, an exception, or an exit code; with --fail-once MARKER only the first time. With
+--stop-file PATH it ends (all ranks at the same step) once PATH exists: a test that changes the
+job's hosts while it runs lets it finish when it is done, not when a step count races it.
 """
 
 import argparse
@@ -30,6 +32,7 @@ p.add_argument(
 p.add_argument("--fail-once", default=None, help="marker file: fail only if it does not exist")
 p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
 p.add_argument("--width", type=int, default=64)
+p.add_argument("--stop-file", default=None, help="end once this file exists")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -88,6 +91,11 @@ for step in range(start + 1, args.steps + 1):
         os.replace(ckpt + ".tmp", ckpt)
     if ckpt and step % args.ckpt_every == 0:
         dist.barrier()
+    if args.stop_file:  # every rank's view, so that all stop at the same step
+        seen = torch.tensor([float(os.path.exists(args.stop_file))])
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        if seen.item():
+            break
 
 dist.barrier()
 dist.destroy_process_group()
