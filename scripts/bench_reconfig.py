@@ -7,7 +7,7 @@ step) runs under `ftrun launch --profile` on 4 hosts, one rank each, with a per-
 budget the whole model does not fit in, so every plan needs pipeline stages. Each host is held
 to --cpu-per-host cores by a cgroup quota (scripts/hostcpu.py): a device of a fixed speed, as a
 cluster's are, not a share of this machine's cores that falls as ranks are added. The profile
-comes from `ftrun profile` on one core of this machine (held against other load), first. Then,
+comes from `ftrun profile` on a device like theirs (a cgroup with the same quota), first. Then,
 in one job:
 
   1. the 4-host plan runs --steps-per-phase steps;
@@ -95,11 +95,15 @@ def ftrun(
 def take_profile(
     out: Path, args: list[str], a: argparse.Namespace
 ) -> subprocess.CompletedProcess[str]:
-    """`ftrun profile` on one core of this machine held against other load (with the caps on):
-    a profile taken while other work comes and goes inflates some layers and not others."""
+    """`ftrun profile` on a device like the job's: a cgroup held to --cpu-per-host cores with the
+    hosts' period, as the profile of a real cluster runs on one of the job's own devices (it
+    measures the device's sustained speed, ftrun/parallel/profile.py); its high shares also
+    keep other load on this machine from inflating some layers and not others."""
     if not a.cpu_per_host:
         return ftrun("profile", "--out", str(out), RECIPE, *args)
-    with hostcpu.held(f"ftrun-bench-{os.getpid()}-profile", cpu=1.0) as enter:
+    period_us = int(a.cpu_period_ms * 1000)
+    name = f"ftrun-bench-{os.getpid()}-profile"
+    with hostcpu.held(name, cpu=a.cpu_per_host, period_us=period_us) as enter:
         return ftrun("profile", "--out", str(out), RECIPE, *args, preexec_fn=enter)
 
 

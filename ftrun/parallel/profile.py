@@ -1,10 +1,15 @@
 """Profiling a model's layers in one process: the figures the planner needs (profile.json).
 
 Per layer (top-level child), in forward order:
-- forward and backward time of one micro-batch as a + b*m seconds, fitted through the medians of
-  a few timed repeats (after warm-up) at two micro-batch sizes, m and 2m. Each layer's backward is
+- forward and backward time of one micro-batch as a + b*m seconds, fitted through the times of
+  timed repeats (after warm-up) at two micro-batch sizes, m and 2m (`_sustained`: each
+  layer's fastest run, scaled so that the layers add up to their mean). Each layer's backward is
   timed alone: its input is a detached leaf, so autograd stops at the layer. The loss is part of
-  the last layer.
+  the last layer. The mean, over passes that span at least MIN_TIMED_S at each size, is the
+  device's sustained speed: a device held to a share of its time (a CPU quota, a shared or
+  throttled host) runs short operations at full speed between its stalls, and a median of them
+  would time the device as if it never stalled (on a testbed host held to 0.4 of a core, a
+  median profile was 2.5x too fast).
 - state_bytes: parameters + gradients + optimizer state. The runtime does not know the optimizer
   when it profiles, so this is 4 x the parameter bytes, what Adam/AdamW hold (exp_avg and
   exp_avg_sq); SGD with momentum holds less, so the figure is an upper bound for it.
@@ -34,7 +39,9 @@ Samples = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 WARMUP = 2
-REPEATS = 5
+REPEATS = 5  # timed passes at each micro-batch size, at least ...
+MIN_TIMED_S = 0.5  # ... and as many more as span this long (scheduler periods are ~10 ms) ...
+MAX_REPEATS = 200  # ... up to this many
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -124,21 +131,27 @@ def measure(
     *,
     warmup: int = WARMUP,
     repeats: int = REPEATS,
+    min_timed_s: float = MIN_TIMED_S,
 ) -> list[dict[str, Any]]:
     """Per-layer figures (see the module docstring), fitted over the two micro-batch sizes."""
     m1, m2 = sizes
     runs: dict[int, list[tuple[list[float], list[float], list[int], list[int]]]] = {}
     for m in sizes:
         x, y = (t.to(device) for t in samples(0, m))
-        runs[m] = [_one_pass(layers, x, y, loss_fn, device) for _ in range(warmup + repeats)][
-            warmup:
-        ]
+        for _ in range(warmup):
+            _one_pass(layers, x, y, loss_fn, device)
+        runs[m] = []
+        t0 = time.perf_counter()
+        while len(runs[m]) < repeats or (
+            time.perf_counter() - t0 < min_timed_s and len(runs[m]) < MAX_REPEATS
+        ):
+            runs[m].append(_one_pass(layers, x, y, loss_fn, device))
+    times = {m: _sustained(runs[m]) for m in sizes}
     out = []
     for i in range(len(layers)):
         fit: dict[str, list[float]] = {}
         for key, k in (("fwd_s", 0), ("bwd_s", 1)):
-            t1 = statistics.median(r[k][i] for r in runs[m1])
-            t2 = statistics.median(r[k][i] for r in runs[m2])
+            t1, t2 = times[m1][k][i], times[m2][k][i]
             b = max((t2 - t1) / (m2 - m1), 0.0)
             a = max(t1 - b * m1, 0.0)
             fit[key] = [a, b]
@@ -154,6 +167,21 @@ def measure(
             }
         )
     return out
+
+
+def _sustained(
+    runs: Sequence[tuple[list[float], list[float], list[int], list[int]]],
+) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds per layer: each layer's fastest run, all scaled by one factor
+    so that they add up to the layers' mean. The fastest run gives each layer its share, free
+    of stalls (a stall falls on one layer and not another; identical blocks must time alike);
+    the mean gives the device's sustained speed, stalls included."""
+    fwd = [min(col) for col in zip(*(r[0] for r in runs), strict=True)]
+    bwd = [min(col) for col in zip(*(r[1] for r in runs), strict=True)]
+    mean = statistics.fmean(sum(r[0]) + sum(r[1]) for r in runs)
+    fastest = sum(fwd) + sum(bwd)
+    scale = mean / fastest if fastest > 0 else 1.0
+    return [t * scale for t in fwd], [t * scale for t in bwd]
 
 
 def write_profile(
