@@ -49,7 +49,11 @@ def open_fds(pid: int) -> int:
 
 def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
     started = time.time()
-    proc = ftrun.start("launch", str(BIN / "plain_loop.py"), "--steps", "500", "--interval", "0.05")
+    # 500 steps (25 s) bound the job on a slow day; the stop file ends it once the attacks are
+    # done and it was seen running after them.
+    stop = tmp_path / "stop"
+    proc = ftrun.start("launch", str(BIN / "plain_loop.py"), "--steps", "500", "--interval",
+                       "0.05", "--stop-file", str(stop))  # fmt: skip
     try:
         job_dir, _ = stepping(ftrun)
         controller = psutil.Process(proc.pid)
@@ -61,6 +65,7 @@ def test_every_attack_is_refused_and_the_job_finishes(ftrun, tmp_path):
         # The flood's sockets are all gone again: nothing held for strangers.
         wait_for(lambda: open_fds(controller.pid) <= fds_before + 2, 10, "the controller's fds")
         assert ftrun.status_json(job_dir.name)["state"] == "running"
+        stop.write_text("")
         out, _ = proc.communicate(timeout=90)
     finally:
         reap(proc)

@@ -35,11 +35,14 @@ def as_nobody(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_idle_connections_and_a_scrape_flood_cost_the_job_nothing(ftrun) -> None:
+def test_idle_connections_and_a_scrape_flood_cost_the_job_nothing(ftrun, tmp_path) -> None:
     need_root()
+    # 600 steps (30 s) bound the job on a slow day; the stop file ends it once the attacks are
+    # over and the metrics answered after them.
+    stop = tmp_path / "stop"
     proc = ftrun.start(
         "launch", "--metrics-port", "0", str(BIN / "plain_loop.py"),
-        "--steps", "600", "--interval", "0.05",
+        "--steps", "600", "--interval", "0.05", "--stop-file", str(stop),
     )  # fmt: skip
     out = Output(proc)
     attackers: list[subprocess.Popen[str]] = []
@@ -75,6 +78,7 @@ def test_idle_connections_and_a_scrape_flood_cost_the_job_nothing(ftrun) -> None
         assert peak[0] - fds_before < 100, (fds_before, peak[0])
         assert flood["ok"] >= 0.9 * 3000, flood  # evicted ones aside, the scrapes get through
         assert b"ftrun_step " in _scrape(port)
+        stop.write_text("")
         assert proc.wait(timeout=120) == 0, out.text()
     finally:
         for a in attackers:
