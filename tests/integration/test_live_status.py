@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import Ftrun, Output, wait_for
 
 # Steps slowly; the first generation waits 12 s before its first step (a slow start), then
-# rank 1 dies at step 40 once: the next generation starts at once and runs to the end.
+# rank 1 dies at step 40 once: the next generation starts at once and runs to the end, or until
+# the stop file (argv[3], if given) exists.
 SCRIPT = """
 import os, sys, time
 import torch.distributed as dist
@@ -32,7 +33,10 @@ marker = sys.argv[1]
 first = not os.path.exists(marker)
 if first:
     time.sleep(12)
+stop = sys.argv[3] if len(sys.argv) > 3 else None
 for step in range(1, int(sys.argv[2]) + 1):
+    if stop and os.path.exists(stop):
+        break
     time.sleep(0.05)
     ftrun.step(step)
     if first and rank == 1 and step == 40:
@@ -93,11 +97,12 @@ def scrape(port: int) -> dict[str, list]:
 def test_metrics_and_the_notes_of_a_slow_start(ftrun: Ftrun, tmp_path: Path) -> None:
     script = tmp_path / "slow_start.py"
     script.write_text(SCRIPT)
-    # 200 steps: generation 2 trains 10 s (0.05 s a step), for the scrapes of it below, which
-    # take a few polls; 400 made the test wait 10 s more for the job to end.
+    # 200 steps: generation 2 trains up to 10 s (0.05 s a step), for the scrapes of it below,
+    # which take a few polls; the stop file ends it once they are done.
+    stop = tmp_path / "stop"
     proc = ftrun.start(
         "launch", "--metrics-port", "0", "--nproc-per-node", "2",
-        str(script), str(tmp_path / "crashed-once"), "200",
+        str(script), str(tmp_path / "crashed-once"), "200", str(stop),
     )  # fmt: skip
     out = Output(proc)
     try:
@@ -113,6 +118,7 @@ def test_metrics_and_the_notes_of_a_slow_start(ftrun: Ftrun, tmp_path: Path) -> 
         incidents = [s for s in figures["ftrun_incidents"] if s.name == "ftrun_incidents_total"]
         assert [(s.labels["kind"], s.value) for s in incidents] == [("crash", 1.0)]
         assert 0 < (value(figures, "ftrun_goodput_ratio") or 0) < 1
+        stop.write_text("")
         assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:
