@@ -2,8 +2,7 @@
 
 It follows the journal as it is written (`Journal.followers`): each generation's `first_step`
 and `progress` events give its step rate (planner/calibrate.py's StepMeter), and once that is
-steady the plan's factor (measured / predicted) and its count of messages (what the cost per
-message is fitted to, planner/calibrate.py) are learned and journaled (`plan_calibrated`,
+steady the plan's factor (measured / predicted) is learned and journaled (`plan_calibrated`,
 again with the final figure when the generation ends); a `link_check` (opt-in, before the first
 generation or a host joining) gives the links' measured bandwidth and latency, used in place of
 the defaults.
@@ -94,7 +93,6 @@ class PlanLearner:
             predicted_step_s=m.predicted_s,
             measured_step_s=round(m.measured_s, 6),
             factor=round(m.factor, 4),
-            messages=m.messages,
             steps=m.steps,
             final=final,
         )

@@ -1,27 +1,28 @@
 """A planner that learns: the cost model calibrated with the step times the job measures.
 
-The cost model (cost.py) predicts from a profile taken in one process and from link figures;
-what a real step also pays — above all the pipeline's messages: every send and receive of every
-micro-batch, a receive waiting for its peer — it leaves out. So each generation's plan is
-measured (`StepMeter`: the job's own step rate once it is steady) and kept (`Calibration`).
+The cost model (cost.py) predicts from a profile taken in one process and from link figures; it
+leaves out what a real step also pays — the optimizer step, the schedule's Python, a snapshot,
+a send per micro-batch, cores shared with other ranks — and on the testbed it was 29–76 % off.
+So each generation's plan is measured (`StepMeter`: the job's own step rate once it is steady)
+and the ratio measured / predicted, its *factor*, is kept per plan (`Calibration`).
 
-How a plan is predicted (`Calibration.apply`), per term rather than per plan:
-  1. a plan measured in this job is predicted at its own measurement (its *factor*,
-     measured / model, scales every term) — the best evidence there is;
-  2. any other plan: the model's terms, plus a cost per message (cost.messages: the sends and
-     receives of the busiest pipeline rank) fitted to the plans measured: the least-squares
-     cost of a message that makes the model's step plus the plan's messages match the measured
-     steps. The profile's compute is taken as it is: it was measured on a device like the
-     job's (`ftrun profile` on one of its hosts, at its sustained speed). So a plan of a
-     schedule not yet measured is predicted from its own count of messages: Interleaved1F1B
-     sends v times as many per micro-batch, which a factor per plan could not carry to 1F1B
-     (bench_reconfig: ×5.4–6.6 against ×3.7–4.3, docs/planner.md);
-  3. where the measured steps are not above the model's (no cost per message to fit), or no
-     plan measured had messages (DP only), one factor, the measured steps' sum over the
-     model's, scales every term;
-  4. nothing measured yet: the model as it is.
+How a factor transfers (the rule `Calibration.factor` applies):
+  1. a plan measured in this job is predicted at its own factor — the best evidence there is;
+  2. a plan not measured takes its factor from the plans measured with its schedule, if any
+     was, else from all: on hosts of a fixed speed the schedule set the factor, not the ranks
+     (bench_reconfig, docs/planner.md: Interleaved1F1B ×5.4–6.6, 1F1B ×3.7–4.3 on 3 and 4
+     ranks alike) — its v-fold sends and scheduled actions per micro-batch are CPU work the
+     model does not count;
+  3. of those, from the plans measured on as many ranks or the nearest numbers of ranks:
+     between a smaller and a larger one, interpolated linearly in the number of ranks; beyond
+     them, the nearest (of several plans on one number of ranks, the latest measured). Much of
+     what the model leaves out is paid per rank (each rank's optimizer step, its Python, its
+     share of the host's cores where hosts share them) or grows with the ranks (collectives,
+     sends), so plans of about as many ranks err alike;
+  4. nothing measured yet: factor 1, the model as it is.
 
-Pure: figures in, figures out.
+One factor scales every term of a plan's step (compute, bubble, all-reduce, sends) alike: the
+step rate is what the job measures for a plan as a whole. Pure: figures in, figures out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ftrun.planner.cost import messages
 from ftrun.planner.layout import Layout
 from ftrun.planner.profile import Links
 
@@ -45,13 +45,6 @@ def plan_key(layout: Layout) -> str:
     return f"{layout.name} {layout.schedule} m{layout.micro_batch}×M{layout.micro_batches} {stages}"
 
 
-def layout_messages(layout: Layout) -> int:
-    """cost.messages for `layout`: its busiest pipeline rank's sends and receives a step."""
-    if layout.pp <= 1:
-        return 0
-    return messages(pp=layout.pp, v=layout.stages_per_rank, M=layout.micro_batches)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Measured:
     """One plan as the job ran it: the model's step time against the measured one."""
@@ -62,7 +55,6 @@ class Measured:
     predicted_s: float  # the cost model's, uncalibrated
     measured_s: float
     steps: int  # steps the measurement spans
-    messages: int = 0  # layout_messages
 
     @property
     def factor(self) -> float:
@@ -71,37 +63,12 @@ class Measured:
 
 @dataclass(frozen=True)
 class Factor:
-    value: float  # calibrated step / the model's
-    source: str  # "measured", "per message …", "from …" or "uncalibrated"
-
-
-@dataclass(frozen=True)
-class Terms:
-    """What the plans measured say about any plan: every model term × `scale`, plus
-    `message_s` a message (rule 2 or 3 of the module docstring)."""
-
-    scale: float
-    message_s: float
-    basis: str  # the plans it was fitted to
-
-
-def fit_terms(measured: list[Measured]) -> Terms | None:
-    """The least-squares cost of a message over `measured` (the model's compute as it is), or,
-    where that is not positive, one factor over all (None: nothing measured)."""
-    if not measured:
-        return None
-    basis = " and ".join(m.plan for m in measured)
-    residual = [(m.messages, m.measured_s - m.predicted_s) for m in measured]
-    squares = sum(n * n for n, _ in residual)
-    message_s = sum(n * r for n, r in residual) / squares if squares else 0.0
-    if message_s > 0:
-        return Terms(1.0, message_s, basis)
-    model = sum(m.predicted_s for m in measured)
-    return Terms(sum(m.measured_s for m in measured) / model if model > 0 else 1.0, 0.0, basis)
+    value: float
+    source: str  # "measured", "from <plan>" or "uncalibrated"
 
 
 class Calibration:
-    """The plans measured, and the rule for predicting any plan with them."""
+    """Measured factors per plan, and the rule for predicting any plan with them."""
 
     def __init__(self) -> None:
         self._by_plan: dict[str, Measured] = {}  # in the order measured, the latest last
@@ -115,7 +82,6 @@ class Calibration:
             predicted_s=layout.step_s,
             measured_s=measured_s,
             steps=steps,
-            messages=layout_messages(layout),
         )
         self._by_plan.pop(m.plan, None)
         self._by_plan[m.plan] = m
@@ -125,39 +91,30 @@ class Calibration:
     def measured(self) -> list[Measured]:
         return list(self._by_plan.values())
 
-    def terms(self) -> Terms | None:
-        return fit_terms(self.measured)
-
     def factor(self, layout: Layout) -> Factor:
-        """The calibrated step over the model's, and what it stands on."""
         own = self._by_plan.get(plan_key(layout))
         if own is not None:
             return Factor(own.factor, "measured")
-        terms = self.terms()
-        if terms is None:
+        if not self._by_plan:
             return Factor(1.0, "uncalibrated")
-        calibrated = self.apply(layout).step_s
-        value = calibrated / layout.step_s if layout.step_s > 0 else 1.0
-        if terms.message_s > 0:
-            n = layout_messages(layout)
-            how = f"{n} messages × {terms.message_s * 1e3:.2f} ms"
-            return Factor(value, f"per message ({how}) from {terms.basis}")
-        return Factor(value, f"from {terms.basis}")
+        alike = [m for m in self._by_plan.values() if m.schedule == layout.schedule]
+        by_slots: dict[int, Measured] = {}
+        for m in alike or self._by_plan.values():  # the latest of each number of ranks
+            by_slots[m.slots] = m
+        n = layout.slots_used
+        below = [s for s in by_slots if s <= n]
+        above = [s for s in by_slots if s >= n]
+        if below and above and max(below) != min(above):
+            lo, hi = by_slots[max(below)], by_slots[min(above)]
+            w = (n - lo.slots) / (hi.slots - lo.slots)
+            value = lo.factor + w * (hi.factor - lo.factor)
+            return Factor(value, f"from {lo.plan} and {hi.plan}")
+        near = by_slots[max(below) if below else min(above)]
+        return Factor(near.factor, f"from {near.plan}")
 
     def apply(self, layout: Layout) -> Layout:
-        """`layout` as calibrated: its own factor on every term where it was measured, else the
-        fitted terms (the cost of its messages counted with its sends, in p2p_s)."""
-        own = self._by_plan.get(plan_key(layout))
-        if own is not None:
-            return scaled(layout, own.factor)
-        terms = self.terms()
-        if terms is None:
-            return layout
-        out = scaled(layout, terms.scale)
-        if terms.message_s <= 0:
-            return out
-        extra = terms.message_s * layout_messages(layout)
-        return dataclasses.replace(out, p2p_s=out.p2p_s + extra)
+        """`layout` with every predicted term scaled by its factor."""
+        return scaled(layout, self.factor(layout).value)
 
     def rank(self, layouts: list[Layout]) -> list[tuple[Layout, Layout]]:
         """(calibrated, model) pairs, fastest calibrated first (a stable sort: the model's ties

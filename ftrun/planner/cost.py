@@ -72,21 +72,6 @@ def p2p_s(profile: Profile, stages: Stages, m: int) -> float:
     )
 
 
-def messages(*, pp: int, v: int, M: int) -> int:
-    """Sends and receives a step costs the busiest pipeline rank: each of its virtual stages,
-    for each of the M micro-batches, receives its input and sends its output forward (but the
-    first stage receives and the last sends nothing), and backward the reverse (the gradients).
-    Rank p holds virtual stages p, p + pp, … of v·pp. The model above counts only the fill and
-    drain's sends on the critical path; calibrate.py charges the job's measured cost per message
-    beyond it (a recv waits for its peer: on hosts of a fixed speed each is time the rank spends
-    neither computing nor in the bubble the model counts)."""
-    last = pp * v - 1
-    per_rank = [
-        sum(2 * (s > 0) + 2 * (s < last) for s in range(p, last + 1, pp)) for p in range(pp)
-    ]
-    return M * max(per_rank)
-
-
 def rank_stages(stages: Stages, pp: int, position: int) -> Stages:
     """The virtual stages pipeline rank `position` holds: position, position + pp, …"""
     return stages[position::pp]

@@ -144,9 +144,7 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     assert [g["world_size"] for g in launched] == world
 
     # The calibration against the steps the job ran: generation 1's plan measured, its factor
-    # measured / the model's; the re-plan predicted with it (nothing else was measured yet): its
-    # messages at generation 1's cost per message where that ran slower than the model, else
-    # its model at generation 1's factor.
+    # measured / the model's; the re-plan predicted with it (nothing else was measured yet).
     calibrated = kinds(events, "plan_calibrated")
     [g1] = [c for c in calibrated if c["gen"] == 1 and c["final"]]
     assert g1["factor"] == pytest.approx(g1["measured_step_s"] / g1["predicted_step_s"], rel=1e-3)
@@ -154,18 +152,10 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     # The steps rank 0 timed (the journal's rate also holds the snapshot and the print).
     assert 0.7 < g1["measured_step_s"] / printed < 3.0, (g1, printed)
     assert plans[0]["calibration"]["source"] == "uncalibrated"
-    source = plans[1]["calibration"]["source"]
-    per_message = re.match(r"per message \((\d+) messages", source)
-    if per_message:
-        cost = (g1["measured_step_s"] - g1["predicted_step_s"]) / g1["messages"]
-        assert plans[1]["predicted_step_s"] == pytest.approx(
-            plans[1]["model_step_s"] + int(per_message[1]) * cost, rel=1e-2
-        ), source
-    else:
-        assert source.startswith("from ") and g1["factor"] <= 1.0, source
-        assert plans[1]["predicted_step_s"] == pytest.approx(
-            plans[1]["model_step_s"] * g1["factor"], rel=1e-3
-        )
+    assert plans[1]["calibration"]["source"].startswith("from ")
+    assert plans[1]["predicted_step_s"] == pytest.approx(
+        plans[1]["model_step_s"] * g1["factor"], rel=1e-3
+    )
     assert any(c["gen"] == 2 for c in calibrated), "the re-plan measured before the grow"
     # The grow weighed on calibrated figures: taken only when faster by the margin (5 %).
     reason = plans[2]["why"] if grew else declined[0]["reason"]
@@ -173,10 +163,8 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     new, old = (float(x) for x in FIGURES.search(reason).groups())  # type: ignore[union-attr]
     assert (new < 0.95 * old) == grew, reason
     if grew:
-        grown = plans[2]["layout"]
-        assert grown["dp"] * grown["pp"] == 4, "back on 4 hosts"
-        if grown == first:
-            assert plans[2]["calibration"]["source"] == "measured"  # generation 1 ran it
+        assert plans[2]["layout"] == first, "back on 4 hosts, the 4-host plan"
+        assert plans[2]["calibration"]["source"] == "measured"  # generation 1 ran it
         assert plans[2]["why"].startswith("grow")
 
     # status shows the plan running last; inspect each generation's, predicted and measured.

@@ -1,7 +1,6 @@
 """A planner that learns (planner/calibrate.py, controller/plan_learning.py): a factor learned
-from a plan's measured step time, the cost per message fitted to it for plans not measured, a
-grow refused when the calibrated plan is no faster, and the link check's figures in place of the
-defaults."""
+from a plan's measured step time, how it transfers to plans not measured, a grow refused when
+the calibrated plan is no faster, and the link check's figures in place of the defaults."""
 
 from __future__ import annotations
 
@@ -18,32 +17,23 @@ from ftrun.controller.planning import PROFILE_FILE, PlanDesk, plan_desk, summary
 from ftrun.journal import Journal
 from ftrun.journal.read import read_events
 from ftrun.planner import Layout, Links, should_switch
-from ftrun.planner.calibrate import (
-    Calibration,
-    StepMeter,
-    layout_messages,
-    measured_links,
-    plan_key,
-)
-from ftrun.planner.cost import messages
+from ftrun.planner.calibrate import Calibration, StepMeter, measured_links, plan_key
 
 PROFILE = Path(__file__).resolve().parents[1] / "data" / "profile_gpt_small.json"
 HOSTS = ["n1", "n2", "n3", "n4"]
 
 
-def layout(dp: int, pp: int, step_s: float, schedule: str = "1F1B", M: int = 0) -> Layout:
-    v = 2 if schedule == "Interleaved1F1B" else 1
-    M = M or max(pp, 12 // dp)
+def layout(dp: int, pp: int, step_s: float, schedule: str = "1F1B") -> Layout:
     return Layout(
         dp=dp,
         pp=pp,
-        stages=tuple((s, s + 1) for s in range(pp * v)),
-        stages_per_rank=v,
+        stages=tuple((p, p + 1) for p in range(pp)),
+        stages_per_rank=1,
         micro_batch=1,
-        micro_batches=M,
-        global_batch=dp * M,
+        micro_batches=max(pp, 12 // dp),
+        global_batch=dp * max(pp, 12 // dp),
         schedule=schedule,
-        layer_names=tuple(f"l{i}" for i in range(pp * v)),
+        layer_names=tuple(f"l{i}" for i in range(pp)),
         compute_s=step_s * 0.75,
         bubble_s=step_s * 0.25,
         allreduce_s=0.0,
@@ -68,66 +58,46 @@ def test_a_measured_plan_is_predicted_at_its_own_factor():
 
 
 @pytest.mark.parametrize(
-    ("pp", "v", "M", "expected"),
+    ("dp", "pp", "factor", "source"),
     [
-        # 1F1B, 2 ranks: rank 0 sends each micro-batch's activation and receives its gradient.
-        (2, 1, 4, 4 * 2),
-        # 3 ranks: the middle one receives and sends both ways, 4 a micro-batch.
-        (3, 1, 4, 4 * 4),
-        (4, 1, 8, 8 * 4),
-        # Interleaved, 2 ranks × 2 virtual stages (0-3): rank 0 holds 0 (sends, receives a
-        # gradient: 2) and 2 (4), rank 1 holds 1 (4) and 3 (2): 6 a micro-batch, 3× 1F1B's.
-        (2, 2, 4, 4 * 6),
-        # 4 ranks × 2 (stages 0-7): rank 1 holds 1 and 5, both inside the pipeline: 8.
-        (4, 2, 4, 4 * 8),
-        (1, 1, 8, 0),  # no pipeline: nothing sent
+        (3, 1, 2.0, "from DP1×PP3"),  # 3 ranks: the 3-rank plan's factor
+        (1, 4, 3.0, "from DP2×PP2"),  # 4 ranks: the 4-rank plan's
+        (1, 2, 2.0, "from DP1×PP3"),  # 2 ranks: below every measured one, the nearest
+        (4, 4, 3.5, "from DP4×PP3"),  # 16 ranks: above every one, the nearest
+        (1, 6, 3.125, "from DP2×PP2"),  # 6 ranks: between 4 (x3) and 12 (x3.5), 2/8 of the way
     ],
 )
-def test_messages_count_the_busiest_ranks_sends_and_receives(pp, v, M, expected):
-    assert messages(pp=pp, v=v, M=M) == expected
-
-
-def test_a_plan_not_measured_is_predicted_with_the_cost_per_message():
-    # bench_reconfig's first two plans: the 4-rank Interleaved plan measured, the 3-rank 1F1B
-    # plan not: its compute as the model has it, its messages at what the first one's cost.
+def test_a_factor_transfers_by_the_number_of_ranks(dp, pp, factor, source):
     cal = Calibration()
-    inter = layout(2, 2, 0.10, "Interleaved1F1B", M=4)
-    assert layout_messages(inter) == 24
-    cal.learn(inter, measured_s=0.22, steps=30)  # 0.12 s beyond the model: 5 ms a message
-    three = layout(1, 3, 0.20, M=4)  # 16 messages: 0.20 + 16 × 5 ms
-    got = cal.apply(three)
-    assert got.step_s == pytest.approx(0.28)
-    assert got.compute_s == pytest.approx(three.compute_s)  # the profile's compute as it is
-    assert got.p2p_s == pytest.approx(0.08)  # the messages counted with the sends
-    factor = cal.factor(three)
-    assert factor.value == pytest.approx(1.4)
-    assert factor.source.startswith("per message (16 messages × 5.00 ms) from DP2×PP2")
-    assert cal.factor(inter).source == "measured"  # its own measurement first
+    cal.learn(layout(2, 2, 0.1), measured_s=0.3, steps=10)  # 4 ranks: x3
+    cal.learn(layout(1, 3, 0.1), measured_s=0.2, steps=10)  # 3 ranks: x2
+    cal.learn(layout(4, 3, 0.1), measured_s=0.35, steps=10)  # 12 ranks: x3.5
+    cal.learn(layout(2, 2, 0.1), measured_s=0.3, steps=10)  # (the latest of 4 ranks)
+    got = cal.factor(layout(dp, pp, 0.5))
+    assert got.value == pytest.approx(factor) and got.source.startswith(source)
 
 
-def test_the_cost_per_message_is_fitted_to_every_plan_measured():
+def test_a_factor_transfers_within_a_schedule_first():
+    # bench_reconfig, hosts of a fixed speed: the 4-rank Interleaved plan x5.6, the 3-rank 1F1B
+    # plan x4.0; the schedule set the factor, not the number of ranks.
     cal = Calibration()
-    cal.learn(layout(2, 2, 0.10, "Interleaved1F1B", M=4), measured_s=0.22, steps=30)  # 24, +0.12
-    cal.learn(layout(2, 2, 0.10, M=4), measured_s=0.10, steps=30)  # 8 messages, +0
-    # Least squares: (24 × 0.12 + 8 × 0) / (24² + 8²) = 2.88 / 640 = 4.5 ms a message.
-    assert cal.terms() is not None and cal.terms().message_s == pytest.approx(0.0045)
-    assert cal.apply(layout(1, 4, 0.2, M=8)).step_s == pytest.approx(0.2 + 32 * 0.0045)
-    cal.learn(layout(2, 2, 0.10, M=4), measured_s=0.14, steps=30)  # measured again: the latest
-    assert len(cal.measured) == 2
-    assert cal.terms().message_s == pytest.approx((24 * 0.12 + 8 * 0.04) / 640)
+    cal.learn(layout(2, 2, 0.055, "Interleaved1F1B"), measured_s=0.31, steps=30)
+    other = cal.factor(layout(1, 3, 0.081))  # no 1F1B plan measured yet: the other schedule's
+    assert other.value == pytest.approx(0.31 / 0.055)
+    assert other.source.startswith("from DP2×PP2 Interleaved1F1B")
+    cal.learn(layout(1, 3, 0.081), measured_s=0.32, steps=30)
+    got = cal.factor(layout(2, 2, 0.06))  # 4 ranks, 1F1B: the 3-rank 1F1B plan's factor
+    assert got.value == pytest.approx(0.32 / 0.081) and got.source.startswith("from DP1×PP3 1F1B")
+    inter = cal.factor(layout(1, 4, 0.05, "Interleaved1F1B"))  # and Interleaved its own kind's
+    assert inter.value == pytest.approx(0.31 / 0.055)
 
 
-def test_without_a_cost_per_message_one_factor_scales_every_term():
-    dp_only = Calibration()
-    dp_only.learn(layout(2, 1, 0.1), measured_s=0.3, steps=10)  # no messages: x3
-    four = dp_only.apply(layout(4, 1, 0.2))
-    assert four.step_s == pytest.approx(0.6) and four.compute_s == pytest.approx(0.45)
-    assert dp_only.factor(layout(4, 1, 0.2)).source.startswith("from DP2×PP1")
-    faster = Calibration()  # a pipeline measured faster than the model: no cost to a message
-    faster.learn(layout(1, 2, 0.2), measured_s=0.15, steps=10)
-    faster.learn(layout(1, 3, 0.2), measured_s=0.17, steps=10)
-    got = faster.apply(layout(1, 4, 0.4))  # (0.15 + 0.17) / (0.2 + 0.2) = x0.8
-    assert got.step_s == pytest.approx(0.32) and got.p2p_s == 0.0
+def test_of_several_plans_on_as_many_ranks_the_latest_counts():
+    cal = Calibration()
+    cal.learn(layout(1, 4, 0.1), measured_s=0.2, steps=10)
+    cal.learn(layout(2, 2, 0.1), measured_s=0.4, steps=10)
+    assert cal.factor(layout(4, 1, 0.1)).value == pytest.approx(4.0)
+    assert cal.factor(layout(1, 4, 0.1)).value == pytest.approx(2.0)  # its own
 
 
 def test_the_calibrated_ranking_puts_a_plan_measured_slow_behind():
@@ -242,33 +212,22 @@ def test_the_desk_learns_each_generation_and_refuses_a_grow_measured_slower(tmp_
     two = plans.current
     assert two is not None
     chosen = kinds(journal, "plan_chosen")[-1]
-    # Not measured: the model's step plus its messages at the 4-host plan's cost per message
-    # (all it measured beyond the model, over its messages).
-    per_message = 2.0 * four.step_s / layout_messages(four)
-    assert chosen["calibration"]["source"].startswith("per message")
-    assert chosen["predicted_step_s"] == pytest.approx(
-        two.step_s + layout_messages(two) * per_message, rel=1e-3
-    )
+    # Not measured: the 4-host plan's factor, the only one there is.
+    assert chosen["calibration"]["source"].startswith("from DP")
+    assert chosen["predicted_step_s"] == pytest.approx(3.0 * two.step_s, rel=1e-3)
     assert chosen["model_step_s"] == pytest.approx(two.step_s)
     grow = Reconfigure("grow", "n3, n4 ready")
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None  # waits for generation 2's steps
     assert not kinds(journal, "grow_declined")
-    # Generation 2 runs faster than the model (0.8x): the 4-host plan is measured slower, and
-    # the others, each at its messages' fitted cost, are no faster. The model alone would grow.
-    steps(journal, 2, 0.8 * two.step_s)
-    n4, n2 = layout_messages(four), layout_messages(two)
-    fitted = (n4 * 2.0 * four.step_s - n2 * 0.2 * two.step_s) / (n4 * n4 + n2 * n2)
-    for other in plans.ranked(4):
-        if plans.calibration.factor(other).source == "measured":
-            continue  # the two plans measured: at their own figures
-        assert plans.calibration.apply(other).step_s == pytest.approx(
-            other.step_s + layout_messages(other) * fitted, rel=1e-3
-        )
-        assert plans.calibration.apply(other).step_s > 0.8 * two.step_s
+    # Generation 2 runs at the model's pace: the 4-host plan (3x) is measured slower, and a
+    # 3-host plan (x2, between the two) would be too. The model alone would grow.
+    steps(journal, 2, 1.0 * two.step_s)
+    assert plans.calibration.factor(plans.ranked(3)[0]).value == pytest.approx(2.0, rel=1e-3)
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
     [declined] = kinds(journal, "grow_declined")
     assert "calibrated" in declined["reason"] and "measured" in declined["reason"]
-    assert declined["predicted_step_s"] > 0.8 * two.step_s
+    assert declined["candidate"] == summary(plans.ranked(4)[0])
+    assert declined["predicted_step_s"] > two.step_s
 
 
 def four_then_two(plans, journal, factor: float):
@@ -316,11 +275,10 @@ def test_a_grow_is_weighed_on_the_running_plans_latest_steps(tmp_path):
         journal.clock = lambda t=1000.0 + i * 5.0 * two.step_s: t
         journal.record("progress" if i else "first_step", gen=2, step=i + 1)
     assert plans.learning is not None and not plans.learning.waiting()
-    # ... then at 0.6x the model's pace for long: the latest steps count, and the grow is
-    # declined (as in the test above).
+    # ... then at the model's pace for long: the latest steps count, and the grow is declined.
     t0 = 1000.0 + 8 * 5.0 * two.step_s
     for i in range(1, 200):
-        journal.clock = lambda t=t0 + i * 0.6 * two.step_s: t
+        journal.clock = lambda t=t0 + i * two.step_s: t
         journal.record("progress", gen=2, step=9 + i)
     assert plans.gate(grow, HOSTS[:2], HOSTS[2:]) is None
     [declined] = kinds(journal, "grow_declined")
