@@ -3,74 +3,98 @@
 In data parallelism every rank waits at each step's all-reduce for the slowest one, so the step
 time hides which rank that is. What differs is the waiting: a fast rank sleeps in the collective
 (its main thread in state S), the slow one hardly does (running or runnable, in I/O, or held
-stopped). So the agent measures, per rank and over a window of steps, its main thread's busy
-time and reports
+stopped). So the agent measures each rank's main thread, step by step, and reports over a window
+of steps (≥ WINDOW_STEPS and ≥ 1 s) its **compute time per step**: the same on every rank of a
+healthy job (the machine's load included), higher on the rank of a slow host (throttled,
+thermally limited, a noisy neighbour), whichever rank waits for whom. The controller compares
+hosts (controller/pace.py).
 
-    compute_s = (busy time in the window) / steps
+A step, not a window, is the unit judged. A slow host is slow on nearly every step; uneven work
+(rank 0 evaluating, saving or logging every N steps while the others wait) is much compute in a
+few steps. So the window's figure is the **median** of its steps' figures: a periodic evaluation
+does not move it, a host slow on every step does.
 
-which is the rank's own time per step: the same on every rank of a healthy job (the machine's
-load included), higher on the rank of a slow host (throttled, thermally limited, a noisy
-neighbour), whichever rank waits for whom. The controller compares hosts (controller/pace.py).
+Counted, not guessed, where the kernel counts: `/proc/PID/schedstat` holds the thread's
+nanoseconds on a CPU and waiting on a run queue. It is read when a step is reported (at most
+once per MIN_SLICE_S: at a thousand steps a second, a slice holds a few) and at every tail tick
+(50 ms), with one look at the thread's state. Between two reads is a *slice*; its steps share
+it. A step reported in a slice of its own or first in one also carries the slices before it
+with no step (a long step: an evaluation). Steps reported by a progress regex arrive a tick at
+a time, so steps faster than a tick are measured a tick at a time, and the tick that holds the
+end of an evaluation (and the next one's start) holds a few short steps too. Hence **uneven**:
+a step that took UNEVEN x the median of the rank's recent steps (and ≥ UNEVEN_MIN_S), or one
+inside a declared section (`ftrun.section`), is left out of the median together with every step
+of the slices where it began and ended (their figures hold part of it). A window with fewer than
+WINDOW_STEPS steps left is not reported: there is nothing even to judge (a script that
+evaluates every few fast steps, judged by a progress regex).
 
-Busy time is counted, not guessed, where the kernel counts it: `/proc/PID/schedstat` holds the
-thread's nanoseconds on a CPU and waiting on a run queue, exact however short the window. Time
-in I/O (D) or held stopped (T) is not there, so it is sampled: the thread's state letter is read
-every tail tick (50 ms, a few microseconds a read) and that share of the window's wall time is
-added. Counting is what lets a window be short (1 s): sampled alone, 20 looks at a state that
-changes every few tens of ms put ±20 % of noise on each window, enough for a healthy host to
-look 1.3 x slow now and then.
+Per step, then: on a CPU (counted) + held (the share of the window's looks at state D or T,
+I/O or stopped, which schedstat does not count; sampled, so averaged over the window's even
+steps and spread by each step's wall time) = its own time; waiting for a CPU (counted) apart,
+as its median is **averaged** over windows (each window WAIT_WEIGHT, the average so far the
+rest: on a busy machine which rank the scheduler makes wait changes from second to second, ±19 %
+on 1 s windows beside `stress-ng`). So
 
-The run-queue wait is the one part that is noisy however it is measured: on a busy machine
-(`stress-ng` beside the job) the ranks wait for a CPU two or three times as long as they use
-one, and which rank the scheduler makes wait changes from second to second (±19 % on 1 s
-windows; on-CPU time alone: ±6 %). It is real slowness when it lasts (a host whose CPUs are
-contended), so it is kept, averaged over windows: each window adds WAIT_WEIGHT of its own wait
-to (1 - WAIT_WEIGHT) of the average so far (about the last 5 windows). So
+    compute_s = median(own) + average over windows of median(run-queue wait), a step
 
-    compute_s = on-CPU + held (this window) + run-queue wait (averaged), a step
-
-and a throttled CPU or a held rank shows in its first window, contention in a few. Without
-schedstat (a kernel built without it) every busy state is sampled, as before.
-
-What it cannot see, said where it is documented (docs/policy.md, *Stragglers*): a rank that
-waits on its own data-loader workers sleeps too (a slow disk on one host looks fast); under NCCL
-the host thread may spin while the GPU works (every rank busy: no difference to see). A window in
-which the rank was inside a declared section (`ftrun.section`: an evaluation, a save) is not
-reported: that work is not every rank's.
+Without schedstat (a kernel built without it) every busy state is sampled instead. What it
+cannot see is said in docs/policy.md, *Stragglers*: a rank that waits on its own data-loader
+workers sleeps too; under NCCL the host thread may spin while the GPU works.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
-WINDOW_STEPS = 3  # steps per window at least ...
-WINDOW_MIN_S = 1.0  # ... and at least this long (the controller's rounds, controller/pace.py)
+WINDOW_STEPS = 3  # even steps per window at least ...
+WINDOW_MIN_S = 1.0  # ... over at least this long (the controller's rounds, controller/pace.py)
+MIN_SLICE_S = 0.02  # schedstat read at a step report at most this often
 MIN_SAMPLES = 10  # looks at the thread a window needs: fewer, and the agent was not looking
 BUSY_STATES = frozenset("RDT")  # running or runnable, in I/O, held stopped: not waiting
 HELD_STATES = frozenset("DT")  # busy, yet not in schedstat's counts: sampled
 WAIT_WEIGHT = 0.2  # the newest window's share of the averaged run-queue wait
+UNEVEN = 4.0  # a step this many times the median of the recent ones is uneven work ...
+UNEVEN_MIN_S = 0.1  # ... if it is at least this long
+RECENT = 16  # the recent steps (entries) an uneven one is judged against
+
+
+@dataclass(frozen=True)
+class Part:
+    """A stretch of a rank's time: wall, on a CPU and waiting for one (s, counted); the looks at
+    its state (busy, held: of `samples`); `apart`: a declared section touched it."""
+
+    wall: float = 0.0
+    cpu: float = 0.0
+    wait: float = 0.0
+    samples: float = 0.0
+    busy: float = 0.0
+    held: float = 0.0
+    apart: bool = False
+
+    def plus(self, other: Part) -> Part:
+        return Part(self.wall + other.wall, self.cpu + other.cpu, self.wait + other.wait,
+                    self.samples + other.samples, self.busy + other.busy,
+                    self.held + other.held, self.apart or other.apart)  # fmt: skip
+
+    def share(self, n: int) -> Part:
+        return Part(self.wall / n, self.cpu / n, self.wait / n, self.samples / n, self.busy / n,
+                    self.held / n, self.apart)  # fmt: skip
 
 
 @dataclass
-class Window:
-    step: int
-    t: float
-    counted: tuple[int, int] | None  # schedstat at the start: on-CPU, run-queue ns (None: none)
-    busy: int = 0  # samples in a BUSY_STATE
-    held: int = 0  # samples in a HELD_STATE
-    samples: int = 0
-    in_section: bool = False
+class Entry:
+    """`count` steps alike, the last numbered `step`, each `each`; ended in slice `end` (and
+    begun after slice `begin`)."""
 
-    def parts(
-        self, counted: tuple[int, int] | None, steps: int, wall_s: float
-    ) -> tuple[float, float | None]:
-        """Seconds a step (own, waiting for a CPU): own is on a CPU (counted) plus held
-        (sampled); without schedstat, own is every busy state sampled and the wait None."""
-        if self.counted is None or counted is None:
-            return self.busy / self.samples * wall_s / steps, None
-        on_cpu_s = (counted[0] - self.counted[0]) / 1e9
-        wait_s = (counted[1] - self.counted[1]) / 1e9
-        return (on_cpu_s + self.held / self.samples * wall_s) / steps, wait_s / steps
+    step: int
+    count: int
+    each: Part
+    begin: int
+    end: int
+    uneven: bool = False  # uneven itself, or it shares a slice with uneven work: left out
 
 
 @dataclass(frozen=True)
@@ -105,11 +129,52 @@ def sched_ns(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def weighted_median(pairs: Iterable[tuple[float, float]]) -> float:
+    """The median of values given with weights (a step count each)."""
+    ordered = sorted(pairs)
+    half, seen = sum(w for _, w in ordered) / 2, 0.0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= half:
+            return value
+    raise ValueError("no values")
+
+
+@dataclass
+class Stream:
+    """One rank's steps as measured: the slice open since the last read, the steps not yet
+    judged (those of the last slice with steps: the next step may prove them uneven's
+    neighbours), and the window's judged ones."""
+
+    pid: int
+    step: int
+    t: float  # the last read
+    t_step: float  # the last read at a step report (the cap is on these)
+    counted: tuple[int, int] | None  # schedstat then (None: not counted on this kernel)
+    looks: Part = field(default_factory=Part)  # the open slice's looks at the thread
+    steps: int = 0  # steps reported in the open slice
+    slices: int = 0
+    before: Part = field(default_factory=Part)  # slices with no step since the last with one
+    last: int = 0  # the last slice with a step
+    pending: list[Entry] = field(default_factory=list)
+    window: list[Entry] = field(default_factory=list)
+    bad: set[int] = field(default_factory=set)  # slices that hold part of an uneven step
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+
 class PaceMeter:
-    def __init__(self, *, window_min_s: float = WINDOW_MIN_S) -> None:
+    def __init__(
+        self,
+        *,
+        window_min_s: float = WINDOW_MIN_S,
+        counters: Callable[[int], tuple[int, int] | None] | None = None,
+        state: Callable[[int], str | None] | None = None,
+    ) -> None:
         self.window_min_s = window_min_s
+        self.counters = counters or sched_ns
+        self.state = state or thread_state
         self.pids: dict[int, int] = {}
-        self.windows: dict[int, Window] = {}
+        self.streams: dict[int, Stream] = {}
         self.sections: set[int] = set()  # ranks inside a declared section now
         self.waits: dict[int, float] = {}  # rank → run-queue wait a step, averaged
 
@@ -118,51 +183,104 @@ class PaceMeter:
 
     def on_exit(self, rank: int) -> None:
         self.pids.pop(rank, None)
-        self.windows.pop(rank, None)
+        self.streams.pop(rank, None)
         self.waits.pop(rank, None)
 
     def on_section(self, rank: int, inside: bool) -> None:
-        if inside:
-            self.sections.add(rank)
-            if (w := self.windows.get(rank)) is not None:
-                w.in_section = True
-        else:
-            self.sections.discard(rank)
+        (self.sections.add if inside else self.sections.discard)(rank)
+        if (s := self.streams.get(rank)) is not None:
+            s.looks = replace(s.looks, apart=True)  # its beginning or end is in this slice
 
-    def sample(self) -> None:
-        """One look at every rank that has a window open (a tail tick)."""
-        for rank, window in self.windows.items():
-            pid = self.pids.get(rank)
-            state = thread_state(pid) if pid is not None else None
+    def sample(self, now: float | None = None) -> dict[int, Pace]:
+        """One look at every rank that is measured (a tail tick), and a read of its counts
+        unless one was just taken: windows finished by it, by rank."""
+        now = time.monotonic() if now is None else now
+        done = {}
+        for rank, s in list(self.streams.items()):
+            state = self.state(s.pid)
             if state is None:
                 continue
-            window.samples += 1
-            window.busy += state in BUSY_STATES
-            window.held += state in HELD_STATES
-            window.in_section |= rank in self.sections
+            s.looks = s.looks.plus(Part(samples=1, busy=state in BUSY_STATES,
+                                        held=state in HELD_STATES))  # fmt: skip
+            if now - s.t >= MIN_SLICE_S and (pace := self._read(rank, s, now)) is not None:
+                done[rank] = pace
+        return done
 
     def on_step(self, rank: int, step: int, now: float) -> Pace | None:
-        """The rank finished `step`: a finished window's pace, when one is due."""
-        window = self.windows.get(rank)
-        if window is None or step <= window.step:
-            if window is None:
-                self.windows[rank] = self._open(rank, step, now)
+        """The rank reported `step`: a finished window's pace, when one is due."""
+        s = self.streams.get(rank)
+        if s is None:
+            if (pid := self.pids.get(rank)) is not None:
+                self.streams[rank] = Stream(pid, step, now, now, self.counters(pid))
             return None
-        steps, wall = step - window.step, now - window.t
+        if step <= s.step:
+            return None
+        s.steps += step - s.step
+        s.step = step
+        if now - s.t_step < MIN_SLICE_S:
+            return None  # read with the next report, or at the next tick
+        s.t_step = now
+        return self._read(rank, s, now)
+
+    def _read(self, rank: int, s: Stream, now: float) -> Pace | None:
+        """Close the open slice: its steps judged, the steps before them settled."""
+        counted = self.counters(s.pid) if s.counted is not None else None
+        cpu = wait = 0.0
+        if s.counted is not None:
+            if counted is None:  # gone (its exit is on its way): nothing more to measure
+                del self.streams[rank]
+                return None
+            cpu, wait = (counted[0] - s.counted[0]) / 1e9, (counted[1] - s.counted[1]) / 1e9
+        part = replace(s.looks.plus(Part(now - s.t, cpu, wait)),
+                       apart=s.looks.apart or rank in self.sections)  # fmt: skip
+        s.t, s.counted, s.looks, s.slices = now, counted, Part(), s.slices + 1
+        if s.steps == 0:
+            s.before = s.before.plus(part)
+            return None
+        k, n, s.steps = s.steps, s.slices, 0
+        # The first step of the slice ends here, begun in the last slice with a step; the rest
+        # began and ended here. Each has its share of this slice.
+        first = Entry(s.step - k + 1, 1, s.before.plus(part.share(k)), s.last, n)
+        made = [first] + ([Entry(s.step, k - 1, part.share(k), n, n)] if k > 1 else [])
+        usual = weighted_median(s.recent) if s.recent else first.each.wall
+        for e in made:
+            wall = e.each.wall
+            if e.each.apart or (wall >= UNEVEN * usual and wall >= UNEVEN_MIN_S):
+                s.bad |= {e.begin, e.end}
+        for e in s.pending + made:
+            e.uneven |= e.begin in s.bad or e.end in s.bad
+        # The pending steps are judged now that the step after them is known: a slice is
+        # marked only by the steps that begin or end in it.
+        s.window += s.pending
+        s.pending, s.last, s.before = made, n, Part()
+        s.recent.extend((e.each.wall, e.count) for e in made)
+        s.bad = {b for b in s.bad if b >= first.begin}
+        return self._finish(rank, s)
+
+    def _finish(self, rank: int, s: Stream) -> Pace | None:
+        steps = sum(e.count for e in s.window)
+        wall = sum(e.each.wall * e.count for e in s.window)
         if steps < WINDOW_STEPS or wall < self.window_min_s:
             return None
-        self.windows[rank] = nxt = self._open(rank, step, now)
-        if window.in_section or window.samples < MIN_SAMPLES:
-            return None  # not every rank's work, or the agent hardly looked
-        own_s, wait_s = window.parts(nxt.counted, steps, wall)
-        if wait_s is not None:
-            last = self.waits.get(rank, wait_s)
-            wait_s = self.waits[rank] = WAIT_WEIGHT * wait_s + (1 - WAIT_WEIGHT) * last
-        # Two clocks and an average: never more busy than the steps took.
-        compute_s = min(own_s + (wait_s or 0.0), wall / steps)
-        return Pace(step, steps, round(wall, 3), round(compute_s, 4))
+        window, s.window = s.window, []
+        looks = sum(e.each.samples * e.count for e in window)
+        even = [e for e in window if not e.uneven]
+        if sum(e.count for e in even) < WINDOW_STEPS or looks < MIN_SAMPLES:
+            return None  # uneven work throughout, or the agent hardly looked
+        return Pace(window[-1].step, steps, round(wall, 3), self._figure(rank, s, even))
 
-    def _open(self, rank: int, step: int, now: float) -> Window:
-        pid = self.pids.get(rank)
-        counted = sched_ns(pid) if pid is not None else None
-        return Window(step, now, counted, in_section=rank in self.sections)
+    def _figure(self, rank: int, s: Stream, even: list[Entry]) -> float:
+        looks = sum(e.each.samples * e.count for e in even) or 1.0
+        if s.counted is None:  # nothing counted: every busy state, sampled
+            busy = sum(e.each.busy * e.count for e in even) / looks
+            own = weighted_median((busy * e.each.wall, e.count) for e in even)
+            wait = 0.0
+        else:
+            held = sum(e.each.held * e.count for e in even) / looks
+            own = weighted_median((e.each.cpu + held * e.each.wall, e.count) for e in even)
+            wait = weighted_median((e.each.wait, e.count) for e in even)
+            last = self.waits.get(rank, wait)
+            wait = self.waits[rank] = WAIT_WEIGHT * wait + (1 - WAIT_WEIGHT) * last
+        # Two clocks and an average: never more busy than the steps took.
+        usual = weighted_median((e.each.wall, e.count) for e in even)
+        return round(min(own + wait, usual), 4)

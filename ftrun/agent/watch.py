@@ -38,7 +38,7 @@ async def tail_loop(current: Callable[[], GenerationRun | None]) -> None:
             run.flush_logs()
             run.deliver_notice()
             now = time.monotonic()
-            run.pace.sample()
+            run.paces.update(run.pace.sample(now))  # windows a tick's read finished
             if run.steps_dirty and now - last_progress >= PROGRESS_FLUSH_INTERVAL_S:
                 last_progress = now
                 run.send_progress()
