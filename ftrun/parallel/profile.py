@@ -7,9 +7,9 @@ Per layer (top-level child), in forward order:
   timed alone: its input is a detached leaf, so autograd stops at the layer. The loss is part of
   the last layer. The mean, over passes that span at least MIN_TIMED_S at each size, is the
   device's sustained speed: a device held to a share of its time (a CPU quota, a shared or
-  throttled host) runs short operations at full speed between its stalls, and a median of them
-  would time the device as if it never stalled (on a testbed host held to 0.4 of a core, a
-  median profile was 2.5x too fast).
+  throttled host) runs short operations at full speed between its stalls, so the median of an
+  operation much shorter than a stall times the device as if it never stalled (2.6x too fast at
+  0.4 of a core), and of one about as long is a lottery (docs/planner.md).
 - state_bytes: parameters + gradients + optimizer state. The runtime does not know the optimizer
   when it profiles, so this is 4 x the parameter bytes, what Adam/AdamW hold (exp_avg and
   exp_avg_sq); SGD with momentum holds less, so the figure is an upper bound for it.
