@@ -12,6 +12,11 @@ taking the remaining chunks itself rather than idle.
 
 Every save that does not take the live path (live_path.py) takes this one: every save without a
 live snapshot, a persisted save, and the live snapshot's full copies (its fallback).
+
+A rank never writes over the newest step every rank of its host has completed (`make_room`):
+each commit records the step in the tier (host_progress.py), and a save whose slot holds a step
+that another rank of the host has not yet got past waits until it has (docs/checkpoint.md, *Two
+slots or three*).
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from functools import partial
 
 import torch
 
-from ftrun.checkpoint import dcp_layout, device_copy, guard
+from ftrun.checkpoint import dcp_layout, device_copy, guard, host_progress
 from ftrun.checkpoint.capacity import Capacity
 from ftrun.checkpoint.config import CheckpointConfig
 from ftrun.checkpoint.errors import CheckpointError
 from ftrun.checkpoint.generation_claim import GenerationClaim
 from ftrun.checkpoint.persister import Persister, worker_died
+from ftrun.checkpoint.restore import warn
 from ftrun.checkpoint.slot_file import Slot
 from ftrun.checkpoint.slot_layout import layout
 from ftrun.checkpoint.slot_table import COPYING_PHASES, SlotTable
@@ -38,6 +44,8 @@ from ftrun.checkpoint.snapshot_meta import SnapshotMeta
 from ftrun.checkpoint.stats import Stats
 
 Commit = Callable[[int, SnapshotMeta], None]  # write a slot's manifest (the Manager's _commit)
+# make_room() reads the host's records again after the first pause, doubled up to the second.
+POLL_S = (0.0005, 0.01)
 
 
 class CopyPath:
@@ -75,6 +83,7 @@ class CopyPath:
         with self._cond:
             self._slots.restored(self._tier.keep_until(step), latest=latest)
             self._touched = True
+        self._tier.record(step)  # nothing older is needed: each rank holds `step`, or none does
         _, size = layout(keyed)
         gpus = device_copy.devices(t for _, t in keyed)
         self.job = SnapshotJob(
@@ -104,6 +113,39 @@ class CopyPath:
             if persist:
                 self._persister.started(step)
             return index, persist
+
+    def make_room(self, *, copy: bool) -> None:
+        """Before a save that copies into a slot (`copy`): wait while the slot it takes holds a
+        step that another rank of this host has not got past (host_progress.py), so that the
+        newest step every rank has completed stays in the tier. In data parallel the others are
+        a copy behind at most, complete by their next optimizer step: this waits only while a
+        persist pins a slot (or with two slots), for part of their step. After
+        `snapshot_timeout` (a rank that stopped) the save goes on, and says so."""
+        run = self._tier.run
+        if not (copy and self._tier.kept and run):
+            return
+        started, pause = time.monotonic(), POLL_S[0]
+        while True:
+            with self._cond:
+                step = self._slots.overwrites()
+            if step is None:  # an empty slot, or the latest (two slots, one pinned)
+                break
+            done = host_progress.steps(self._tier.directory, run=run)
+            done.pop(self._tier.rank, None)  # its own newest step is its latest
+            behind = host_progress.behind(done, step)
+            if not behind:
+                break
+            if time.monotonic() - started >= self._config.snapshot_timeout:
+                warn(
+                    f"rank {self._tier.rank}: the snapshot of step {step} is written over, though "
+                    f"rank(s) {', '.join(map(str, behind))} of this host did not complete a newer "
+                    f"one in {self._config.snapshot_timeout} s: a restart may not find in memory "
+                    "a step every rank holds"
+                )
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S[1])
+        self._stats.host_wait_s += time.monotonic() - started
 
     def forget_slots(self) -> None:
         """The copy slots left the tier root (capacity.py): their snapshots are forgotten, once
@@ -241,6 +283,7 @@ class CopyPath:
         """Copy the snapshot in `source` (the live slot) into a slot and commit it there, on
         this thread, holding the tier's claim: the snapshot of `meta.step` from now on."""
         size = meta.layout.size
+        self.make_room(copy=True)
         self._claim.acquire()
         try:
             with self._cond:

@@ -86,6 +86,7 @@ class Manager:
         except BaseException:
             self._comm.close()
             raise
+        self._tier.run = nonce  # the host's record of this rank's progress (host_progress.py)
         self._cond = threading.Condition()
         self._slots = SlotTable(self.config.memory_slots)  # guarded by _cond
         self._capacity = capacity.Capacity(
@@ -224,6 +225,7 @@ class Manager:
             or not self._live.active
             or self.stats.saves % self._persister.full_copy_every == 0
         )
+        self._copies.make_room(copy=copy_all)  # not over a step the host's ranks still need
         # Held until the slot's manifest is written (copy_path.py, live_path.py) or the copy
         # failed: a newer generation cannot claim the tier while this rank writes into it.
         self._claim.acquire()

@@ -37,7 +37,9 @@ tracks the rank's one persist (`PersistPhase`):
 and `latest`, the slot with the newest complete snapshot (the memory tier), or None. A save writes
 into the slot that is neither latest nor pinned, the empty or oldest one first; when a persist pins
 the only other slot, it writes over the latest (the memory tier then falls back to the pinned one
-while the copy runs). At most one persist is in flight and at most one slot is pinned.
+while the copy runs). At most one persist is in flight and at most one slot is pinned. Before a
+save, `overwrites()` names the step it would write over: the Manager holds the save back while
+another rank of the host has not completed a newer one (host_progress.py).
 """
 
 from __future__ import annotations
@@ -194,18 +196,8 @@ class SlotTable:
         """
         if persist:
             next_persist_phase(self._persist, Event.RESERVE)  # refuse before changing anything
-        free = [
-            i
-            for i, phase in enumerate(self._phases)
-            if i != self._latest
-            and i not in self._retired
-            and phase in (SlotPhase.EMPTY, SlotPhase.HELD)
-        ]
-        if free:
-            index = min(free, key=self._age)
-        elif self._latest is not None:
-            index = self._latest
-        else:
+        index = self._choose()
+        if index is None:
             raise InvalidTransition(f"no slot to write: {self._describe()}")
         self._move(index, Event.WRITE_PINNED if persist else Event.WRITE)
         if persist:
@@ -213,6 +205,16 @@ class SlotTable:
         if self._latest == index:
             self._latest = None
         return index
+
+    def overwrites(self) -> int | None:
+        """The step of the snapshot the next save would write over, when it is older than the
+        latest's. None: the save takes an empty slot; or the latest itself (two slots, one
+        pinned); or a step not older than the latest's (saves that went back to lower steps)."""
+        index, latest = self._choose(), self._latest
+        if index is None or latest is None or index == latest:
+            return None
+        step, newest = self._steps[index], self._steps[latest]
+        return step if step is not None and newest is not None and step < newest else None
 
     def retire(self, index: int) -> bool:
         """The tier has no room for slot `index`: no save writes into it again. Only an empty
@@ -313,6 +315,17 @@ class SlotTable:
         self._phases[index] = phase
         if phase not in _WITH_SNAPSHOT:
             self._steps[index] = None
+
+    def _choose(self) -> int | None:
+        """The slot the next save takes (see start_snapshot), None when there is none."""
+        free = [
+            i
+            for i, phase in enumerate(self._phases)
+            if i != self._latest
+            and i not in self._retired
+            and phase in (SlotPhase.EMPTY, SlotPhase.HELD)
+        ]
+        return min(free, key=self._age) if free else self._latest
 
     def _age(self, index: int) -> int:
         """Orders slots for reuse: empty ones first, then the oldest snapshot."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftrun import private
-from ftrun.checkpoint import auth, storage
+from ftrun.checkpoint import auth, host_progress, storage
 from ftrun.checkpoint.config import memory_user_dir_name
 from ftrun.checkpoint.errors import UnsafePathError
 from ftrun.checkpoint.host_snapshots import HostSnapshot, scan_host
@@ -120,12 +120,16 @@ class MemoryTier:
         # file); the Manager reads it and steps the tier down (capacity.py).
         self.failed: OSError | None = None
         self.kept = directory is not None  # snapshots are kept in the tier (False: leave())
+        # The Manager's nonce: this rank's record of its newest step, which the host's other
+        # ranks read before they write over a snapshot, is this run's (host_progress.py).
+        self.run: str | None = None
 
     def leave(self) -> None:
         """Stop keeping snapshots in the tier: every manifest is removed and none is written
         again (a restart restores from storage). The slots stay buffers for the persist: their
         files keep their (reserved) space, or are anonymous memory (`drop_slots`)."""
         self.kept = False
+        host_progress.withdraw(self.directory)  # no rank waits for these slots any more
         for slot in self._all():
             path = slot.manifest_path
             if path is not None:
@@ -137,6 +141,7 @@ class MemoryTier:
     def drop_slots(self) -> None:
         """Every copy slot becomes anonymous memory (its snapshot is lost: the caller has the
         slot table forget them), giving its space in the tier back."""
+        host_progress.withdraw(self.directory)
         for slot in self.slots:
             self.states[slot.index] = SlotState()
             slot.go_anonymous()
@@ -224,10 +229,14 @@ class MemoryTier:
         objects: bytes,
         data_size: int,
     ) -> None:
+        """Write the manifest of the snapshot in slot `index`; once it is in the tier, this
+        rank's record says it has completed `step` (live saves too: see host_progress.py)."""
         slot = self.slot(index)
+        kept = self.kept and slot.manifest_path is not None and slot.objects_path is not None
         try:
             self._write_manifest(slot, step, generation, sig, entries, objects, data_size)
         except OSError as exc:
+            kept = False
             if not is_full(exc):
                 raise
             # The tier is full (another user's files, a filler): this snapshot is not in memory,
@@ -242,6 +251,14 @@ class MemoryTier:
                         except OSError:
                             pass
         self.states[index] = SlotState(step, generation, entries, objects)
+        if kept:
+            self.record(step)
+
+    def record(self, step: int) -> None:
+        """This rank has completed (or restored) `step`: the host's other ranks may write over
+        their older snapshots as far as it goes (host_progress.py)."""
+        if self.kept and self.run is not None:
+            host_progress.publish(self.directory, run=self.run, step=step)
 
     def _write_manifest(
         self,

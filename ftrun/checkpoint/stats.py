@@ -17,6 +17,7 @@ class Stats:
     live_saves: int = 0  # saves that copied only what the live snapshot does not keep (live.py)
     save_s: float = 0.0  # inside save()
     blocked_s: float = 0.0  # inside wait_snapshot() (optimizer pre-step hook, next save)
+    host_wait_s: float = 0.0  # save() held back for the host's other ranks (host_progress.py)
     persists: int = 0  # persists started
     persisted: int = 0  # persists this rank finished (rank 0: committed)
     persist_failures: int = 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ftrun.checkpoint as ckpt
-from ftrun.checkpoint import storage
+from ftrun.checkpoint import host_progress, storage
 from ftrun.checkpoint.config import AUTO_DUTY
 from tests.conftest import wait_for
 from tests.integration.ckpt_helpers import Managers, Toy, assert_same
@@ -299,3 +299,28 @@ def test_a_newer_generation_fences_off_the_older_ones_writes(managers, memory):
     survivor.close()
     third = managers(memory=memory, owner=owner, generation=3)
     assert third.restore(Toy(seed=2).state) == 5
+
+
+def test_a_save_waits_for_the_hosts_other_ranks_at_most_the_snapshot_timeout(managers, capfd):
+    """make_room() in a real tier: a record of this run says rank 1 of the host has completed
+    step 2 only, so the save of 5, whose slot holds step 2, waits for it to get past that step,
+    `snapshot_timeout` at most, then goes on and says so. Another run's record holds nothing
+    back; this rank's own record is its newest step."""
+    mgr = managers(snapshot_timeout=0.5, persist_every=1000)  # no persist pins a slot
+    toy = Toy()
+    assert mgr.config.memory_dir is not None
+    peer = mgr.config.memory_dir / "rank1"
+    peer.mkdir(mode=0o700)
+    host_progress.publish(peer, run="another run", step=0)
+    train(toy, mgr, range(1, 5))  # the save of 4 writes over step 1
+    assert mgr.stats.host_wait_s < 0.5
+    run = mgr._tier.run
+    assert run is not None
+    host_progress.publish(peer, run=run, step=2)
+    train(toy, mgr, range(5, 6))
+    assert mgr.stats.host_wait_s >= 0.5
+    err = capfd.readouterr().err
+    assert "the snapshot of step 2 is written over, though rank(s) 1 of this host" in err, err
+    assert mgr.wait_ready(30)
+    assert sorted(mgr._slots.step(i) or 0 for i in range(3)) == [3, 4, 5]
+    assert host_progress.steps(peer, run=run) == {0: 5, 1: 2}

@@ -152,6 +152,33 @@ def test_with_three_slots_a_save_beside_a_persist_never_writes_over_the_latest()
         check_invariants(table)
 
 
+def test_overwrites_names_the_step_a_save_would_write_over_unless_it_is_the_latest():
+    """What the Manager checks against the host's other ranks before a save (host_progress.py);
+    asking changes nothing."""
+    table = SlotTable(3)
+    assert table.overwrites() is None  # an empty slot first
+    for step in (1, 2, 3):
+        saved(table, step)
+    before = (phases(table), table.latest)
+    assert table.overwrites() == 1
+    assert (phases(table), table.latest) == before
+    assert table.start_snapshot(persist=False) == 0  # the slot that held 1
+    pinned = SlotTable(3)
+    saved(pinned, 1, persist=True)  # the worker reads slot 0 for a while
+    for step in (2, 3):
+        saved(pinned, step)
+    assert pinned.overwrites() == 2  # the only slot neither latest nor pinned
+    two = SlotTable(2)
+    saved(two, 1, persist=True)
+    saved(two, 2)
+    assert two.overwrites() is None  # the latest: two slots beside a persist give up the bound
+    assert two.start_snapshot(persist=False) == 1
+    back = SlotTable(3)
+    for step in (4, 5, 6, 1):  # saves that went back to step 1 (over the slot of 4)
+        saved(back, step)
+    assert back.overwrites() is None  # the slot of 5: not older than the latest, 1
+
+
 def test_a_retired_slot_is_never_written_and_two_always_stay():
     table = SlotTable(3)
     assert table.retire(2) is True and table.usable == 2
