@@ -10,6 +10,14 @@ forward after the forward pass (the other ranks wait in the backward's all-reduc
 --fail-once MARKER only the first time. --full-copy-every N, --live-snapshot: ftrun.checkpoint's
 options.
 
+Three more knobs shape the run that fails (before --fail-once's marker exists), each at a known
+point rather than by racing a sleep: --slow-persist-rank R persists at 200 B/s on rank R, so its
+first persist keeps a slot pinned past the fault (a worker starved on a busy host);
+--hold-snapshot N never commits the fail rank's snapshot of step N (its copy is done, its manifest
+not written), as if the rank were killed while that copy ran; --fail-after-peers S makes the fault
+wait until every other rank has finished the step, its save included (their --record lines), or
+S seconds have passed (a rank that waits inside that save never finishes it).
+
 --record DIR: each rank appends `STEP n <wall time>` to DIR/g<generation>-r<rank>.txt after each
 step, on the shared filesystem, so a test sees what a rank did even when its host is cut off
 from the controller; a save refused because a newer generation has claimed the checkpoint
@@ -22,6 +30,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -61,6 +70,36 @@ def fail(rank: int, step: int, once: str | None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def wait_for_peers(record_dir: str, generation: str, rank: int, step: int, limit: float) -> None:
+    """Until every other rank has recorded `step` as finished (its save included), or `limit` s."""
+    want = f"STEP {step} "
+    others = [r for r in range(dist.get_world_size()) if r != rank]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        finished = 0
+        for r in others:
+            try:
+                with open(os.path.join(record_dir, f"g{generation}-r{r}.txt")) as f:
+                    finished += any(line.startswith(want) for line in f)
+            except FileNotFoundError:
+                pass
+        if finished == len(others):
+            return
+        time.sleep(0.01)
+
+
+def hold_snapshot(mgr: ckpt.Manager, step: int) -> None:
+    """The snapshot of `step` is copied but never committed (the rank is killed first)."""
+    commit = mgr._commit  # what a save's copy calls to write its manifest (manager.py)
+
+    def held(index, meta):
+        if meta.step == step:
+            threading.Event().wait()
+        return commit(index, meta)
+
+    mgr._commit = held
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
@@ -92,6 +131,9 @@ def main() -> None:
         help="generation 1's --step-time (a zombie that must outlive the next one's start)",
     )
     p.add_argument("--keep", type=int, default=3, help="committed checkpoints kept")
+    p.add_argument("--slow-persist-rank", type=int, default=None, help="see the module doc")
+    p.add_argument("--hold-snapshot", type=int, default=None, help="see the module doc")
+    p.add_argument("--fail-after-peers", type=float, default=None, help="seconds; module doc")
     p.add_argument("--record", default=None, help="a directory for what each rank did")
     args = p.parse_args()
 
@@ -105,6 +147,10 @@ def main() -> None:
     model = DistributedDataParallel(net)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     loader = Loader(rank, args.width)
+    first = not (args.fail_once and os.path.exists(args.fail_once))  # the run that fails
+    bandwidth = args.persist_bandwidth
+    if first and rank == args.slow_persist_rank:
+        bandwidth = 0.0002  # MB/s: ~65 s for this state, long past the fault
     state = {"train": ckpt.TrainState(net, opt), "data": ckpt.PerRank(loader)}
     mgr = ckpt.Manager(
         args.ckpt_dir,
@@ -114,9 +160,11 @@ def main() -> None:
         keep=args.keep,
         full_copy_every=args.full_copy_every,
         live_snapshot=args.live_snapshot,
-        **({} if args.persist_bandwidth is None else {"persist_bandwidth": args.persist_bandwidth}),
+        **({} if bandwidth is None else {"persist_bandwidth": bandwidth}),
         **({} if args.memory_slots is None else {"memory_slots": args.memory_slots}),
     )
+    if first and args.hold_snapshot is not None and rank == args.fail_rank:
+        hold_snapshot(mgr, args.hold_snapshot)
     generation = os.environ.get("FTRUN_GENERATION", "0")
 
     def record(line: str) -> None:
@@ -146,6 +194,8 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         if failing:
+            if args.fail_after_peers is not None:
+                wait_for_peers(args.record, generation, rank, step, args.fail_after_peers)
             fail(rank, step, args.fail_once)
         opt.step()
         ftrun.step(step)
