@@ -11,8 +11,10 @@ hosts (controller/pace.py).
 
 A step, not a window, is the unit judged. A slow host is slow on nearly every step; uneven work
 (rank 0 evaluating, saving or logging every N steps while the others wait) is much compute in a
-few steps. So the window's figure is the **median** of its steps' figures: a periodic evaluation
-does not move it, a host slow on every step does.
+few steps. So the window's figure is a robust mean of its steps' figures, the **middle half's**
+(the interquartile mean: the median's robustness, less its jumps between the values of steps
+measured a tick at a time): a periodic evaluation does not move it, a host slow on every step
+does.
 
 Counted, not guessed, where the kernel counts: `/proc/PID/schedstat` holds the thread's
 nanoseconds on a CPU and waiting on a run queue. It is read when a step is reported (at most
@@ -23,19 +25,19 @@ with no step (a long step: an evaluation). Steps reported by a progress regex ar
 a time, so steps faster than a tick are measured a tick at a time, and the tick that holds the
 end of an evaluation (and the next one's start) holds a few short steps too. Hence **uneven**:
 a step that took UNEVEN x the median of the rank's recent steps (and ≥ UNEVEN_MIN_S), or one
-inside a declared section (`ftrun.section`), is left out of the median together with every step
-of the slices where it began and ended (their figures hold part of it). A window with fewer than
+inside a declared section (`ftrun.section`), is left out together with every step that ended in
+the slices where it began and ended (their figures hold part of it). A window with fewer than
 WINDOW_STEPS steps left is not reported: there is nothing even to judge (a script that
 evaluates every few fast steps, judged by a progress regex).
 
 Per step, then: on a CPU (counted) + held (the share of the window's looks at state D or T,
 I/O or stopped, which schedstat does not count; sampled, so averaged over the window's even
 steps and spread by each step's wall time) = its own time; waiting for a CPU (counted) apart,
-as its median is **averaged** over windows (each window WAIT_WEIGHT, the average so far the
+as its middle mean is **averaged** over windows (each window WAIT_WEIGHT, the average so far the
 rest: on a busy machine which rank the scheduler makes wait changes from second to second, ±19 %
 on 1 s windows beside `stress-ng`). So
 
-    compute_s = median(own) + average over windows of median(run-queue wait), a step
+    compute_s = middle(own) + average over windows of middle(run-queue wait), a step
 
 Without schedstat (a kernel built without it) every busy state is sampled instead. What it
 cannot see is said in docs/policy.md, *Stragglers*: a rank that waits on its own data-loader
@@ -86,8 +88,8 @@ class Part:
 
 @dataclass
 class Entry:
-    """`count` steps alike, the last numbered `step`, each `each`; ended in slice `end` (and
-    begun after slice `begin`)."""
+    """`count` steps alike, the last numbered `step`, each `each`; begun in slice `begin` (the
+    one the step before ended in) and ended in slice `end`."""
 
     step: int
     count: int
@@ -138,6 +140,23 @@ def weighted_median(pairs: Iterable[tuple[float, float]]) -> float:
         if seen >= half:
             return value
     raise ValueError("no values")
+
+
+def middle_mean(pairs: Iterable[tuple[float, float]]) -> float:
+    """The mean of the middle half of values given with weights (the interquartile mean): as
+    deaf as the median to a quarter of the steps far out either way, but where steps are
+    measured a tick at a time (a step's share of a tick: 15, 20 or 30 ms for 30 ms steps), an
+    average of the middle ones, not one of them."""
+    ordered = sorted(pairs)
+    total = sum(w for _, w in ordered)
+    if total <= 0:
+        raise ValueError("no values")
+    low, high, seen, acc = total / 4, 3 * total / 4, 0.0, 0.0
+    for value, weight in ordered:
+        inside = min(seen + weight, high) - max(seen, low)  # this value's weight in the middle
+        acc += value * max(inside, 0.0)
+        seen += weight
+    return acc / (high - low)
 
 
 @dataclass
@@ -247,10 +266,11 @@ class PaceMeter:
             wall = e.each.wall
             if e.each.apart or (wall >= UNEVEN * usual and wall >= UNEVEN_MIN_S):
                 s.bad |= {e.begin, e.end}
+        # A step's figure holds a share of the slice it ended in: left out where uneven work
+        # began or ended there. The pending steps are judged now that the step after them (the
+        # only other one that can mark their slice) is known.
         for e in s.pending + made:
-            e.uneven |= e.begin in s.bad or e.end in s.bad
-        # The pending steps are judged now that the step after them is known: a slice is
-        # marked only by the steps that begin or end in it.
+            e.uneven |= e.end in s.bad
         s.window += s.pending
         s.pending, s.last, s.before = made, n, Part()
         s.recent.extend((e.each.wall, e.count) for e in made)
@@ -273,14 +293,14 @@ class PaceMeter:
         looks = sum(e.each.samples * e.count for e in even) or 1.0
         if s.counted is None:  # nothing counted: every busy state, sampled
             busy = sum(e.each.busy * e.count for e in even) / looks
-            own = weighted_median((busy * e.each.wall, e.count) for e in even)
+            own = middle_mean((busy * e.each.wall, e.count) for e in even)
             wait = 0.0
         else:
             held = sum(e.each.held * e.count for e in even) / looks
-            own = weighted_median((e.each.cpu + held * e.each.wall, e.count) for e in even)
-            wait = weighted_median((e.each.wait, e.count) for e in even)
+            own = middle_mean((e.each.cpu + held * e.each.wall, e.count) for e in even)
+            wait = middle_mean((e.each.wait, e.count) for e in even)
             last = self.waits.get(rank, wait)
             wait = self.waits[rank] = WAIT_WEIGHT * wait + (1 - WAIT_WEIGHT) * last
         # Two clocks and an average: never more busy than the steps took.
-        usual = weighted_median((e.each.wall, e.count) for e in even)
+        usual = middle_mean((e.each.wall, e.count) for e in even)
         return round(min(own + wait, usual), 4)

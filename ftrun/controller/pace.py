@@ -1,7 +1,8 @@
 """Stragglers named, with evidence: each host's compute time per step against the others'.
 
 Every agent reports its ranks' pace (agent/pace.py): of each window of steps (≥ 1 s), the time a
-rank computed per step, its waits in collectives left out. Here the generation's hosts are
+rank computed in its median step, its waits in collectives left out (and uneven work: an
+evaluation on one rank every few steps moves no median). Here the generation's hosts are
 compared (its ranks, when it has one host): a unit's figure is the median of its ranks' latest
 windows; once every unit has a fresh one (a round), each is divided by the median of all (with
 two hosts: by the other's), its ratio.

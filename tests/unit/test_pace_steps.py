@@ -14,6 +14,7 @@ from ftrun.agent.pace import (
     WINDOW_MIN_S,
     Pace,
     PaceMeter,
+    middle_mean,
     weighted_median,
 )
 
@@ -65,11 +66,17 @@ def steps(n: int, *parts: tuple[str, int]) -> Plan:
     return [part for _ in range(n) for part in (*parts, ("step", 0))]
 
 
-def test_the_weighted_median() -> None:
+def test_the_statistics_of_a_window_s_steps() -> None:
     assert weighted_median([(1.0, 1), (9.0, 1), (2.0, 1)]) == 2.0
     assert weighted_median([(3.5, 1), (0.002, 4)]) == 0.002  # one long step of five
-    with pytest.raises(ValueError):
-        weighted_median([])
+    # The middle half: a long step in five (an evaluation) and a short one left out ...
+    assert middle_mean([(3.5, 1), (0.001, 1), (0.002, 3)]) == pytest.approx(0.002)
+    # ... and steps measured a tick at a time averaged: 30 ms steps, 50 ms ticks.
+    assert middle_mean([(0.015, 4), (0.02, 2), (0.03, 2)]) == pytest.approx(0.0175)
+    assert middle_mean([(1.0, 2), (2.0, 2)]) == 1.5
+    for stat in (weighted_median, middle_mean):
+        with pytest.raises(ValueError):
+            stat([])
 
 
 def test_healthy_ranks_compute_alike_whoever_waits() -> None:
