@@ -83,6 +83,12 @@ def profile(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     console.print(_table(doc))
+    device = doc.get("device") or {}
+    if device.get("reduce_bytes_per_s"):
+        console.print(
+            f"the device reduces {device['reduce_bytes_per_s'] / 1e6:.0f} MB/s of all-reduce "
+            f"traffic (gloo on its CPU, at {device.get('cpu_share', 1.0):.2f} of a core)"
+        )
     console.print(
         f"wrote {out} ({len(doc['layers'])} layers, global batch {doc.get('global_batch')}, "
         f"memory budget {_mib(doc.get('device_memory_bytes'))})"
@@ -165,13 +171,15 @@ def _ms(fit: list[float]) -> str:
 
 def _table(doc: dict[str, Any]) -> Table:
     table = Table(title=f"profile of {doc.get('model', '?')} (times in ms, m = micro-batch)")
-    for name in ("layer", "forward", "backward", "state", "activations/sample", "out/sample"):
+    columns = ("layer", "forward", "backward", "optimizer", "state", "activations/sample")
+    for name in (*columns, "out/sample"):
         table.add_column(name, justify="left" if name == "layer" else "right")
     for layer in doc["layers"]:
         table.add_row(
             layer["name"],
             _ms(layer["fwd_s"]),
             _ms(layer["bwd_s"]),
+            f"{layer.get('opt_s', 0.0) * 1e3:.3f}",
             _mib(layer["state_bytes"]),
             f"{layer['act_bytes'] / 1024:.1f} KiB",
             f"{layer['out_bytes'] / 1024:.1f} KiB",

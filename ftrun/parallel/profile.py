@@ -17,6 +17,8 @@ Per layer (top-level child), in forward order:
   counted once, parameters not counted), as the slope between the two micro-batch sizes, so
   constants such as an attention mask do not count per sample.
 - out_bytes: the layer's output per sample, what a stage ending there sends downstream.
+- opt_s: one optimizer step over the layer's parameters; and beside the layers, the device's
+  share of a core and the bytes a second it reduces in a DP all-reduce (profile_step.py).
 Links are left out: the planner uses its defaults for them.
 """
 
@@ -34,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from ftrun.outputs import write_output
+from ftrun.parallel import profile_step
 
 Samples = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -197,16 +200,25 @@ def write_profile(
 ) -> dict[str, Any]:
     """Measure every layer of `model` on `device` and write profile.json (contract version 1)."""
     children = list(model.named_children())
+    layers = [layer for _, layer in children]
     model.to(device)
-    figures = measure(
-        [layer for _, layer in children], samples, loss_fn, (micro_batch, 2 * micro_batch), device
-    )
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    figures = measure(layers, samples, loss_fn, (micro_batch, 2 * micro_batch), device)
+    share = profile_step.cpu_share(time.process_time() - cpu0, time.perf_counter() - t0)
+    for fig, opt_s in zip(figures, profile_step.optimizer_seconds(layers), strict=True):
+        fig["opt_s"] = opt_s
+    device_doc: dict[str, float] = {}
+    if device.type == "cpu":  # gloo reduces on the CPU; an accelerator's reduction is the link's
+        grads = sum(p.numel() * p.element_size() for p in model.parameters())
+        reduce = profile_step.reduce_bytes_per_s(grads, share)
+        device_doc = {"cpu_share": share} | ({"reduce_bytes_per_s": reduce} if reduce else {})
     doc = {
         "version": 1,
         "model": type(model).__name__,
         "global_batch": global_batch,
         "device_memory_bytes": device_memory_bytes,
         "layers": [{"name": name, **fig} for (name, _), fig in zip(children, figures, strict=True)],
+        "device": device_doc,
         "links": {},
     }
     # temp + rename, never through a link planted at the name (ftrun/outputs.py)

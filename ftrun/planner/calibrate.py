@@ -21,8 +21,9 @@ How a factor transfers (the rule `Calibration.factor` applies):
      sends), so plans of about as many ranks err alike;
   4. nothing measured yet: factor 1, the model as it is.
 
-One factor scales every term of a plan's step (compute, bubble, all-reduce, sends) alike: the
-step rate is what the job measures for a plan as a whole. Pure: figures in, figures out.
+One factor scales every term of a plan's step (compute, bubble, all-reduce, sends, the
+device's reduce, the optimizer) alike: the step rate is what the job measures for a plan as a
+whole. Pure: figures in, figures out.
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def scaled(layout: Layout, factor: float) -> Layout:
         bubble_s=layout.bubble_s * factor,
         allreduce_s=layout.allreduce_s * factor,
         p2p_s=layout.p2p_s * factor,
+        reduce_s=layout.reduce_s * factor,
+        optimizer_s=layout.optimizer_s * factor,
     )
 
 

@@ -2,7 +2,7 @@
 
 Step time, after Varuna (Athlur et al., EuroSys '22), with every figure from the profile:
 
-    step = compute + bubble + allreduce + p2p
+    step = compute + bubble + allreduce + p2p + reduce + optimizer
     compute   = M × T            T: the slowest pipeline rank's forward + backward of one
                                  micro-batch of m samples (Σ over its layers of a + b·m)
     bubble    = (PP − 1) × t     t: the slowest virtual stage; = T for GPipe and 1F1B, about
@@ -10,13 +10,18 @@ Step time, after Varuna (Athlur et al., EuroSys '22), with every figure from the
     allreduce = 2(DP − 1)/DP × G / bw_ar + 2(DP − 1) × lat_ar     (ring; 0 when DP = 1)
                                  G: the gradient bytes of the rank that holds the most
     p2p       = 2 × Σ over the stage boundaries of (m × out_bytes / bw_p2p + lat_p2p)
+    reduce    = 2(DP − 1)/DP × G / reduce_bytes_per_s        (0 when DP = 1 or not profiled)
+                                 the device's own work in the all-reduce: gloo reduces on the
+                                 rank's CPU (its copies, sums, TCP stack), which the links' wire
+                                 figures leave out; profiled on the device (parallel/profile_step)
+    optimizer = the slowest pipeline rank's Σ of its layers' opt_s: one optimizer step, once a step
 
 (M + PP − 1) × T is Varuna's pipeline time. Sends in the steady state overlap compute
 (torch.distributed.pipelining posts them asynchronously), so only one micro-batch's way through
 the pipeline and back — the fill and the drain — is on the critical path: each boundary once
 forward (the activation) and once backward (its gradient, the same size). The all-reduce is
 counted after the last backward, not overlapped, as Varuna does; an overlapped one only makes
-the real step faster than predicted.
+the real step faster than predicted. The optimizer step follows the all-reduce on every rank.
 
 Memory of pipeline rank p: its layers' state_bytes, plus the activations it holds for backward,
 in_flight × m × Σ act_bytes, plus the boundary buffers: each received input kept until its
@@ -43,10 +48,19 @@ class StepCost:
     bubble_s: float
     allreduce_s: float
     p2p_s: float
+    reduce_s: float
+    optimizer_s: float
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.allreduce_s + self.p2p_s
+        return (
+            self.compute_s
+            + self.bubble_s
+            + self.allreduce_s
+            + self.p2p_s
+            + self.reduce_s
+            + self.optimizer_s
+        )
 
 
 def stage_time(profile: Profile, start: int, end: int, m: int) -> float:
@@ -60,6 +74,14 @@ def allreduce_s(grad_bytes: int, dp: int, links: Links) -> float:
         return 0.0
     steps = 2 * (dp - 1)
     return steps / dp * grad_bytes / links.allreduce_bytes_per_s + steps * links.allreduce_latency_s
+
+
+def reduce_s(grad_bytes: int, dp: int, reduce_bytes_per_s: float | None) -> float:
+    """A rank's own work in a ring all-reduce of `grad_bytes` over dp ranks: the 2(dp − 1)/dp × G
+    bytes a ring moves through it, at the rate its device reduces them (None: not profiled)."""
+    if dp <= 1 or not reduce_bytes_per_s:
+        return 0.0
+    return 2 * (dp - 1) / dp * grad_bytes / reduce_bytes_per_s
 
 
 def p2p_s(profile: Profile, stages: Stages, m: int) -> float:
@@ -89,26 +111,41 @@ def step_cost(profile: Profile, stages: Stages, *, dp: int, pp: int, m: int, M: 
         )
         for p in range(pp)
     ]
+    opt = [
+        sum(
+            layer.opt_s
+            for start, end in rank_stages(stages, pp, p)
+            for layer in profile.layers[start:end]
+        )
+        for p in range(pp)
+    ]
     return StepCost(
         compute_s=M * max(per_rank),
         bubble_s=(pp - 1) * max(times),
         allreduce_s=allreduce_s(max(grads), dp, profile.links),
         p2p_s=p2p_s(profile, stages, m),
+        reduce_s=reduce_s(max(grads), dp, profile.reduce_bytes_per_s),
+        optimizer_s=max(opt),
     )
 
 
 def step_lower_bound(profile: Profile, *, dp: int, pp: int, v: int, m: int, M: int) -> float:
     """A step time no split of this layout can beat: the slowest rank holds at least an even
-    share of the time and of the gradients, and at least the largest layer."""
+    share of the time, of the gradients and of the optimizer step, and at least the largest
+    layer's."""
     layers = profile.layers
     times = [layer.time_s(m) for layer in layers]
     grads = [layer.gradient_bytes for layer in layers]
+    opt = [layer.opt_s for layer in layers]
     links = profile.links
+    grad = max(sum(grads) // pp, max(grads))
     return (
         M * max(sum(times) / pp, max(times))
         + (pp - 1) * max(sum(times) / (pp * v), max(times))
-        + allreduce_s(max(sum(grads) // pp, max(grads)), dp, links)
+        + allreduce_s(grad, dp, links)
         + 2 * (pp * v - 1) * links.p2p_latency_s
+        + reduce_s(grad, dp, profile.reduce_bytes_per_s)
+        + max(sum(opt) / pp, max(opt))
     )
 
 

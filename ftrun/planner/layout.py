@@ -51,11 +51,20 @@ class Layout:
     memory_bytes: tuple[int, ...]
     device_memory_bytes: int | None
     slots_available: int
+    reduce_s: float = 0.0
+    optimizer_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         """The predicted step: the sum of its parts (cost.StepCost's, in the same order)."""
-        return self.compute_s + self.bubble_s + self.allreduce_s + self.p2p_s
+        return (
+            self.compute_s
+            + self.bubble_s
+            + self.allreduce_s
+            + self.p2p_s
+            + self.reduce_s
+            + self.optimizer_s
+        )
 
     @property
     def name(self) -> str:
@@ -118,6 +127,8 @@ class Layout:
             "bubble_s": self.bubble_s,
             "allreduce_s": self.allreduce_s,
             "p2p_s": self.p2p_s,
+            "reduce_s": self.reduce_s,
+            "optimizer_s": self.optimizer_s,
             "memory_bytes": list(self.memory_bytes),
             "device_memory_bytes": self.device_memory_bytes,
             "fits": self.fits,

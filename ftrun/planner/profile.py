@@ -46,6 +46,7 @@ class LayerProfile:
     act_bytes: int
     out_bytes: int
     grad_bytes: int | None = None  # optional in the contract; see DEFAULT_GRAD_FRACTION
+    opt_s: float = 0.0  # one optimizer step over its parameters; optional (0: not profiled)
 
     def time_s(self, m: int) -> float:
         """Forward plus backward of one micro-batch of m samples."""
@@ -70,13 +71,15 @@ class Links:
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """A model's layers in forward order, its batch and memory budget if known, and its links."""
+    """A model's layers in forward order, its batch and memory budget if known, its links, and
+    the bytes a second a device reduces in the DP all-reduce (None: not profiled, not counted)."""
 
     model: str
     layers: tuple[LayerProfile, ...]
     global_batch: int | None = None
     device_memory_bytes: int | None = None
     links: Links = field(default_factory=Links)
+    reduce_bytes_per_s: float | None = None
 
     @property
     def layer_names(self) -> tuple[str, ...]:
@@ -111,6 +114,7 @@ class Profile:
             if twice:
                 problems.append(f"layer names appear twice: {', '.join(twice)}")
         links = _links(d.get("links"), problems)
+        reduce = _reduce(d.get("device"), problems)
         if problems:
             raise InvalidProfile(
                 f"{source} has {len(problems)} problem{'s' if len(problems) > 1 else ''}: "
@@ -124,6 +128,7 @@ class Profile:
             global_batch=global_batch,
             device_memory_bytes=memory,
             links=links,
+            reduce_bytes_per_s=reduce,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,14 +145,22 @@ class Profile:
             }
             if layer.grad_bytes is not None:
                 row["grad_bytes"] = layer.grad_bytes
+            if layer.opt_s:
+                row["opt_s"] = layer.opt_s
             layers.append(row)
         links = self.links
+        device = (
+            {}
+            if self.reduce_bytes_per_s is None
+            else {"reduce_bytes_per_s": self.reduce_bytes_per_s}
+        )
         return {
             "version": PROFILE_VERSION,
             "model": self.model,
             "global_batch": self.global_batch,
             "device_memory_bytes": self.device_memory_bytes,
             "layers": layers,
+            "device": device,
             "links": {
                 "allreduce_bytes_per_s": links.allreduce_bytes_per_s,
                 "allreduce_latency_s": links.allreduce_latency_s,
@@ -205,6 +218,9 @@ def _layer(raw: Any, i: int, problems: list[str]) -> LayerProfile | None:
             problems.append(f"{where}.{key} is {value!r}, not a byte count >= 0")
         else:
             sizes[key] = int(value)
+    opt_s = raw.get("opt_s", 0.0)
+    if not _is_number(opt_s) or opt_s < 0:
+        problems.append(f"{where}.opt_s is {opt_s!r}, not a number >= 0 seconds")
     if len(problems) > before:
         return None
     assert isinstance(name, str)
@@ -216,7 +232,24 @@ def _layer(raw: Any, i: int, problems: list[str]) -> LayerProfile | None:
         act_bytes=sizes["act_bytes"],
         out_bytes=sizes["out_bytes"],
         grad_bytes=sizes.get("grad_bytes"),
+        opt_s=float(opt_s),
     )
+
+
+def _reduce(raw: Any, problems: list[str]) -> float | None:
+    """device.reduce_bytes_per_s (optional; other keys of `device` are the profiler's notes)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        problems.append("device is not an object")
+        return None
+    value = raw.get("reduce_bytes_per_s")
+    if value is None:
+        return None
+    if not _is_number(value) or value <= 0:
+        problems.append(f"device.reduce_bytes_per_s is {value!r}, not a number > 0 bytes/s")
+        return None
+    return float(value)
 
 
 def _links(raw: Any, problems: list[str]) -> Links:

@@ -300,6 +300,8 @@ def _layout(
         bubble_s=step.bubble_s,
         allreduce_s=step.allreduce_s,
         p2p_s=step.p2p_s,
+        reduce_s=step.reduce_s,
+        optimizer_s=step.optimizer_s,
         memory_bytes=memory,
         device_memory_bytes=budget,
         slots_available=usable,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ftrun.planner import LayerProfile, Links, Profile
-from ftrun.planner.cost import allreduce_s, in_flight, rank_memory, step_cost
+from ftrun.planner.cost import (
+    allreduce_s,
+    in_flight,
+    rank_memory,
+    reduce_s,
+    step_cost,
+    step_lower_bound,
+)
 
 LINKS = Links(
     allreduce_bytes_per_s=1e9, allreduce_latency_s=1e-3, p2p_bytes_per_s=1e8, p2p_latency_s=1e-4
@@ -35,6 +44,34 @@ def test_step_cost_by_hand() -> None:
     # one boundary, both ways: 2 × (2 samples × 1 kB / 100 MB/s + 0.1 ms)
     assert cost.p2p_s == pytest.approx(2 * (2e-5 + 1e-4))
     assert cost.step_s == pytest.approx(2.88 + 0.72 + 0.004 + 0.00024)
+
+
+def with_step_costs(profile: Profile, opt_s: list[float], reduce_bytes_per_s: float) -> Profile:
+    layers = tuple(
+        dataclasses.replace(layer, opt_s=t) for layer, t in zip(profile.layers, opt_s, strict=True)
+    )
+    return dataclasses.replace(profile, layers=layers, reduce_bytes_per_s=reduce_bytes_per_s)
+
+
+def test_the_devices_reduce_and_the_optimizer_step_by_hand() -> None:
+    # Optimizer steps of 1, 2, 3 and 4 ms; the device reduces 250 MB/s.
+    model = with_step_costs(four_layers(), [0.001, 0.002, 0.003, 0.004], 2.5e8)
+    cost = step_cost(model, ((0, 2), (2, 4)), dp=2, pp=2, m=2, M=4)
+    # the rank holding the most gradients (both 2 MB): 2·1/2 × 2 MB / 250 MB/s = 8 ms
+    assert cost.reduce_s == pytest.approx(0.008)
+    # the slowest rank's optimizer step: layers 2 and 3, 3 + 4 = 7 ms
+    assert cost.optimizer_s == pytest.approx(0.007)
+    assert cost.step_s == pytest.approx(2.88 + 0.72 + 0.004 + 0.00024 + 0.008 + 0.007)
+    # DP4 × PP1: a ring of 4 moves 2·3/4 of the 4 MB of gradients through each rank
+    one_stage = step_cost(model, ((0, 4),), dp=4, pp=1, m=2, M=4)
+    assert one_stage.reduce_s == pytest.approx(1.5 * 4e6 / 2.5e8)
+    assert one_stage.optimizer_s == pytest.approx(0.010)
+    # one replica reduces nothing; a profile without the rate counts no reduce
+    assert reduce_s(4_000_000, 1, 2.5e8) == 0 and reduce_s(4_000_000, 2, None) == 0
+    # the lower bound the ranking prunes with stays below every split's cost
+    bound = step_lower_bound(model, dp=2, pp=2, v=1, m=2, M=4)
+    assert bound <= cost.step_s
+    assert bound >= step_lower_bound(four_layers(), dp=2, pp=2, v=1, m=2, M=4) + 0.005 + 0.008
 
 
 def test_one_replica_pays_no_allreduce_and_one_stage_no_sends() -> None:

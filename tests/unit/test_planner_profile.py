@@ -110,3 +110,20 @@ def test_format_bytes() -> None:
     assert format_bytes(100) == "100 B"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(16 * 1024**3) == "16.0 GiB"
+
+
+def test_optimizer_seconds_and_the_devices_reduce_rate_are_optional() -> None:
+    d = document()
+    assert Profile.from_dict(d).reduce_bytes_per_s is None  # not profiled: not counted
+    assert Profile.from_dict(d).layers[0].opt_s == 0.0
+    d["layers"][0]["opt_s"] = 0.002
+    d["device"] = {"reduce_bytes_per_s": 4e8, "cpu_share": 0.4}  # cpu_share: a note, ignored
+    profile = Profile.from_dict(d)
+    assert profile.layers[0].opt_s == 0.002 and profile.reduce_bytes_per_s == 4e8
+    assert Profile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    d["layers"][1]["opt_s"] = -1
+    d["device"] = {"reduce_bytes_per_s": 0}
+    with pytest.raises(InvalidProfile) as caught:
+        Profile.from_dict(d)
+    assert "layers[1] (block0).opt_s is -1" in caught.value.message
+    assert "device.reduce_bytes_per_s is 0" in caught.value.message
