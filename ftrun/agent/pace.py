@@ -4,10 +4,10 @@ In data parallelism every rank waits at each step's all-reduce for the slowest o
 time hides which rank that is. What differs is the waiting: a fast rank sleeps in the collective
 (its main thread in state S), the slow one hardly does (running or runnable, in I/O, or held
 stopped). So the agent measures each rank's main thread, step by step, and reports over a window
-of steps (≥ WINDOW_STEPS and ≥ 1 s) its **compute time per step**: the same on every rank of a
-healthy job (the machine's load included), higher on the rank of a slow host (throttled,
-thermally limited, a noisy neighbour), whichever rank waits for whom. The controller compares
-hosts (controller/pace.py).
+of steps (≥ 1 s, ≥ EVEN_STEPS of them even) its **compute time per step**: the same on every
+rank of a healthy job (the machine's load included), higher on the rank of a slow host
+(throttled, thermally limited, a noisy neighbour), whichever rank waits for whom. The controller
+compares hosts (controller/pace.py).
 
 A step, not a window, is the unit judged. A slow host is slow on nearly every step; uneven work
 (rank 0 evaluating, saving or logging every N steps while the others wait) is much compute in a
@@ -26,9 +26,10 @@ a time, so steps faster than a tick are measured a tick at a time, and the tick 
 end of an evaluation (and the next one's start) holds a few short steps too. Hence **uneven**:
 a step that took UNEVEN x the median of the rank's recent steps (and ≥ UNEVEN_MIN_S), or one
 inside a declared section (`ftrun.section`), is left out together with every step that ended in
-the slices where it began and ended (their figures hold part of it). A window with fewer than
-WINDOW_STEPS steps left is not reported: there is nothing even to judge (a script that
-evaluates every few fast steps, judged by a progress regex).
+the slices where it began and ended (their figures hold part of it). A window goes on until it
+holds EVEN_STEPS steps left (a few are too few to judge by), or is dropped after WINDOW_MAX_S:
+there is nothing even to judge (a script that evaluates every few fast steps, judged by a
+progress regex).
 
 Per step, then: on a CPU (counted) + held (the share of the window's looks at state D or T,
 I/O or stopped, which schedstat does not count; sampled, so averaged over the window's even
@@ -51,8 +52,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-WINDOW_STEPS = 3  # even steps per window at least ...
+WINDOW_STEPS = 3  # steps per window at least ...
 WINDOW_MIN_S = 1.0  # ... over at least this long (the controller's rounds, controller/pace.py)
+EVEN_STEPS = 8  # even steps a window needs to be reported: until then it goes on ...
+WINDOW_MAX_S = 10.0  # ... for this long at most, then is dropped
 MIN_SLICE_S = 0.02  # schedstat read at a step report at most this often
 MIN_SAMPLES = 10  # looks at the thread a window needs: fewer, and the agent was not looking
 BUSY_STATES = frozenset("RDT")  # running or runnable, in I/O, held stopped: not waiting
@@ -280,13 +283,16 @@ class PaceMeter:
     def _finish(self, rank: int, s: Stream) -> Pace | None:
         steps = sum(e.count for e in s.window)
         wall = sum(e.each.wall * e.count for e in s.window)
+        even = [e for e in s.window if not e.uneven]
         if steps < WINDOW_STEPS or wall < self.window_min_s:
             return None
+        if sum(e.count for e in even) < EVEN_STEPS:  # a few steps are too few to judge by
+            if wall >= WINDOW_MAX_S:
+                s.window = []  # uneven work throughout: nothing to judge
+            return None
         window, s.window = s.window, []
-        looks = sum(e.each.samples * e.count for e in window)
-        even = [e for e in window if not e.uneven]
-        if sum(e.count for e in even) < WINDOW_STEPS or looks < MIN_SAMPLES:
-            return None  # uneven work throughout, or the agent hardly looked
+        if sum(e.each.samples * e.count for e in window) < MIN_SAMPLES:
+            return None  # the agent hardly looked
         return Pace(window[-1].step, steps, round(wall, 3), self._figure(rank, s, even))
 
     def _figure(self, rank: int, s: Stream, even: list[Entry]) -> float:

@@ -1,6 +1,6 @@
 """Uneven work that is no straggler: every --eval-every steps rank 0 computes for --eval-s
 seconds (an evaluation, not declared as a section) while the other ranks wait in barrier(), as
-tests/conformance/eval_pause.py does, but with steps of --step-ms of compute reported by
+tests/conformance/eval_pause.py does, but with steps of --step-work matmuls reported by
 ftrun.step (the agent reads each rank's counts at each one) and printed as `step N`."""
 
 import argparse
@@ -15,21 +15,29 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--eval-every", type=int, default=5)
 p.add_argument("--eval-s", type=float, default=1.5)
-p.add_argument("--step-ms", type=float, default=10.0)
+p.add_argument("--step-work", type=int, default=400, help="matmuls a step (~10 ms of CPU)")
 args = p.parse_args()
 
 
-def busy(seconds: float) -> None:
-    t0, x = time.monotonic(), torch.randn(64, 64)
-    while time.monotonic() - t0 < seconds:
+def work(n: int) -> None:
+    """A step's compute: the same work on every rank, however busy the machine."""
+    x = torch.randn(64, 64)
+    for _ in range(n):
         x = torch.tanh(x @ x.T / 64)
+
+
+def busy(seconds: float) -> None:
+    """An evaluation: timed, so a busy machine does not make it longer than asked."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        work(10)
 
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 grad = torch.zeros(1024)
 for step in range(1, args.steps + 1):
-    busy(args.step_ms / 1000)
+    work(args.step_work)
     dist.all_reduce(grad)
     ftrun.step(step)
     print(f"step {step}", flush=True)

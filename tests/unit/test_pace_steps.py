@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ftrun.agent.pace import (
+    EVEN_STEPS,
     UNEVEN,
     WAIT_WEIGHT,
     WINDOW_MIN_S,
@@ -166,3 +167,13 @@ def test_waiting_for_a_cpu_counts_averaged_over_windows() -> None:
     for c in after:
         wait = WAIT_WEIGHT * 0.010 + (1 - WAIT_WEIGHT) * wait
         assert c == pytest.approx(0.010 + wait, abs=1e-3)
+
+
+def test_a_window_goes_on_until_it_holds_enough_even_steps() -> None:
+    """An evaluation of 0.6 s every 4 steps of 60 ms: a cycle leaves a step or two even (its
+    neighbours share its slices), so a window spans cycles until it holds EVEN_STEPS."""
+    cycle = steps(4, ("cpu", 40), ("sleep", 20))
+    paces = run({0: (cycle + [("cpu", 600)]) * 12, 1: (cycle + [("sleep", 600)]) * 12})
+    assert paces[0] and len(paces[0]) == len(paces[1])
+    for p in paces[0] + paces[1]:
+        assert p.steps > EVEN_STEPS and p.compute_s == pytest.approx(0.040, abs=0.005), p
