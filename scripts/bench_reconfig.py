@@ -407,7 +407,9 @@ def capped(bed: Testbed, a: argparse.Namespace) -> Iterator[Tick]:
         yield Tick(None)
         return
     period_us = int(a.cpu_period_ms * 1000)
-    with hostcpu.HostCpu(bed, cpu_per_host=a.cpu_per_host, period_us=period_us) as caps:
+    with hostcpu.HostCpu(
+        bed, cpu_per_host=a.cpu_per_host, period_us=period_us, device_only=a.device_only
+    ) as caps:
         yield Tick(caps)
 
 
@@ -432,6 +434,12 @@ def main() -> int:
         "hosts share the machine's cores, and a rank's share falls as ranks are added",
     )
     p.add_argument("--cpu-period-ms", type=float, default=10.0, help="the quota's CFS period")
+    p.add_argument(
+        "--device-only",
+        action="store_true",
+        help="the quota holds each host's ranks alone; its agent and sshd run beside them "
+        "(scripts/hostcpu.py), as on a host whose CPU is not its accelerator",
+    )
     p.add_argument("--prefix", default="ftbr", help="testbed name prefix")
     p.add_argument("--subnet", default="10.213.62.0/24", help="testbed /24")
     p.add_argument("--json", default=None, help="also write the figures to this file")
@@ -472,7 +480,11 @@ def main() -> int:
                     dp_only_job(bed, tmp, a, model, tick, hosts=3, planned=True),
                     dp_only_job(bed, tmp, a, model, tick, hosts=plain.dp, planned=False),
                 ]
-            result["cpu"] = {"cpu_per_host": a.cpu_per_host, "hosts": tick.stats()}
+            result["cpu"] = {
+                "cpu_per_host": a.cpu_per_host,
+                "device_only": a.device_only,
+                "hosts": tick.stats(),
+            }
     result["dp_only_fits_budget"] = None if fits is None else fits.name
     if a.json:
         benchlib.write_json(a.json, result)
@@ -485,7 +497,8 @@ def report(result: dict[str, Any]) -> None:
     print(f"\nmodel: {' '.join(result['model'])}, {result['budget']} per device, 1 rank per host")
     cpu = result.get("cpu") or {}
     if cpu.get("cpu_per_host"):
-        print(f"each host capped at {cpu['cpu_per_host']:g} cores (a cgroup quota); per host, the")
+        held = "each host's ranks" if cpu.get("device_only") else "each host"
+        print(f"{held} capped at {cpu['cpu_per_host']:g} cores (a cgroup quota); per host, the")
         print("quota periods throttled / all, and the processes moved into the cgroup:")
         for host, st in cpu["hosts"].items():
             print(f"    {host}: {st.get('nr_throttled', 0)} / {st.get('nr_periods', 0)}, "

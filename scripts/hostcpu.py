@@ -16,6 +16,13 @@ namespace, so one that slipped in between the power-on and the move is caught by
 The period is short (10 ms by default) so a step of a few hundred ms spans many of them: with the
 default 100 ms a rank runs 40 ms and then stalls 60 ms, and pipeline neighbours wait on the stall.
 
+With `device_only`, the quota holds the host's ranks alone, not the whole host: each host's
+cgroup has no quota (high shares still) and a child cgroup `device` has the quota, and `confine`
+moves every rank (a process titled `ftrun rank …`, ftrun/agent/proctitle.py) and its children
+there. The agent, sshd and torchrun then run beside the device, as on a host whose CPU is not its
+accelerator (measured with the whole host held, the agent took 0.07-0.14 of a host's 0.4 core).
+A rank runs in the host's cgroup until the next `confine` (the bench calls it once a second).
+
 `close` (always, from `with`) moves what is left back to the root cgroup and removes the cgroups.
 """
 
@@ -38,6 +45,7 @@ class HostCgroup:
     host: str
     path: Path
     moved: int = 0  # processes moved in, all calls together
+    device: Path | None = None  # with device_only: the ranks' cgroup, inside `path`
 
 
 def unavailable_reason() -> str | None:
@@ -52,7 +60,13 @@ class HostCpu:
     """A cgroup of `cpu_per_host` cores for each of `bed`'s hosts, for as long as `with` lasts."""
 
     def __init__(
-        self, bed: Any, *, cpu_per_host: float, period_us: int = 10_000, name: str = ""
+        self,
+        bed: Any,
+        *,
+        cpu_per_host: float,
+        period_us: int = 10_000,
+        name: str = "",
+        device_only: bool = False,
     ) -> None:
         cores = os.cpu_count() or 1
         if not 0 < cpu_per_host * len(bed.hosts) < cores:
@@ -63,6 +77,7 @@ class HostCpu:
         self.cpu_per_host = cpu_per_host
         self.period_us = period_us
         self.name = name or f"ftrun-bench-{os.getpid()}"
+        self.device_only = device_only
         self.groups: dict[str, HostCgroup] = {}
 
     def __enter__(self) -> HostCpu:
@@ -70,8 +85,14 @@ class HostCpu:
             for host in self.bed.hosts:
                 path = CPU_ROOT / f"{self.name}-{host.name}"
                 path.mkdir()
-                self.groups[host.name] = HostCgroup(host.name, path)
-                _set_quota(path, self.cpu_per_host, self.period_us)
+                group = self.groups[host.name] = HostCgroup(host.name, path)
+                if self.device_only:
+                    (path / "cpu.shares").write_text(str(SHARES))
+                    group.device = path / "device"
+                    group.device.mkdir()
+                    _set_quota(group.device, self.cpu_per_host, self.period_us)
+                else:
+                    _set_quota(path, self.cpu_per_host, self.period_us)
             self.confine_all()
         except BaseException:
             self.close()
@@ -85,15 +106,16 @@ class HostCpu:
         """Moves every live process of `host` into its cgroup; how many were outside it."""
         group = self.groups[self.bed.host(host).name]
         members = set(_pids(group.path))
+        on_device = set(_pids(group.device)) if group.device else set()
         moved = 0
         for pid in self.bed.pids(host):
-            if pid in members:
+            if pid in members or pid in on_device:
                 continue
-            try:
-                (group.path / "cgroup.procs").write_text(str(pid))
+            if _move(pid, group.path):
                 moved += 1
-            except (ProcessLookupError, OSError):
-                continue  # gone meanwhile (or a zombie)
+        if group.device is not None:
+            for pid in _ranks_and_children(_pids(group.path)):
+                moved += _move(pid, group.device)
         group.moved += moved
         return moved
 
@@ -105,9 +127,8 @@ class HostCpu:
         out = {}
         for name, group in self.groups.items():
             try:
-                fields = dict(
-                    line.split() for line in (group.path / "cpu.stat").read_text().splitlines()
-                )
+                stat = (group.device or group.path) / "cpu.stat"
+                fields = dict(line.split() for line in stat.read_text().splitlines())
             except OSError:
                 continue
             out[name] = {k: int(v) for k, v in fields.items()} | {"moved": group.moved}
@@ -116,17 +137,18 @@ class HostCpu:
     def close(self) -> None:
         """Idempotent: what is still in a cgroup goes back to the root cgroup, then it goes."""
         for group in list(self.groups.values()):
-            for _ in range(3):  # a process may fork while we move
-                _empty(group.path)
-                try:
-                    group.path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    continue
-            if group.path.exists():
-                print(f"hostcpu: could not remove {group.path}", file=sys.stderr)
+            for path in [group.device, group.path] if group.device else [group.path]:
+                for _ in range(3):  # a process may fork while we move
+                    _empty(path)
+                    try:
+                        path.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        continue
+                if path.exists():
+                    print(f"hostcpu: could not remove {path}", file=sys.stderr)
             self.groups.pop(group.host, None)
 
 
@@ -170,6 +192,36 @@ def _empty(path: Path) -> None:
             (CPU_ROOT / "cgroup.procs").write_text(str(pid))
         except OSError:
             continue
+
+
+def _move(pid: int, path: Path) -> bool:
+    try:
+        (path / "cgroup.procs").write_text(str(pid))
+        return True
+    except (ProcessLookupError, OSError):
+        return False  # gone meanwhile (or a zombie)
+
+
+def _ranks_and_children(pids: list[int]) -> list[int]:
+    """Of `pids`, the ranks (titled `ftrun rank …`) and every process below one of them."""
+    parent: dict[int, int] = {}
+    ranks: set[int] = set()
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            parent[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ftrun rank "):
+                ranks.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    out = []
+    for pid in parent:
+        p, seen = pid, 0
+        while p in parent and p not in ranks and seen < 64:
+            p, seen = parent[p], seen + 1
+        if p in ranks:
+            out.append(pid)
+    return out
 
 
 def _pids(path: Path) -> list[int]:
