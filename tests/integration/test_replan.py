@@ -163,8 +163,12 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     new, old = (float(x) for x in FIGURES.search(reason).groups())  # type: ignore[union-attr]
     assert (new < 0.95 * old) == grew, reason
     if grew:
-        assert plans[2]["layout"] == first, "back on 4 hosts, the 4-host plan"
-        assert plans[2]["calibration"]["source"] == "measured"  # generation 1 ran it
+        grown, source = plans[2]["layout"], plans[2]["calibration"]["source"]
+        assert grown["dp"] * grown["pp"] == 4, "back on 4 hosts, a 4-rank plan"
+        # Generation 1's plan is predicted at its own measurement; another 4-rank plan (a near
+        # tie of another schedule) at the factor of the plans measured with its schedule first
+        # (docs/planner.md, Transfer), which may rank it ahead.
+        assert source == "measured" if grown == first else source.startswith("from "), source
         assert plans[2]["why"].startswith("grow")
 
     # status shows the plan running last; inspect each generation's, predicted and measured.
