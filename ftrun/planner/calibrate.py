@@ -1,8 +1,9 @@
 """A planner that learns: the cost model calibrated with the step times the job measures.
 
 The cost model (cost.py) predicts from a profile taken in one process and from link figures; it
-leaves out what a real step also pays — the optimizer step, the schedule's Python, a snapshot,
-a send per micro-batch, cores shared with other ranks — and on the testbed it was 29–76 % off.
+leaves out what a real step also pays — the schedule's Python and its waits between ranks, a
+snapshot, a send per micro-batch, cores shared with other ranks (the optimizer step and a CPU's
+reduce are profiled now) — and on the testbed it was 29–76 % off.
 So each generation's plan is measured (`StepMeter`: the job's own step rate once it is steady)
 and the ratio measured / predicted, its *factor*, is kept per plan (`Calibration`).
 
