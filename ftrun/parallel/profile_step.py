@@ -66,10 +66,15 @@ def optimizer_seconds(
 def _steps(opts: Sequence[torch.optim.Optimizer | None]) -> list[float]:
     times = []
     for opt in opts:
+        if opt is None:
+            times.append(0.0)
+            continue
+        on_cuda = any(p.is_cuda for group in opt.param_groups for p in group["params"])
         t0 = time.perf_counter()
-        if opt is not None:
-            opt.step()
-        times.append(time.perf_counter() - t0 if opt is not None else 0.0)
+        opt.step()
+        if on_cuda:  # the step is queued on the device: time it to its end
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
     return times
 
 
