@@ -36,9 +36,9 @@ fi
 if [ "$fast" = 1 ]; then
     exec .venv/bin/python -m pytest -q -m "not ranks and not testbed" "${args[@]}"
 fi
-# On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). The suite is CPU-bound on 2
-# cores (vmstat: 0 % idle; mostly torch imports and the ranks' steps, counting the testbed hosts'
-# processes, which `time` does not see), so a third worker does not make it faster; each
-# worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
+# On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). Mostly CPU (torch imports and
+# the ranks' steps, counting the testbed hosts' processes, which `time` does not see), not all:
+# vmstat over a clean-clone run, 23 % idle, in tests that wait for a fault's detection or a
+# trace's schedule. Each worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
 # --durations: the slowest tests, in every CI log: where the suite's 15 minutes go.
 exec .venv/bin/python -m pytest -q --durations=25 -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"
