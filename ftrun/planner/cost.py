@@ -33,12 +33,13 @@ micro-batches (Megatron-LM's count, ≤ v·M), each counted at the rank's larges
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
 from ftrun.inflight import in_flight as shared_in_flight
-from ftrun.planner.layout import INTERLEAVED
-from ftrun.planner.profile import Links, Profile
+from ftrun.planner.layout import INTERLEAVED, step_total
+from ftrun.planner.profile import LayerProfile, Links, Profile
 from ftrun.planner.split import Stages
 
 
@@ -53,14 +54,7 @@ class StepCost:
 
     @property
     def step_s(self) -> float:
-        return (
-            self.compute_s
-            + self.bubble_s
-            + self.allreduce_s
-            + self.p2p_s
-            + self.reduce_s
-            + self.optimizer_s
-        )
+        return step_total(self)
 
 
 def stage_time(profile: Profile, start: int, end: int, m: int) -> float:
@@ -68,7 +62,7 @@ def stage_time(profile: Profile, start: int, end: int, m: int) -> float:
     return sum(layer.time_s(m) for layer in profile.layers[start:end])
 
 
-def allreduce_s(grad_bytes: int, dp: int, links: Links) -> float:
+def allreduce_s(grad_bytes: float, dp: int, links: Links) -> float:
     """A ring all-reduce of `grad_bytes` over dp ranks: 2(dp − 1) steps of 1/dp of the bytes."""
     if dp <= 1:
         return 0.0
@@ -76,7 +70,7 @@ def allreduce_s(grad_bytes: int, dp: int, links: Links) -> float:
     return steps / dp * grad_bytes / links.allreduce_bytes_per_s + steps * links.allreduce_latency_s
 
 
-def reduce_s(grad_bytes: int, dp: int, reduce_bytes_per_s: float | None) -> float:
+def reduce_s(grad_bytes: float, dp: int, reduce_bytes_per_s: float | None) -> float:
     """A rank's own work in a ring all-reduce of `grad_bytes` over dp ranks: the 2(dp − 1)/dp × G
     bytes a ring moves through it, at the rate its device reduces them (None: not profiled)."""
     if dp <= 1 or not reduce_bytes_per_s:
@@ -99,26 +93,26 @@ def rank_stages(stages: Stages, pp: int, position: int) -> Stages:
     return stages[position::pp]
 
 
+def per_rank_layers(
+    profile: Profile, stages: Stages, pp: int, of: Callable[[LayerProfile], float]
+) -> list[float]:
+    """`of` summed over the layers of each pipeline rank's stages, by rank."""
+    return [
+        sum(
+            of(layer)
+            for start, end in rank_stages(stages, pp, p)
+            for layer in profile.layers[start:end]
+        )
+        for p in range(pp)
+    ]
+
+
 def step_cost(profile: Profile, stages: Stages, *, dp: int, pp: int, m: int, M: int) -> StepCost:
     """The predicted step of dp replicas running `stages` on pp ranks, M micro-batches of m."""
     times = [stage_time(profile, start, end, m) for start, end in stages]
     per_rank = [sum(times[p::pp]) for p in range(pp)]
-    grads = [
-        sum(
-            layer.gradient_bytes
-            for start, end in rank_stages(stages, pp, p)
-            for layer in profile.layers[start:end]
-        )
-        for p in range(pp)
-    ]
-    opt = [
-        sum(
-            layer.opt_s
-            for start, end in rank_stages(stages, pp, p)
-            for layer in profile.layers[start:end]
-        )
-        for p in range(pp)
-    ]
+    grads = per_rank_layers(profile, stages, pp, lambda layer: layer.gradient_bytes)
+    opt = per_rank_layers(profile, stages, pp, lambda layer: layer.opt_s)
     return StepCost(
         compute_s=M * max(per_rank),
         bubble_s=(pp - 1) * max(times),

@@ -15,6 +15,15 @@ from typing import Any
 from ftrun import plandoc
 from ftrun.plandoc import PlanDoc
 
+# A predicted step's parts, each a field of cost.StepCost and of Layout: the step is their sum.
+STEP_TERMS = ("compute_s", "bubble_s", "allreduce_s", "p2p_s", "reduce_s", "optimizer_s")
+
+
+def step_total(parts: object) -> float:
+    """The step that `parts` (a StepCost or a Layout) predicts: the sum of its STEP_TERMS."""
+    return sum(getattr(parts, term) for term in STEP_TERMS)
+
+
 PLAN_VERSION = plandoc.VERSION
 
 GPIPE = "GPipe"
@@ -56,15 +65,8 @@ class Layout:
 
     @property
     def step_s(self) -> float:
-        """The predicted step: the sum of its parts (cost.StepCost's, in the same order)."""
-        return (
-            self.compute_s
-            + self.bubble_s
-            + self.allreduce_s
-            + self.p2p_s
-            + self.reduce_s
-            + self.optimizer_s
-        )
+        """The predicted step: the sum of its parts (cost.StepCost's)."""
+        return step_total(self)
 
     @property
     def name(self) -> str:
