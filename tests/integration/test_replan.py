@@ -161,7 +161,10 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     reason = plans[2]["why"] if grew else declined[0]["reason"]
     assert "calibrated" in reason, reason
     new, old = (float(x) for x in FIGURES.search(reason).groups())  # type: ignore[union-attr]
-    assert (new < 0.95 * old) == grew, reason
+    # The reason prints 3 significant figures: within their rounding of the margin itself
+    # (0.117 vs 0.123 is 0.951, from 0.9485 to 0.9553) they cannot say which side it is.
+    if abs(new / old - 0.95) > 0.01:
+        assert (new < 0.95 * old) == grew, reason
     if grew:
         grown, source = plans[2]["layout"], plans[2]["calibration"]["source"]
         assert grown["dp"] * grown["pp"] == 4, "back on 4 hosts, a 4-rank plan"
