@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ftrun import peer_kernel
 from ftrun.agent import host_facts, tiers, workdir
 from ftrun.agent.lines import shrunk
 from ftrun.agent.stallguard import StallGuard
@@ -57,6 +58,9 @@ REJOIN_ATTEMPT_S = 3.0
 # With a standby to dial in turn, an attempt on the primary is cut shorter: a machine that lost
 # power never answers, and the turn of the standby (which does) should not wait on it.
 REJOIN_ATTEMPT_WITH_STANDBY_S = 1.0
+# A silent controller whose machine still acknowledges us (peer_kernel.py) is waited for this
+# long at most (and half the grace at most) before it is taken for gone after all.
+SLOW_CONTROLLER_LIMIT_S = 30.0
 
 
 class ControlLink:
@@ -85,6 +89,7 @@ class ControlLink:
         # primary's address while the controller is gone. And what to do when it goes.
         self.standby: tuple[str, int] | None = None
         self.on_controller_gone: Callable[[], None] = lambda: None
+        self._slow_said = False  # said once per silence that the controller is only slow
 
     async def open(
         self, *, port: int, rejoin: bool = False, to: tuple[str, int] | None = None
@@ -199,7 +204,9 @@ class ControlLink:
                 self.chan.send("heartbeat", gen=generation())
             silent = time.monotonic() - self.last_heard
             if self.chan is not None and check.due() and silent > self.boot.fence_timeout_s:
-                if not self.boot.local:
+                if not self.boot.local and self._only_slow(silent):
+                    pass  # its machine acknowledges us: the controller is slow, not gone
+                elif not self.boot.local:
                     why = f"no word from the controller for {silent:.1f} s"
                     if self.boot.controller_grace_s <= 0:
                         self.lose(why)
@@ -219,7 +226,27 @@ class ControlLink:
                     warned = True
             elif silent <= self.boot.fence_timeout_s:
                 warned = False
+                self._slow_said = False
             await check.sleep(self.boot.heartbeat_interval_s)
+
+    def _only_slow(self, silent: float) -> bool:
+        """Whether a silent controller is only slow: its machine's kernel still acknowledges
+        our heartbeats (peer_kernel.py), so the process is starved or stopped, not lost with its
+        machine or cut off from us. Then we wait, up to a bound that leaves half the grace for a
+        takeover: a controller stuck for good must not leave the job unsupervised."""
+        assert self.chan is not None
+        bound = min(SLOW_CONTROLLER_LIMIT_S, self.boot.controller_grace_s / 2)
+        if silent > bound or not peer_kernel.answers(self.chan.writer.get_extra_info("socket")):
+            return False
+        if not self._slow_said:
+            log.warning(
+                "no word from the controller for %.1f s, but its machine acknowledges what we "
+                "send: it is slow or stopped, not gone; waiting for it (up to %.0f s)",
+                silent,
+                bound,
+            )
+            self._slow_said = True
+        return True
 
     def lose(self, reason: str) -> None:
         """The controller is lost for good (not told to stop): fence, and remember why."""

@@ -60,6 +60,7 @@ def launch(
     fence_timeout: float | None = opts.FENCE_TIMEOUT,
     controller_grace: float = opts.CONTROLLER_GRACE,
     standby: str | None = opts.STANDBY,
+    no_standby: bool = opts.NO_STANDBY,
     peer_copy_rate: float = opts.PEER_COPY_RATE,
     local_stall_timeout: float | None = opts.LOCAL_STALL_TIMEOUT,
     profile: Path | None = opts.PROFILE,
@@ -133,6 +134,8 @@ def launch(
         else launch_hosts.host_options(hosts, hostfile, spares, ssh_config, problems)
     )
     allocation = host_list.allocation
+    if not (standby and allocation is not None):  # said below, with the other Slurm checks
+        standby = launch_hosts.default_standby(host_list, standby, no_standby, problems)
     gpus = allocation.gpus_per_node if allocation else None
     min_nodes, max_nodes = torchrun.nodes(
         host_list.hosts,

@@ -98,3 +98,20 @@ def ssh_config_problems(path: Path) -> list[str]:
     except Exception as e:  # noqa: BLE001 - ConfigParseError, or an unreadable file
         return [f"--ssh-config {str(path)!r} cannot be parsed: {e}"]
     return []
+
+
+def default_standby(
+    host_list: HostOptions, standby: str | None, off: bool, problems: list[str]
+) -> str | None:
+    """The host that keeps a standby controller (docs/standby.md): the one named, else over ssh
+    the first spare (it runs no ranks), else the second host; none with --no-standby, under
+    Slurm (the agents requeue the job there), or with one host and no spare."""
+    if off:
+        if standby is not None:
+            problems.append("--standby and --no-standby cannot be used together")
+        return None
+    if standby is not None or host_list.transport != "ssh":
+        return standby
+    if host_list.spares:
+        return host_list.spares[0]
+    return host_list.hosts[1] if len(host_list.hosts) > 1 else None

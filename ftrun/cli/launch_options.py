@@ -117,7 +117,14 @@ STANDBY: Any = typer.Option(
     None,
     "--standby",
     help="A host (one of --hosts or --spares) that keeps a standby controller: if this machine "
-    "is lost, it takes the job over and adopts the running ranks (docs/standby.md).",
+    "is lost, it takes the job over and adopts the running ranks (docs/standby.md) "
+    "[over ssh: the first spare, else the second host].",
+)
+NO_STANDBY: Any = typer.Option(
+    False,
+    "--no-standby",
+    help="No standby controller: if this machine is lost, the job waits --controller-grace "
+    "for `ftrun resume`.",
 )
 PEER_COPY_RATE: Any = typer.Option(
     1000.0,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,11 +37,14 @@ from ftrun.errors import UsageError
 from ftrun.jobfiles import JobDir
 from ftrun.jobview.fold import controller_alive
 from ftrun.journal import CONFIG_FILE, EVENTS_FILE
-from ftrun.journal.read import find_job_dir, read_events, resume_point
+from ftrun.journal.read import ResumePoint, find_job_dir, read_events, resume_point
 from ftrun.transport.registry import backend, options_from
 
 # LaunchConfig fields that config.json holds as lists.
 TUPLES = ("script_args", "hosts", "spares", "forward_signals")
+# How long a resume by hand tries the standby's takeover address (a machine that lost power
+# never answers: the attempt is cut short).
+STANDBY_PROBE_S = 1.0
 
 
 def resume(
@@ -78,6 +82,13 @@ def resume(
             hint="start a new job with `ftrun launch`; it may restore from this job's "
             f"checkpoints (--ckpt-dir {job_dir / 'checkpoints'}, as your script takes it)",
         )
+    if takeover_port is None and (leader := standby_leads(point)) is not None:
+        host, run_dir_there = leader, job_dir.parent / ".standby" / leader
+        raise UsageError(
+            f"job {job_dir.name} was taken over by its standby controller on {host}: it runs "
+            "there, and a second controller would compete with it for the same ranks",
+            hint=f"on {host}: `ftrun status {job_dir.name} --run-dir {run_dir_there}`",
+        )
     config = config_from_saved(saved, job_dir, os.environ)
     if (problem := backend(config.transport).resume_problem(job_dir.name)) is not None:
         raise UsageError(
@@ -100,6 +111,19 @@ def resume(
     code = launch.run(config, policy, point, adoption)
     if code:
         raise typer.Exit(code)
+
+
+def standby_leads(point: ResumePoint) -> str | None:
+    """The standby's host, when its takeover controller listens where the agents dial it: the
+    port the standby's agent picked for it, on which nothing else listens (agent/standby.py)."""
+    if point.standby is None:
+        return None
+    host, addr, port = point.standby
+    try:
+        with socket.create_connection((addr, port), timeout=STANDBY_PROBE_S):
+            return host
+    except OSError:
+        return None
 
 
 def _saved_launch(files: JobDir) -> dict[str, Any]:

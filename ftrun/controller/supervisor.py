@@ -119,7 +119,8 @@ class Supervisor:
         port = await self._listen(bind, context)
         self.fleet.controller_cert = identity.cert_pem if identity else ""
         # This run's term (terms.py): what its agents carry, and the hosts keep the highest of.
-        self.term = (self.resume.runs + 1) if self.resume is not None else 1
+        takeover = self.adoption is not None and self.adoption.takeover
+        self.term = self.resume.next_term(takeover=takeover) if self.resume is not None else 1
         self.fleet.agents.term = self.standby.term = self.term
         me = psutil.Process()
         self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
@@ -339,3 +340,4 @@ class Supervisor:
             reporter=self.reporter,
             nproc_per_node=self.config.nproc_per_node,
         )
+

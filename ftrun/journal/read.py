@@ -202,6 +202,17 @@ class ResumePoint:
     last_step: int | None = None  # the newest step the journal saw
     running: int | None = None  # a generation launched and never ended (its controller died)
     replacements: int = 0  # restarts after a lost host, not charged
+    term: int = 0  # the newest controller's term (its `run`; terms.py)
+    # Where the last run's standby controller listens, (host, addr, port): a takeover of the
+    # job, if there was one, runs there (docs/standby.md).
+    standby: tuple[str, str, int] | None = None
+
+    def next_term(self, *, takeover: bool) -> int:
+        """The term of the controller that resumes the job (terms.py). A resume by hand of a
+        job that had a standby skips one: the standby's takeover of the same run takes the next
+        term, and two controllers of one term would both be obeyed (docs/standby.md)."""
+        last = max(self.term, self.runs)
+        return last + (2 if self.standby is not None and not takeover else 1)
 
     @property
     def resumable(self) -> bool:
@@ -221,7 +232,8 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
     last_t: float | None = None
     last_step: int | None = None
     running: int | None = None
-    replacements = 0
+    replacements = term = 0
+    standby: tuple[str, str, int] | None = None
     for ev in events:
         kind = ev.get("kind")
         if isinstance(ev.get("t"), (int, float)):
@@ -230,6 +242,8 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
             last_step = max(last_step or 0, ev["step"])
         if kind == "job_started":
             runs += 1
+            term = max(term, int(ev.get("run") or runs))
+            standby = None  # a takeover runs without a standby of its own
             finished = None
             slurm_restarts = int(ev.get("slurm_restart_count") or 0)
             controller = (ev.get("controller_pid"), ev.get("controller_create_time"))
@@ -251,6 +265,8 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
             last_incident = None
         elif kind == "job_finished":
             finished = str(ev.get("state"))
+        elif kind == "standby_ready":
+            standby = (str(ev.get("host")), str(ev.get("addr")), int(ev.get("port") or 0))
     return ResumePoint(
         generation,
         incidents,
@@ -264,6 +280,8 @@ def resume_point(events: list[dict[str, Any]]) -> ResumePoint:
         last_step,
         running if finished is None else None,
         replacements,
+        term,
+        standby,
     )
 
 
