@@ -112,7 +112,8 @@ class Soak:
             PY, "-m", "ftrun", "launch", "--ssh-config", str(self.bed.ssh_config),
             "--hosts", ",".join(HOSTS), "--spares", ",".join(SPARES),
             "--max-restarts", "100000", "--policy", str(self.policy), "--job-name", "soak",
-            *(["--standby", STANDBY] if self.standby else []),
+            # controller-kill is a person's `ftrun resume`: no standby to take the job first
+            *(["--standby", STANDBY] if self.standby else ["--no-standby"]),
             SCRIPT, "--steps", str(self.steps), "--step-time", str(self.args.step_time),
             "--save-every", "1", "--persist-every", "20", "--ckpt-dir", str(self.tmp / "ckpt"),
         ]  # fmt: skip

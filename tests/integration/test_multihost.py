@@ -391,7 +391,8 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
     """The controller is SIGKILLed: its ssh sessions die with it, and the agents keep their
     ranks training, dialling it again. `ftrun resume` comes up within their grace, on the same
     port, secret and certificate (TLS between hosts), and adopts the generation: the same rank
-    processes, every step once. The spare's agent dials back too and is kept as the spare."""
+    processes, every step once. The spare's agent dials back too and is kept as the spare.
+    No standby: with one, it would take the job over before a person could resume it."""
     record = tmp_path / "record"
     record.mkdir()
     proc = ftrun.start(
@@ -402,6 +403,7 @@ def test_a_resumed_controller_adopts_the_generation_on_ssh_hosts(ftrun, bed, tmp
         "node1,node2",
         "--spares",
         "node3",
+        "--no-standby",
         CKPT_TRAIN,
         "--steps",
         "120",
