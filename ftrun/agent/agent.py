@@ -280,13 +280,24 @@ class Agent:
         elif kind == "capture_stacks":
             self.tasks.spawn("stacks for the exit barrier", gens.send_stacks(msg.get("gen")))
         elif kind == "term":  # the leading controller's term (terms.py)
-            terms.obey(self.boot.job_id, int(msg["term"]))
+            self._hear_term(int(msg["term"]))
         elif kind == "standby":
             self.standby.on_standby(msg)
         elif kind == "replicate":
             self.standby.replicate(msg)
         elif kind == "link_check":  # before a generation (link_probe.py)
             self.tasks.spawn("link check", link_probe.link_check(self.boot.python, msg, self.link))
+
+    def _hear_term(self, term: int) -> None:
+        """Obey a controller's term, or leave a controller older than the one that leads this
+        host (a standby's takeover that a resume by hand overtook): drop its connection and dial
+        again, keeping the ranks; it counts us among those that did not come."""
+        if terms.obey(self.boot.job_id, term):
+            return
+        leader = terms.current(self.boot.job_id)
+        log.warning("left a controller of term %d: term %d leads this job here", term, leader)
+        if self.link.chan is not None:
+            self.link.chan.abort()
 
     async def _heartbeat_loop(self) -> None:
         await self.link.heartbeat_loop(lambda: self.gen.number if self.gen else None)

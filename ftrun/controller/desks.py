@@ -170,6 +170,7 @@ def wire_desks(
             fleet=fleet,
             inbox=inbox,
             stalls=stalls,
+            lead=standby.lead,
         ),
         watcher=Watcher(
             config,

@@ -10,6 +10,7 @@ checkpoint.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ftrun.config import LaunchConfig
 from ftrun.controller.adoption import Adoption
@@ -47,8 +48,10 @@ class Resumption:
         fleet: Fleet,
         inbox: Inbox,
         stalls: StallDesk,
+        lead: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
+        self.lead = lead  # a takeover's term goes out to its agents (standby_desk.py)
         self.journal = journal
         self.reporter = reporter
         self.incidents = incidents
@@ -137,6 +140,7 @@ class Resumption:
                 "standing down",
                 hint="nothing was started or stopped",
             )
+        self.lead()
         if not missing:
             self.fleet.roster.adopt(adoption.hosts)
             self.fleet.rendezvous.previous = agents  # where its ranks' snapshots are (peercopy)

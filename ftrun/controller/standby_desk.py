@@ -38,11 +38,29 @@ class StandbyDesk:
         self.agent: str | None = None  # the standby host's agent, once ready
         self.where: tuple[str, int] | None = None  # its address and port, once ready
         self.addrs: dict[str, str] = {}  # agent → the address its hello came from
+        # A takeover's agents, not yet told its term: a host keeps the highest term it was told
+        # and refuses older ones from then on, so a takeover that stands down (most agents still
+        # have the primary) must not have told any. None: the term goes out at each hello.
+        self.held: list[str] | None = None
+
+    def hold_term(self) -> None:
+        """A takeover: tell agents our term only once we lead (lead())."""
+        self.held = []
+
+    def lead(self) -> None:
+        """The takeover adopts: the agents that came are told its term now."""
+        held, self.held = self.held or [], None
+        for agent_id in held:
+            if agent_id in self.server.links:
+                self.server.send(agent_id, "term", term=self.term)
 
     def heard(self, agent_id: str, host: str, msg: Hello) -> None:
         """A ready agent said hello: our term; where the standby is, or, to the standby host's
         agent, that it is the standby."""
-        self.server.send(agent_id, "term", term=self.term)
+        if self.held is None:
+            self.server.send(agent_id, "term", term=self.term)
+        else:
+            self.held.append(agent_id)
         if msg.addr:
             self.addrs[agent_id] = msg.addr
         if host == self.host:

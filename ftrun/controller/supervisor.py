@@ -122,6 +122,8 @@ class Supervisor:
         takeover = self.adoption is not None and self.adoption.takeover
         self.term = self.resume.next_term(takeover=takeover) if self.resume is not None else 1
         self.fleet.agents.term = self.standby.term = self.term
+        if takeover:
+            self.standby.hold_term()  # until most agents came: see StandbyDesk.held
         me = psutil.Process()
         self._write_control_file("127.0.0.1" if bind == "0.0.0.0" else bind, port)
         self.journal.record(
@@ -340,4 +342,3 @@ class Supervisor:
             reporter=self.reporter,
             nproc_per_node=self.config.nproc_per_node,
         )
-
