@@ -246,6 +246,7 @@ class Agent:
         while (msg := await self.link.receive()) is not None:
             if msg["kind"] == "shutdown":
                 terms.forget(self.boot.job_id)  # the job is over
+                self.standby.job_over()
                 self._finish(0, "shutdown")
                 return
             if msg["kind"] == "stop" and msg.get("grace_s", 0) <= 0:

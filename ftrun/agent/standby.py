@@ -13,10 +13,14 @@ them too, not only cut off from this host); otherwise it stands down and the pri
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,11 @@ from ftrun.netutil import ALL_INTERFACES, free_port
 from ftrun.wire.messages_standby import REPLICATED
 
 log = logging.getLogger("ftrun.agent")
+
+# A connection to the primary that closed: how long the link may take to reach the primary again
+# (it tries the primary's address within its first half second) before the primary is taken for
+# gone and the takeover starts.
+PRIMARY_CHECK_S = 1.0
 
 
 class Standby:
@@ -77,7 +86,39 @@ class Standby:
 
     def controller_gone(self) -> None:
         """The primary is gone for this host: if this is the standby, start the takeover (once
-        at a time: one that stood down may be started again at the next loss)."""
+        at a time: one that stood down may be started again at the next loss).
+
+        Gone by silence, the link already has the evidence (its machine stopped acknowledging
+        us: link.py). Gone by a closed connection, it may be the primary's process that died,
+        or the primary that dropped this agent (it judged it lost): the link's first attempts
+        on the primary's address tell them apart (refused: no process listens there), so the
+        takeover starts only if the link is still without a controller PRIMARY_CHECK_S later."""
+        if self.job_dir is None:
+            return
+        if time.monotonic() - self.link.last_heard >= self.boot.fence_timeout_s:
+            self._start_takeover()
+        else:
+            asyncio.get_running_loop().call_later(PRIMARY_CHECK_S, self._start_if_still_gone)
+
+    def job_over(self) -> None:
+        """The controller that led the job to its end said so: a replica nobody took over is a
+        copy of the primary's job directory, of no more use; it goes, with the empty
+        directories above it. A takeover's replica is the job's own record: it stays."""
+        job_dir = self.job_dir
+        if job_dir is None or self.takeover is not None or not job_dir.is_dir():
+            return
+        shutil.rmtree(job_dir, ignore_errors=True)
+        for parent in (job_dir.parent, job_dir.parent.parent):  # .standby/<host>, .standby
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only if empty: another job's replica may live there
+
+    def _start_if_still_gone(self) -> None:
+        if self.link.rejoining:
+            self._start_takeover()
+        else:
+            log.info("the primary took this agent back: it was not gone (no takeover)")
+
+    def _start_takeover(self) -> None:
         job_dir = self.job_dir
         if job_dir is None or not (job_dir / "config.json").exists():
             return

@@ -29,7 +29,7 @@ def run_job(ftrun: Ftrun, bed: Testbed) -> tuple[str, list[dict]]:
                      "--link-check", TOY, "--steps", "3", timeout=120)  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    [job] = [p.name for p in ftrun.run_dir.iterdir()]
+    [job] = [p.name for p in ftrun.run_dir.iterdir() if not p.name.startswith(".")]
     return out, ftrun.events(job)
 
 
@@ -71,6 +71,6 @@ def test_a_host_with_a_slow_link_is_left_out_with_one_line(ftrun: Ftrun, bed: Te
     assert launched["hosts"] == ["node1", "node2", "node4"]
     [line] = [line for line in out.splitlines() if "left out" in line]
     assert "node3 is slow with each of its peers" in line and "Check its network" in line, out
-    [job] = [p.name for p in ftrun.run_dir.iterdir()]
+    [job] = [p.name for p in ftrun.run_dir.iterdir() if not p.name.startswith(".")]
     shown = ftrun.status_json(job)["link_check"]  # status --json (and inspect's view) have it
     assert list(shown["bad_hosts"]) == ["node3"] and shown["seconds"] == check["seconds"]

@@ -62,7 +62,7 @@ def test_a_rank_held_back_is_named_a_straggler_and_the_job_goes_on(ftrun: Ftrun)
         assert straggler["unit"] == "rank 2" and straggler["ratio"] >= 1.3
         assert straggler["compute_s"] > straggler["median_s"] > 0
         assert not [e for e in journal(ftrun) if e["kind"] in ("fault_detected", "reconfigure")]
-        job = next(ftrun.run_dir.iterdir()).name
+        job = ftrun.job_id()
         shown = ftrun.run("inspect", job)
         assert "straggler: rank 2 in generation 1" in shown.stdout, shown.stdout
         status = ftrun.status_json(job)
