@@ -17,8 +17,11 @@ controller gone: a silent but living controller is only slow.
 The link decides that the controller is gone; the agent (agent.py) does the fencing.
 
 Whatever the ranks write, what goes over the connection is bounded (lines.py, tail.py), and a
-message that still does not fit a frame is sent cut short rather than lost. While there is no
-connection, messages wait (at most MAX_EARLY_MESSAGES) and go out once the agent is back.
+message that still does not fit a frame is sent cut short rather than lost. The output and the
+once-only facts (unacked.py) are numbered and kept until a controller acknowledges them (its
+heartbeats carry `acked`); on every connection they are sent again first, so what went into a
+dead controller's socket reaches the next one. Other messages said while there is no connection
+wait (at most MAX_EARLY_MESSAGES) and go out after them.
 Waiting for sent bytes to leave is bounded too: a controller that stops reading must not hold
 the agent.
 """
@@ -37,6 +40,7 @@ from ftrun import peer_kernel
 from ftrun.agent import host_facts, tiers, workdir
 from ftrun.agent.lines import shrunk
 from ftrun.agent.stallguard import StallGuard
+from ftrun.agent.unacked import REPLAYED, UnackedRing
 from ftrun.bootstrap import FENCE_WORD, Bootstrap
 from ftrun.errors import ProtocolError
 from ftrun.netutil import ALL_INTERFACES, free_port
@@ -80,6 +84,7 @@ class ControlLink:
         self.chan: Channel | None = None
         self.last_heard = time.monotonic()
         self._early: list[tuple[str, dict[str, Any]]] = []
+        self.unacked = UnackedRing()  # output not yet acknowledged: sent again after a loss
         self.rejoining = False
         self.peer_port: int | None = None  # where this agent's peer store listens, if it does
         # Why the controller was lost, if it was (gone or silent, never told us to stop): under
@@ -123,9 +128,21 @@ class ControlLink:
         )
         self.last_heard = time.monotonic()
         self.rejoining = False  # connected: what waited goes out now, after the hello
+        self._replay()
         early, self._early = self._early, []
         for kind, fields in early:
             self.send(kind, **fields)
+
+    def _replay(self) -> None:
+        """Send again what no controller acknowledged (a controller that has it drops it), and
+        say how many were dropped unacknowledged since the last connection (unacked.py)."""
+        for entry in self.unacked.pending():
+            self._send_now(entry.kind, entry.fields)
+        if dropped := self.unacked.untold:
+            self.unacked.untold = 0
+            note = f"[ftrun: {dropped} output messages of {self.boot.host} were dropped before a"
+            note += " controller acknowledged them; the rank logs on that host have every line]"
+            self.send("log", gen=self._generation(), rank=None, lines=[note])
 
     def _attempt_s(self, to: tuple[str, int] | None) -> float:
         if self.standby is not None and to is None:
@@ -149,6 +166,8 @@ class ControlLink:
                     continue
                 return None
             self.last_heard = time.monotonic()
+            if (acked := msg.get("acked")) is not None:
+                self.unacked.ack(acked)
             if msg["kind"] == "fence":
                 self._fence(f"the controller says: {msg.get('reason') or 'fence'}")
                 return None
@@ -256,13 +275,21 @@ class ControlLink:
 
     def send(self, kind: str, **fields: Any) -> None:
         """Send a message; one too big for a frame (a bug: reports are bounded) is sent with
-        every field cut short rather than lost, and said so. Before the hello, it waits for it."""
-        if self.chan is None or self.rejoining:
-            if len(self._early) < MAX_EARLY_MESSAGES:
-                self._early.append((kind, fields))
-            else:
-                log.error("not connected; dropped a %s message", kind)
-            return
+        every field cut short rather than lost, and said so. Before the hello, it waits for it;
+        output waits in the ring (unacked.py), which the next connection sends again."""
+        if kind in REPLAYED:
+            fields = self.unacked.add(kind, fields)
+        if self.chan is not None and not self.rejoining:
+            self._send_now(kind, fields)
+        elif kind in REPLAYED:
+            pass  # kept in the ring: the next connection sends it
+        elif len(self._early) < MAX_EARLY_MESSAGES:
+            self._early.append((kind, fields))
+        else:
+            log.error("not connected; dropped a %s message", kind)
+
+    def _send_now(self, kind: str, fields: dict[str, Any]) -> None:
+        assert self.chan is not None
         try:
             self.chan.send(kind, **fields)
         except ProtocolError as e:

@@ -4,7 +4,9 @@ channel, what is handled the same whatever the phase: chaos requests, `ftrun hos
 connecting and lost, agents' own errors.
 
 Each item is (sender, message), the message typed at the edge (server.py, wire/inbound.py):
-what it is, is its class.
+what it is, is its class. Every reader handles an item before it asks for the next, so asking
+for the next settles the last: an agent's numbered output is acknowledged only once it was
+written (or dropped as stale), never while it waits in the queue (controller/output_acks.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ftrun.wire.inbound import (
     Hosts,
     Message,
     PreemptNotice,
+    Report,
     Stopped,
     StopRequested,
 )
@@ -57,14 +60,21 @@ class Inbox:
         # `ftrun hosts add HOST`: the user wants it back; its quarantine in this job is lifted
         # (the job machine's unbench; the CLI refuses one the user's store still holds).
         self.host_added = host_added
+        self._taken: Item | None = None  # the item handed out last: handled by now
 
     async def next(self, deadline: float | None) -> Item | None:
         """The next message; None once `deadline` (monotonic; None: no deadline) has passed."""
+        if self._taken is not None:
+            agent_id, msg = self._taken
+            self._taken = None
+            if isinstance(msg, Report) and msg.oseq is not None:
+                self.server.output_acks.settled(agent_id, msg.oseq)
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(self.server.inbox.get(), timeout)
+            self._taken = await asyncio.wait_for(self.server.inbox.get(), timeout)
         except asyncio.TimeoutError:
             return None
+        return self._taken
 
     def side_channel(self, sender: str, msg: Message, watch: GenWatch | None) -> bool:
         """Chaos, `ftrun hosts`, agents (re)connecting: handled the same in every phase."""
@@ -142,6 +152,9 @@ class Inbox:
                     waiting.discard(agent_id)
                 case _ if not self.side_channel(agent_id, msg, None):
                     held.append((agent_id, msg))
+                    self._taken = None  # not handled: it goes back in the queue
+        while not self.server.inbox.empty():  # what came after: behind what was held, in order
+            held.append(self.server.inbox.get_nowait())
         for item in held:
             self.server.inbox.put_nowait(item)
         return back

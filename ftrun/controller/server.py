@@ -35,11 +35,12 @@ from typing import Any
 from ftrun.controller.hello import HELLO_TIMEOUT_S, AgentLink, handshake
 from ftrun.controller.lateness import Lateness
 from ftrun.controller.listener import Listener
+from ftrun.controller.output_acks import OutputAcks
 from ftrun.controller.refusals import Refusals
 from ftrun.controller.silence import EventSink, Liveness, SilenceWatch
 from ftrun.errors import ProtocolError
 from ftrun.tasks import TaskSupervisor
-from ftrun.wire.inbound import AgentLost, Heartbeat, Message, typed
+from ftrun.wire.inbound import AgentLost, Heartbeat, Hello, Message, Report, typed
 from ftrun.wire.messages import MAX_LINE, Role
 
 log = logging.getLogger("ftrun.controller")
@@ -78,6 +79,8 @@ class ControlServer:
         self.on_event = on_event
         self.inbox: asyncio.Queue[tuple[str, Message]] = asyncio.Queue()
         self.links: dict[str, AgentLink] = {}
+        # Each agent's numbered output: duplicates dropped here, acks on our heartbeats.
+        self.output_acks = OutputAcks()
         self.silence = SilenceWatch(
             heartbeat_interval_s=heartbeat_interval_s,
             host_lost_timeout_s=host_lost_timeout_s,
@@ -85,6 +88,7 @@ class ControlServer:
             alive=alive,
             on_event=on_event,
             lose=self._lose,
+            acked=self.output_acks.acked,
         )
         self.clients: dict[str, AgentLink] = {}
         self.refusals = Refusals(on_event)
@@ -214,6 +218,8 @@ class ControlServer:
             self.clients[link.agent_id] = link
         else:
             self.links[link.agent_id] = link
+            if isinstance(hello, Hello):
+                self.output_acks.hello(link.agent_id, pid=hello.pid, rejoin=bool(hello.rejoin))
             self.silence.watch(link)
             await self.inbox.put((link.agent_id, hello))
         try:
@@ -247,6 +253,9 @@ class ControlServer:
             if link.role is Role.AGENT:
                 self.silence.heard(link, beat, now)
             link.last_seen = now
+            if isinstance(msg, Report) and msg.oseq is not None:
+                if not self.output_acks.fresh(link.agent_id, msg.oseq):
+                    continue  # sent again after a reconnection: we have it already
             if not beat:
                 await self.inbox.put((link.agent_id, msg))
         self._lose(link, reason)

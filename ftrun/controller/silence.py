@@ -45,6 +45,7 @@ class SilenceWatch:
         alive: Liveness | None,
         on_event: EventSink | None,
         lose: Callable[[AgentLink, str], None],
+        acked: Callable[[str], int | None] = lambda agent_id: None,
     ) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.host_lost_timeout_s = host_lost_timeout_s
@@ -52,6 +53,7 @@ class SilenceWatch:
         self.alive = alive
         self.on_event = on_event
         self.lose = lose
+        self.acked = acked  # an agent's output handled so far (output_acks.py): on heartbeats
         # Live agent links, least recently heard first: the silence check looks only at the head.
         self._by_last_seen: OrderedDict[str, AgentLink] = OrderedDict()
         # Silent past the timeout but alive (the transport says so): slow, watched every tick.
@@ -124,7 +126,10 @@ class SilenceWatch:
             if now >= next_send:
                 next_send = now + self.heartbeat_interval_s
                 for link in [*self._by_last_seen.values(), *self._slow.values()]:
-                    link.channel.send("heartbeat")
+                    if (acked := self.acked(link.agent_id)) is None:
+                        link.channel.send("heartbeat")
+                    else:
+                        link.channel.send("heartbeat", acked=acked)
             if now >= next_stats:
                 next_stats = now + STATS_INTERVAL_S
                 self.report_lateness()

@@ -22,3 +22,4 @@ class Report(Message):
 
     gen: int | None  # the generation it speaks of: an older one's is stale
     shrunk: str | None = None  # link.py cut the message to fit a frame
+    oseq: int | None = None  # its number among its agent's output (agent/unacked.py)

@@ -31,6 +31,7 @@ from ftrun.wire.schema import (
     LINES,
     MAX_LINE,
     MAX_RANKS,
+    OSEQ,
     PEER_SOURCES,
     PID,
     PORT,
@@ -58,7 +59,7 @@ class Role(enum.Enum):
     PEER = "peer"
 
 
-AGENT_REPORT = {"gen": opt(GEN), "shrunk": Str(MAX_LINE)}  # shrunk: link.py cut it to fit
+AGENT_REPORT = {"gen": opt(GEN), "shrunk": Str(MAX_LINE), "oseq": opt(OSEQ)}  # link.py, unacked.py
 
 SCHEMAS: dict[Role, dict[str, Schema]] = {
     Role.AGENT: {
@@ -285,7 +286,6 @@ SCHEMAS: dict[Role, dict[str, Schema]] = {
         "refused": Schema({"message": Str(MAX_LINE)}, ("message",)),
     },
     Role.CONTROLLER: {
-        "heartbeat": Schema({}),
         "launch": Schema({"gen": GEN}, ("gen",), open=True),
         "stop": Schema({"gen": opt(GEN), "grace_s": SECONDS}),
         "signal": Schema({"gen": opt(GEN), "signal": SIGNAL}, ("signal",)),

@@ -8,11 +8,14 @@ schema table of messages.py.
   journal), so the standby needs no shared filesystem.
 - controller → agent `term`: the leading controller's term (its run of the job); an agent's
   host keeps the highest, and refuses what an older term orders (docs/standby.md).
+- controller → agent `heartbeat`, with `acked`: the highest of the agent's numbered output
+  messages (`oseq`) it has written; the agent sends the rest again to the next controller, so
+  output survives a takeover (agent/unacked.py, controller/output_acks.py).
 """
 
 from __future__ import annotations
 
-from ftrun.wire.schema import GEN, PORT, Bool, Schema, Str, opt
+from ftrun.wire.schema import GEN, OSEQ, PORT, Bool, Schema, Str, opt
 
 # What a standby keeps of the job directory: what `ftrun resume` reads.
 REPLICATED = (
@@ -26,6 +29,7 @@ REPLICA_CHUNK = 256 * 1024  # characters of one `replicate` message (a frame is 
 
 AGENT_KINDS = {"standby_ready": Schema({"port": PORT}, ("port",))}
 CONTROLLER_KINDS = {
+    "heartbeat": Schema({"acked": opt(OSEQ)}),
     "standby": Schema(
         {"host": Str(), "addr": opt(Str()), "port": PORT, "term": GEN, "dir": opt(Str(4096))},
         ("host", "port", "term"),

@@ -149,6 +149,7 @@ def opt(field: Field) -> Field:
 
 
 GEN = Int(0, 1 << 31)
+OSEQ = Int(1, 1 << 62)  # an agent's output messages over its life (agent/unacked.py)
 RANK = Int(0, MAX_RANKS)
 STEP = Int(-1, MAX_STEP)
 PID = Int(0, MAX_PID)
