@@ -1,13 +1,16 @@
 """The standby controller (issue 36, items 1 and 2; docs/standby.md), on the ssh testbed: the
 job is launched from inside testbed host node1, which then loses power. The standby on node4
 (the spare) has a replica of the job directory, streamed to it over the control plane; it takes
-the job over and adopts the running generation: the same rank processes, every step once. A
-controller cut off from the job's hosts instead of killed is fenced by term when it comes back.
+the job over and adopts the running generation: the same rank processes, every step once, and
+every step's output line written by the primary or the standby: what the ranks printed while
+the primary's machine was dark is sent again to the standby (agent/unacked.py). A controller
+cut off from the job's hosts instead of killed is fenced by term when it comes back.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +26,7 @@ from tests.testbed import Testbed
 BIN = Path(__file__).resolve().parent.parent / "bin"
 CKPT_TRAIN = str(BIN / "ckpt_train.py")
 STEPS = 200  # 10 s at 0.05 s a step: the generation still runs when it is adopted (~5 s)
+LOSS = re.compile(r"LOSS rank=(\d+) step=(\d+) ")  # tests/bin/ckpt_train.py's line per step
 
 
 @pytest.fixture
@@ -45,6 +49,23 @@ def agent_logs(job_dir: Path) -> str:
     """What each agent said (to the primary, until it was lost; then into its own file)."""
     logs = [*job_dir.glob("agents/*.log"), *Path("/tmp").glob("ftrun-*agent-*/agent.log")]
     return "\n".join(f"--- {p}\n" + p.read_text()[-1500:] for p in logs)
+
+
+def printed(*job_dirs: Path) -> dict[int, list[int]]:
+    """Each rank's steps whose loss line a controller wrote to the job's logs, in any of these
+    job directories (the primary's, the standby's replica), each step as often as written."""
+    steps: dict[int, list[int]] = {}
+    for path in sorted(p for d in job_dirs for p in d.glob("logs/g*/rank*.log")):
+        for rank, step in LOSS.findall(path.read_text(errors="replace")):
+            steps.setdefault(int(rank), []).append(int(step))
+    return steps
+
+
+def missing_lines(steps: int, *job_dirs: Path) -> dict[int, list[int]]:
+    """The (rank, step) loss lines no controller wrote: none, once output survives a loss."""
+    got = printed(*job_dirs)
+    lost = {r: sorted(set(range(1, steps + 1)) - set(got.get(r, []))) for r in (0, 1)}
+    return {r: s for r, s in lost.items() if s}
 
 
 def launch_on_node1(ftrun: Ftrun, bed: Testbed, record: Path) -> subprocess.Popen[str]:
@@ -122,6 +143,11 @@ def test_the_controllers_machine_loses_power_and_the_standby_adopts_the_ranks(
     (incident,) = json.loads(shown.stdout)["incidents"]
     assert incident["kind"] == "controller-lost"
     print(f"killed at {killed_t:.3f}; phases {incident['phases']}")
+    # Every step's line reached a controller: what went into the dead primary's socket, and
+    # what was said while no controller listened, was sent again to the standby.
+    assert not missing_lines(STEPS, job_dir, replica), missing_lines(STEPS, job_dir, replica)
+    twice = {r: len(s) - len(set(s)) for r, s in printed(job_dir, replica).items()}
+    print(f"lines written twice (by the primary, then again by the standby): {twice}")
 
 
 def test_a_cut_off_primary_that_comes_back_is_fenced_by_term(
