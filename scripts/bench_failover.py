@@ -255,6 +255,43 @@ class Bench:
         self.bed.kill(self.victim)
         return before, time.time()
 
+    def quiet_then_stopped(self, run: Run, run_dir: Path) -> dict[str, Any]:
+        """Before the power loss, what a standby on by default must not do: take the job over
+        from a primary that is only busy. For --quiet-s nothing is injected; then the primary is
+        stopped (SIGSTOP, a ^Z) for --stopped-s and continued. Counted from the journals and
+        the agents' logs: takeovers started (the replica's takeover.log), host-lost verdicts
+        (none is true here), and the waits the evidence made ("slow or stopped, not gone")."""
+        a = self.args
+        time.sleep(a.quiet_s)  # the window watched: the job trains, nothing is injected
+        quiet = self.standby_counts(run_dir)
+        steps_before = last_step(run.lines) or 0
+        os.kill(run.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(a.stopped_s)  # the fault: how long the primary stays stopped
+        finally:
+            os.kill(run.proc.pid, signal.SIGCONT)
+        time.sleep(2.0)  # the primary reads what waited for it; a takeover would show by now
+        stopped = self.standby_counts(run_dir)
+        return {
+            "quiet_s": a.quiet_s,
+            "quiet": quiet,
+            "stopped_s": a.stopped_s,
+            "after_stop": stopped,
+            "stepped_across_stop": (last_step(run.lines) or 0) > steps_before,
+        }
+
+    @staticmethod
+    def standby_counts(run_dir: Path) -> dict[str, int]:
+        events = journal_events(run_dir)
+        agents_said = "".join(p.read_text(errors="replace") for p in run_dir.glob("*/agents/*"))
+        return {
+            "takeovers": len(list(run_dir.glob(".standby/*/*/takeover.log"))),
+            "host_lost": sum(
+                e.get("kind") == "fault_detected" and e.get("fault") == "host-lost" for e in events
+            ),
+            "slow_waits": agents_said.count("it is slow or stopped, not gone"),
+        }
+
     # -- the anchor ----------------------------------------------------------------------------
 
     def torchrun_trial(self, i: int, *, store: bool = False) -> dict[str, Any]:
@@ -354,8 +391,7 @@ class Bench:
         policy = ["--min-nodes", "2"] if shrink else ["--spares", "node4"]
         standby = mode == "ftrun-standby"
         self.victim = CONTROLLER_HOST if standby else VICTIM
-        if standby:
-            policy += ["--standby", "node4"]
+        # No --standby: over ssh the first spare (node4) keeps it by default (docs/standby.md).
         if mode == "ftrun-storage":
             policy += ["--peer-copy-rate", "0"]
         ckpt_mode = mode in CKPT_MODES
@@ -407,6 +443,8 @@ class Bench:
                 result["error"] = "ftrun: " + why + error_summary(run.lines, rc)
                 result["launch_failed"] = rc is not None
                 return result
+            if standby:
+                result["busy"] = self.quiet_then_stopped(run, run_dir)
             since = len(run.lines)
             fault_t, killed_t = self.kill_victim()
             result.update(fault_t=fault_t, kill_s=killed_t - fault_t)
@@ -674,6 +712,12 @@ def show(r: dict[str, Any], n: int, wait_s: float) -> str:
         return head + f"not recovered within {wait_s:g} s"
 
     extra = ""
+    if "busy" in r:
+        b = r["busy"]
+        extra = (
+            f"  (before it: {b['quiet_s']:g} s quiet {b['quiet']}, then stopped "
+            f"{b['stopped_s']:g} s: {b['after_stop']}, stepped on: {b['stepped_across_stop']})"
+        )
     if "journal" in r:
         j = r["journal"]
         extra = (
@@ -735,6 +779,24 @@ def main() -> int:
     p.add_argument(
         "--keep-lines", type=int, default=40, help="output lines kept per host in --json"
     )
+    p.add_argument(
+        "--quiet-s",
+        type=float,
+        default=0.0,
+        help="ftrun-standby: before the power loss, watch the job this long for false takeovers",
+    )
+    p.add_argument(
+        "--stopped-s",
+        type=float,
+        default=0.0,
+        help="ftrun-standby: then stop the primary (SIGSTOP) this long; it must keep its job",
+    )
+    p.add_argument(
+        "--stress",
+        type=int,
+        default=0,
+        help="run `stress-ng --cpu N` beside every trial (a busy machine) [0: none]",
+    )
     p.add_argument("--json", default=None, help="also write every trial to this file")
     args = p.parse_args()
     modes = args.only.split(",")
@@ -753,6 +815,11 @@ def main() -> int:
 
     results: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    stress = (
+        subprocess.Popen(["stress-ng", "--cpu", str(args.stress)], stdout=subprocess.DEVNULL)
+        if args.stress
+        else None
+    )
     try:
         with Testbed(5, state_dir=tmp / "testbed", subnet=args.subnet, prefix=args.prefix) as bed:
             bench = Bench(bed, tmp, args)
@@ -776,6 +843,9 @@ def main() -> int:
                     if r.get("launch_failed"):
                         skip.add(mode)  # it will fail the same way again; say so once
     finally:
+        if stress is not None:
+            stress.terminate()
+            stress.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)
         # The powered-off hosts' agents were SIGKILLed and could not remove their temp dirs; an
         # agent started later sweeps them (ftrun/agent/workdir.py), but none starts after the
