@@ -10,17 +10,21 @@ and the ratio measured / predicted, its *factor*, is kept per plan (`Calibration
 How a factor transfers (the rule `Calibration.factor` applies):
   1. a plan measured in this job is predicted at its own factor — the best evidence there is;
   2. a plan not measured takes its factor from the plans measured with its schedule, if any
-     was, else from all: on hosts of a fixed speed the schedule set the factor, not the ranks
-     (bench_reconfig, docs/planner.md: Interleaved1F1B ×5.4–6.6, 1F1B ×3.7–4.3 on 3 and 4
-     ranks alike) — its v-fold sends and scheduled actions per micro-batch are CPU work the
-     model does not count;
+     was, else from those with no more virtual stages a rank than it has (Interleaved1F1B's
+     2, 1F1B's and GPipe's 1), else none: on hosts of a fixed speed the schedule set the
+     factor, not the ranks (bench_reconfig, docs/planner.md: Interleaved1F1B ×5.4–6.6, 1F1B
+     ×3.7–4.3 on 3 and 4 ranks alike). Interleaved1F1B pays what a 1F1B pipeline pays and
+     then its v-fold handoffs between ranks, which the model does not count (its factors
+     ×1.5–2.2 where 1F1B's were ×0.9–1.5 with the profile at the hosts' speed), so a 1F1B
+     factor is a floor for it; an Interleaved factor passed down to a 1F1B plan predicted the
+     re-plan +30 to +78 % off in 7 of 8 runs where the model alone was −26 to +9 %;
   3. of those, from the plans measured on as many ranks or the nearest numbers of ranks:
      between a smaller and a larger one, interpolated linearly in the number of ranks; beyond
      them, the nearest (of several plans on one number of ranks, the latest measured). Much of
      what the model leaves out is paid per rank (each rank's optimizer step, its Python, its
      share of the host's cores where hosts share them) or grows with the ranks (collectives,
      sends), so plans of about as many ranks err alike;
-  4. nothing measured yet: factor 1, the model as it is.
+  4. nothing measured yet, or only plans with more stages a rank: factor 1, the model as it is.
 
 One factor scales every term of a plan's step (compute, bubble, all-reduce, sends, the
 device's reduce, the optimizer) alike: the step rate is what the job measures for a plan as a
@@ -32,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ftrun.planner.layout import Layout
+from ftrun.planner.layout import STEP_TERMS, Layout
 from ftrun.planner.profile import Links
 
 WARMUP_STEPS = 2  # a generation's first steps pay for warm-up (allocations, the first restore)
@@ -54,6 +58,7 @@ class Measured:
     plan: str  # plan_key
     schedule: str
     slots: int  # ranks it ran on
+    stages_per_rank: int  # virtual stages a pipeline rank holds (2: Interleaved1F1B)
     predicted_s: float  # the cost model's, uncalibrated
     measured_s: float
     steps: int  # steps the measurement spans
@@ -81,6 +86,7 @@ class Calibration:
             plan=plan_key(layout),
             schedule=layout.schedule,
             slots=layout.slots_used,
+            stages_per_rank=layout.stages_per_rank,
             predicted_s=layout.step_s,
             measured_s=measured_s,
             steps=steps,
@@ -100,8 +106,14 @@ class Calibration:
         if not self._by_plan:
             return Factor(1.0, "uncalibrated")
         alike = [m for m in self._by_plan.values() if m.schedule == layout.schedule]
+        if not alike:  # a factor passes to as many stages a rank or more, never fewer
+            alike = [
+                m for m in self._by_plan.values() if m.stages_per_rank <= layout.stages_per_rank
+            ]
+        if not alike:
+            return Factor(1.0, "uncalibrated")
         by_slots: dict[int, Measured] = {}
-        for m in alike or self._by_plan.values():  # the latest of each number of ranks
+        for m in alike:  # the latest of each number of ranks
             by_slots[m.slots] = m
         n = layout.slots_used
         below = [s for s in by_slots if s <= n]
@@ -129,13 +141,7 @@ def scaled(layout: Layout, factor: float) -> Layout:
     if factor == 1.0:
         return layout
     return dataclasses.replace(
-        layout,
-        compute_s=layout.compute_s * factor,
-        bubble_s=layout.bubble_s * factor,
-        allreduce_s=layout.allreduce_s * factor,
-        p2p_s=layout.p2p_s * factor,
-        reduce_s=layout.reduce_s * factor,
-        optimizer_s=layout.optimizer_s * factor,
+        layout, **{term: getattr(layout, term) * factor for term in STEP_TERMS}
     )
 
 

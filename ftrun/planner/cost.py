@@ -2,7 +2,7 @@
 
 Step time, after Varuna (Athlur et al., EuroSys '22), with every figure from the profile:
 
-    step = compute + bubble + allreduce + p2p + reduce + optimizer
+    step = compute + bubble + allreduce + p2p + reduce + optimizer + loss
     compute   = M × T            T: the slowest pipeline rank's forward + backward of one
                                  micro-batch of m samples (Σ over its layers of a + b·m)
     bubble    = (PP − 1) × t     t: the slowest virtual stage; = T for GPipe and 1F1B, about
@@ -15,6 +15,11 @@ Step time, after Varuna (Athlur et al., EuroSys '22), with every figure from the
                                  rank's CPU (its copies, sums, TCP stack), which the links' wire
                                  figures leave out; profiled on the device (parallel/profile_step)
     optimizer = the slowest pipeline rank's Σ of its layers' opt_s: one optimizer step, once a step
+    loss      = 2⌈log2(DP·PP)⌉ × lat_ar                      (0 when DP·PP = 1)
+                                 the step's mean loss, all-reduced over every rank after the
+                                 optimizer step (ftrun.parallel's Parallel.step returns it on
+                                 every rank): one number, latency alone, up a tree and back
+                                 down (a ring's 2(N − 1) steps would be the worst case)
 
 (M + PP − 1) × T is Varuna's pipeline time. Sends in the steady state overlap compute
 (torch.distributed.pipelining posts them asynchronously), so only one micro-batch's way through
@@ -33,6 +38,7 @@ micro-batches (Megatron-LM's count, ≤ v·M), each counted at the rank's larges
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
@@ -51,6 +57,7 @@ class StepCost:
     p2p_s: float
     reduce_s: float
     optimizer_s: float
+    loss_s: float
 
     @property
     def step_s(self) -> float:
@@ -68,6 +75,13 @@ def allreduce_s(grad_bytes: float, dp: int, links: Links) -> float:
         return 0.0
     steps = 2 * (dp - 1)
     return steps / dp * grad_bytes / links.allreduce_bytes_per_s + steps * links.allreduce_latency_s
+
+
+def loss_s(world: int, links: Links) -> float:
+    """The loss's all-reduce over all `world` ranks: one number reduced up a binary tree and
+    broadcast back down, 2⌈log2 world⌉ latencies (collectives take a tree or halving-doubling
+    for a buffer this small: NCCL's tree, gloo's)."""
+    return 2 * math.ceil(math.log2(world)) * links.allreduce_latency_s if world > 1 else 0.0
 
 
 def reduce_s(grad_bytes: float, dp: int, reduce_bytes_per_s: float | None) -> float:
@@ -120,6 +134,7 @@ def step_cost(profile: Profile, stages: Stages, *, dp: int, pp: int, m: int, M: 
         p2p_s=p2p_s(profile, stages, m),
         reduce_s=reduce_s(max(grads), dp, profile.reduce_bytes_per_s),
         optimizer_s=max(opt),
+        loss_s=loss_s(dp * pp, profile.links),
     )
 
 
@@ -140,6 +155,7 @@ def step_lower_bound(profile: Profile, *, dp: int, pp: int, v: int, m: int, M: i
         + 2 * (pp * v - 1) * links.p2p_latency_s
         + reduce_s(grad, dp, profile.reduce_bytes_per_s)
         + max(sum(opt) / pp, max(opt))
+        + loss_s(dp * pp, links)
     )
 
 

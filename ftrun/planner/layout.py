@@ -16,7 +16,15 @@ from ftrun import plandoc
 from ftrun.plandoc import PlanDoc
 
 # A predicted step's parts, each a field of cost.StepCost and of Layout: the step is their sum.
-STEP_TERMS = ("compute_s", "bubble_s", "allreduce_s", "p2p_s", "reduce_s", "optimizer_s")
+STEP_TERMS = (
+    "compute_s",
+    "bubble_s",
+    "allreduce_s",
+    "p2p_s",
+    "reduce_s",
+    "optimizer_s",
+    "loss_s",
+)
 
 
 def step_total(parts: object) -> float:
@@ -62,6 +70,7 @@ class Layout:
     slots_available: int
     reduce_s: float = 0.0
     optimizer_s: float = 0.0
+    loss_s: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -131,6 +140,7 @@ class Layout:
             "p2p_s": self.p2p_s,
             "reduce_s": self.reduce_s,
             "optimizer_s": self.optimizer_s,
+            "loss_s": self.loss_s,
             "memory_bytes": list(self.memory_bytes),
             "device_memory_bytes": self.device_memory_bytes,
             "fits": self.fits,

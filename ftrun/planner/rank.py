@@ -302,6 +302,7 @@ def _layout(
         p2p_s=step.p2p_s,
         reduce_s=step.reduce_s,
         optimizer_s=step.optimizer_s,
+        loss_s=step.loss_s,
         memory_bytes=memory,
         device_memory_bytes=budget,
         slots_available=usable,

@@ -10,6 +10,7 @@ from ftrun.planner import LayerProfile, Links, Profile
 from ftrun.planner.cost import (
     allreduce_s,
     in_flight,
+    loss_s,
     rank_memory,
     reduce_s,
     step_cost,
@@ -43,7 +44,9 @@ def test_step_cost_by_hand() -> None:
     assert cost.allreduce_s == pytest.approx(0.002 + 0.002)
     # one boundary, both ways: 2 × (2 samples × 1 kB / 100 MB/s + 0.1 ms)
     assert cost.p2p_s == pytest.approx(2 * (2e-5 + 1e-4))
-    assert cost.step_s == pytest.approx(2.88 + 0.72 + 0.004 + 0.00024)
+    # the loss over the 4 ranks: up a tree of depth 2 and back, 4 × 1 ms
+    assert cost.loss_s == pytest.approx(0.004)
+    assert cost.step_s == pytest.approx(2.88 + 0.72 + 0.004 + 0.00024 + 0.004)
 
 
 def with_step_costs(profile: Profile, opt_s: list[float], reduce_bytes_per_s: float) -> Profile:
@@ -61,7 +64,7 @@ def test_the_devices_reduce_and_the_optimizer_step_by_hand() -> None:
     assert cost.reduce_s == pytest.approx(0.008)
     # the slowest rank's optimizer step: layers 2 and 3, 3 + 4 = 7 ms
     assert cost.optimizer_s == pytest.approx(0.007)
-    assert cost.step_s == pytest.approx(2.88 + 0.72 + 0.004 + 0.00024 + 0.008 + 0.007)
+    assert cost.step_s == pytest.approx(2.88 + 0.72 + 0.004 + 0.00024 + 0.008 + 0.007 + 0.004)
     # DP4 × PP1: a ring of 4 moves 2·3/4 of the 4 MB of gradients through each rank
     one_stage = step_cost(model, ((0, 4),), dp=4, pp=1, m=2, M=4)
     assert one_stage.reduce_s == pytest.approx(1.5 * 4e6 / 2.5e8)
@@ -74,9 +77,28 @@ def test_the_devices_reduce_and_the_optimizer_step_by_hand() -> None:
     assert bound >= step_lower_bound(four_layers(), dp=2, pp=2, v=1, m=2, M=4) + 0.005 + 0.008
 
 
+@pytest.mark.parametrize(
+    ("world", "latencies"), [(1, 0), (2, 2), (3, 4), (4, 4), (5, 6), (1024, 20)]
+)
+def test_the_loss_all_reduce_is_a_tree_of_latencies(world: int, latencies: int) -> None:
+    # Parallel.step all-reduces the mean loss over every rank, every step: one number, so
+    # latency alone, 2⌈log2 world⌉ of them (not a ring's 2(world − 1): 2046 at 1024 ranks).
+    assert loss_s(world, LINKS) == pytest.approx(latencies * 1e-3)
+    dp, pp = (world, 1) if world in (1, 5) else (world // 2, 2) if world % 2 == 0 else (1, world)
+    if world <= 4:
+        stages = (
+            ((0, 4),) if pp == 1 else tuple((i * 4 // pp, (i + 1) * 4 // pp) for i in range(pp))
+        )
+        cost = step_cost(four_layers(), stages, dp=dp, pp=pp, m=1, M=4)
+        assert cost.loss_s == pytest.approx(latencies * 1e-3)
+        bound = step_lower_bound(four_layers(), dp=dp, pp=pp, v=1, m=1, M=4)
+        assert bound <= cost.step_s and bound >= latencies * 1e-3
+
+
 def test_one_replica_pays_no_allreduce_and_one_stage_no_sends() -> None:
     cost = step_cost(four_layers(), ((0, 4),), dp=1, pp=1, m=1, M=8)
     assert cost.allreduce_s == 0 and cost.p2p_s == 0 and cost.bubble_s == 0
+    assert cost.loss_s == 0  # one rank: nothing to all-reduce
     assert cost.compute_s == pytest.approx(8 * 4 * 0.33)
     assert allreduce_s(10**9, 1, LINKS) == 0
 
