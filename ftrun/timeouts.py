@@ -4,7 +4,8 @@
     host_lost_timeout_s    the controller declares an agent lost after this much silence
                            (a remote agent; a local agent whose process is alive is only "slow")
     fence_timeout_s        an agent kills its ranks after this much silence from the controller
-    local_stall_timeout_s  a local agent alive but silent this long is lost after all (frozen or
+    local_stall_timeout_s  an agent known to be there (its process alive, or its machine still
+                           acknowledging us) but silent this long is lost after all (frozen or
                            deadlocked); 0 = never
 
 Where they come from: flags beat the policy file's [timeouts] beat these defaults. How to choose

@@ -135,7 +135,8 @@ PEER_COPY_RATE: Any = typer.Option(
 LOCAL_STALL_TIMEOUT: Any = typer.Option(
     None,
     "--local-stall-timeout",
-    help="Seconds a local agent may be alive but silent before it is lost anyway; 0 = never [60].",
+    help="Seconds an agent may be silent but known to be there (its process alive, or its "
+    "machine still acknowledging) before it is lost anyway; 0 = never [60].",
 )
 PROFILE: Any = typer.Option(
     None,

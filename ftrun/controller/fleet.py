@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ftrun import peer_kernel
 from ftrun.config import LaunchConfig
 from ftrun.controller.agent_processes import AgentProcesses
 from ftrun.controller.jobkey import job_checkpoint_key
@@ -26,6 +27,10 @@ from ftrun.journal import Journal
 from ftrun.tasks import TaskSupervisor
 from ftrun.transport.base import Transport
 from ftrun.wire.inbound import Hello, Hosts, Stopped
+
+# An agent's machine that acknowledged our heartbeats (every 0.25 s) this recently is there: well
+# inside the host-lost timeout (1 s), so a host that lost power is still lost at the timeout.
+AGENT_ANSWER_WINDOW_S = 0.5
 
 
 class Fleet:
@@ -209,9 +214,20 @@ class Fleet:
         return agents
 
     def agent_alive(self, agent_id: str) -> bool | None:
-        """Whether the agent's process runs, where the transport can tell (local agents);
-        None where it cannot (a remote agent's ssh session says nothing about its host)."""
-        return self.agents.alive(agent_id)
+        """Whether the agent is there though silent: its process runs, where the transport
+        can tell (local agents); else whether its machine still acknowledges our heartbeats
+        (peer_kernel.py: a remote agent that is starved or stopped, not lost with its machine
+        or cut off). None where neither can say (the silence then decides, as it did)."""
+        alive = self.agents.alive(agent_id)
+        if alive is not None:
+            return alive
+        link = self.server.links.get(agent_id)
+        if link is None or link.lost:
+            return None
+        return peer_kernel.answers(
+            link.channel.writer.get_extra_info("socket"),
+            window_s=min(AGENT_ANSWER_WINDOW_S, self.config.host_lost_timeout_s / 2),
+        )
 
     def agent_of(self, host: str) -> str | None:
         return self.roster.slots[host].agent_id if host in self.roster.slots else None
