@@ -25,7 +25,9 @@ come and the job trains to its last step. It ends with:
 - the job finished, exit 0;
 - losses: every (rank, step) the job printed, in every generation, equal to an uninterrupted
   run of the same script on 2 local ranks (plain torchrun), bit for bit, as long as the plan
-  did not change (2 hosts throughout: a spare is always back in time);
+  did not change (2 hosts throughout: a spare is always back in time); and every step printed
+  by some rank, controller faults included (output survives a controller change:
+  agent/unacked.py; a (rank, step) line lost with its host is counted, not failed);
 - no growth of file descriptors, memory, threads or child processes in the controller and the
   agents: sampled every --sample-every seconds, reported per process (first sample after
   --warmup-s, last, max) with a verdict; and every host back to its sshd alone at the end.
