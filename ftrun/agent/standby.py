@@ -45,6 +45,7 @@ class Standby:
         self.port = 0
         self.run_dir: Path | None = None  # the replica's run directory, on the standby host
         self.takeover: subprocess.Popen[bytes] | None = None
+        self.lost_at = 0.0  # when the primary was last taken for gone (the takeover's detection)
 
     @property
     def job_dir(self) -> Path | None:
@@ -95,6 +96,7 @@ class Standby:
         takeover starts only if the link is still without a controller PRIMARY_CHECK_S later."""
         if self.job_dir is None:
             return
+        self.lost_at = time.time()
         if time.monotonic() - self.link.last_heard >= self.boot.fence_timeout_s:
             self._start_takeover()
         else:
@@ -128,6 +130,7 @@ class Standby:
         env = {k: v for k, v in os.environ.items() if k != envcontract.AGENT_ID}
         argv = [self.boot.python or sys.executable, "-m", "ftrun", "resume", self.boot.job_id]
         argv += ["--run-dir", str(self.run_dir), "--takeover-port", str(self.port)]
+        argv += ["--lost-at", repr(self.lost_at)]
         log.warning("the primary controller is gone: starting the standby's takeover")
         with open(job_dir / "takeover.log", "ab") as out:
             self.takeover = subprocess.Popen(

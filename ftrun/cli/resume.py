@@ -50,6 +50,12 @@ STANDBY_PROBE_S = 1.0
 def resume(
     job: str = typer.Argument(..., help="A job id (or a unique prefix)."),
     run_dir: Path | None = job_options.RUN_DIR,
+    lost_at: float | None = typer.Option(
+        None,
+        "--lost-at",
+        hidden=True,
+        help="A standby's takeover: when its agent took the primary for gone (Unix time).",
+    ),
     takeover_port: int | None = typer.Option(
         None,
         "--takeover-port",
@@ -105,7 +111,7 @@ def resume(
                 "past the agents' grace): standing down",
                 hint="if its controller is gone for good, `ftrun resume` it by hand",
             )
-        adoption = dataclasses.replace(adoption, port=takeover_port, takeover=True)
+        adoption = dataclasses.replace(adoption, port=takeover_port, takeover=True, lost_at=lost_at)
         # It runs on the standby host itself: no standby of its own (docs/standby.md).
         config = dataclasses.replace(config, standby=None)
     code = launch.run(config, policy, point, adoption)

@@ -50,6 +50,8 @@ class Adoption:
     # A standby's takeover (docs/standby.md): it adopts only if most of the generation's agents
     # come to it; fewer means the primary still has them, and the standby stands down.
     takeover: bool = False
+    # When the standby's agent took the primary for gone (its verdict: the incident's detection).
+    lost_at: float | None = None
 
     @property
     def wait_s(self) -> float:

@@ -66,10 +66,13 @@ class Resumption:
         adopting: bool,
         next_gen: int,
         batch_loss: BatchLoss | None = None,
+        lost_at: float | None = None,
     ) -> None:
         """A job that ran before goes on. If its controller died (no `job_finished`), the
         outage is an incident; unless the running generation may be adopted, it ended.
-        `batch_loss`: the Slurm batch node was lost with it, and an agent requeued the job."""
+        `batch_loss`: the Slurm batch node was lost with it, and an agent requeued the job.
+        `lost_at`: a standby's takeover, when its agent took the primary for gone: the
+        detection; the takeover is now (docs/standby.md)."""
         incident = point.open_incident
         if point.finished is None:
             incident = self.incidents.open()
@@ -87,7 +90,8 @@ class Resumption:
                 fault=fault,
                 host=batch_loss.batch_host if batch_loss else None,
                 fault_t=point.last_t,
-                detected_t=batch_loss.lost_t if batch_loss else time.time(),
+                detected_t=batch_loss.lost_t if batch_loss else lost_at or time.time(),
+                taken_over_t=time.time() if lost_at is not None else None,
                 step=point.last_step,
                 reason=reason,
             )

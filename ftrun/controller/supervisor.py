@@ -150,6 +150,7 @@ class Supervisor:
                 adopting=self.adoption is not None,
                 next_gen=self.generation + 1,
                 batch_loss=await self._batch_loss(self.resume),
+                lost_at=self.adoption.lost_at if self.adoption is not None else None,
             )
         self.quarantine.bench_known(self.job)
         self.signals.install()

@@ -236,7 +236,7 @@ HOST_KINDS = frozenset(
 RANK_KINDS = frozenset("generation_launched rank_started rank_exited generation_ended".split())
 INCIDENT_FIELDS = (
     "exit_code signal exception traceback traceback_source injected allowance_s "
-    "past_allowance_s section stacks states idle_s clean_rank"
+    "past_allowance_s section stacks states idle_s clean_rank taken_over_t"
 ).split()
 
 

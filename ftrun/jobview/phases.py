@@ -18,6 +18,8 @@ from ftrun.jobview.views import Incident
 PHASE_OF_POINT = {
     "detected": BUCKET_LABELS["detection"],
     "torn down": BUCKET_LABELS["teardown"],
+    # A standby's takeover: from the agents' verdict to the new controller, the hand-over.
+    "taken over": BUCKET_LABELS["teardown"],
     "relaunched": BUCKET_LABELS["waiting_for_hosts"],
     "first step again": BUCKET_LABELS["relaunch"],  # ranks start, restore, step once
 }

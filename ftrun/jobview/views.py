@@ -50,6 +50,7 @@ class Incident:
     clean_rank: int | None = None  # exit_hang: the rank that exited 0 first
     stacks_missing_from: list[str] = field(default_factory=list)  # hosts that sent no stacks
     torn_down_t: float | None = None
+    taken_over_t: float | None = None  # a standby's takeover: its controller came up
     relaunched_t: float | None = None
     next_generation: int | None = None
     first_step_t: float | None = None
@@ -88,7 +89,10 @@ class Incident:
         return [
             ("fault", self.fault_t),
             ("detected", self.detected_t),
-            ("torn down", self.torn_down_t),
+            # A standby's takeover tears nothing down: its point there is the new controller.
+            ("taken over", self.taken_over_t)
+            if self.taken_over_t is not None
+            else ("torn down", self.torn_down_t),
             ("relaunched", self.relaunched_t),
             ("first step again", self.first_step_t),
         ]

@@ -9,6 +9,7 @@ takeover is refused with a pointer to where the job runs, instead of competing w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -107,3 +108,11 @@ def test_a_resume_by_hand_after_a_takeover_points_to_the_standby(
     for rank in (0, 1):
         done = [s for s, _ in recorded_steps(record, rank)]
         assert done == list(range(1, STEPS + 1)), done[-5:]
+    # inspect on the replica: the outage's phases, the agents' verdict before the takeover.
+    shown = ftrun.run("inspect", job_dir.name, "--run-dir", str(replica.parent), "--json")
+    (incident,) = json.loads(shown.stdout)["incidents"]
+    phases = incident["phases"]
+    assert incident["kind"] == "controller-lost" and "torn down" not in phases, incident
+    assert phases["detected"] <= phases["taken over"] <= phases["relaunched"], phases
+    assert phases["relaunched"] <= phases["first step again"], phases
+    print("phases after the kill:", {k: round(v - phases["fault"], 3) for k, v in phases.items()})
