@@ -270,7 +270,9 @@ class Bench:
             time.sleep(a.stopped_s)  # the fault: how long the primary stays stopped
         finally:
             os.kill(run.proc.pid, signal.SIGCONT)
-        time.sleep(2.0)  # the primary reads what waited for it; a takeover would show by now
+        deadline = time.monotonic() + 15.0  # the primary reads what waited for it
+        while (last_step(run.lines) or 0) <= steps_before and time.monotonic() < deadline:
+            time.sleep(0.1)
         stopped = self.standby_counts(run_dir)
         return {
             "quiet_s": a.quiet_s,
@@ -524,12 +526,17 @@ def standby_recovery(run_dir: Path) -> tuple[float, int | None, int | None] | No
 
 
 def standby_phases(run_dir: Path, fault_t: float) -> dict[str, float | None]:
-    """Seconds from the power loss: the takeover's start (detected), the generation adopted."""
+    """Seconds from the power loss: the standby's agent took the primary for gone (detected),
+    its takeover's controller came up (taken over), the generation adopted."""
     events = replica_events(run_dir)
+    lost = [
+        e
+        for e in events
+        if e.get("kind") == "fault_detected" and e.get("fault") == "controller-lost"
+    ]
     found = {
-        "detected": next(
-            (e["detected_t"] for e in events if e.get("kind") == "fault_detected"), None
-        ),
+        "detected": lost[0].get("detected_t") if lost else None,
+        "taken_over": lost[0].get("taken_over_t") if lost else None,
         "adopted": next((e["t"] for e in events if e.get("kind") == "adopted"), None),
     }
     return {k: (round(v - fault_t, 3) if v else None) for k, v in found.items()}
@@ -712,9 +719,11 @@ def show(r: dict[str, Any], n: int, wait_s: float) -> str:
         return head + f"not recovered within {wait_s:g} s"
 
     extra = ""
+    if r.get("phases"):
+        extra += f"  (phases after the power loss, s: {r['phases']})"
     if "busy" in r:
         b = r["busy"]
-        extra = (
+        extra += (
             f"  (before it: {b['quiet_s']:g} s quiet {b['quiet']}, then stopped "
             f"{b['stopped_s']:g} s: {b['after_stop']}, stepped on: {b['stepped_across_stop']})"
         )
