@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ftrun.agent.link import ControlLink
+from ftrun.agent.unacked import UnackedRing
 from ftrun.bootstrap import Bootstrap
 from ftrun.controller.inbox import Inbox
 from ftrun.controller.output_acks import OutputAcks
@@ -162,5 +163,30 @@ def test_the_same_controller_after_a_blip_drops_what_it_already_has():
         del inbox
         await agent.close()
         await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_ring_that_overflowed_says_so_to_the_next_controller():
+    async def scenario() -> None:
+        secret, port = protocol.new_secret(), free_port("127.0.0.1")
+        first, _ = await controller(secret, port)
+        agent = Agent(port, secret)
+        agent.link.unacked = UnackedRing(max_messages=2)
+        await agent.start()
+        await first.close()  # nothing acknowledged, and no controller for a while
+        await until(lambda: agent.link.rejoining or agent.link.chan is None, what="the loss")
+        agent.say("1", "2", "3", "4", "5")
+        second, second_inbox = await controller(secret, port)
+        written: list[str] = []
+        stop = asyncio.Event()
+        reader = asyncio.create_task(take_logs(second_inbox, written, stop))
+        await until(lambda: len(written) >= 3, what="the ring and the note")
+        assert written[:2] == ["4", "5"], written  # the oldest went
+        assert "3 output messages of a were dropped" in written[2], written
+        stop.set()
+        await reader
+        await agent.close()
+        await second.close()
 
     asyncio.run(scenario())
