@@ -144,7 +144,9 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     assert [g["world_size"] for g in launched] == world
 
     # The calibration against the steps the job ran: generation 1's plan measured, its factor
-    # measured / the model's; the re-plan predicted with it (nothing else was measured yet).
+    # measured / the model's; the re-plan predicted with it (nothing else was measured yet)
+    # unless the re-plan holds fewer virtual stages a rank: an Interleaved1F1B factor is not
+    # passed down to a 1F1B plan (docs/planner.md, Transfer), which is then the model's alone.
     calibrated = kinds(events, "plan_calibrated")
     [g1] = [c for c in calibrated if c["gen"] == 1 and c["final"]]
     assert g1["factor"] == pytest.approx(g1["measured_step_s"] / g1["predicted_step_s"], rel=1e-3)
@@ -152,9 +154,14 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
     # The steps rank 0 timed (the journal's rate also holds the snapshot and the print).
     assert 0.7 < g1["measured_step_s"] / printed < 3.0, (g1, printed)
     assert plans[0]["calibration"]["source"] == "uncalibrated"
-    assert plans[1]["calibration"]["source"].startswith("from ")
+    passed = (
+        shrunk["schedule"] == first["schedule"]
+        or shrunk["stages_per_rank"] >= first["stages_per_rank"]
+    )
+    source = plans[1]["calibration"]["source"]
+    assert source.startswith("from ") if passed else source == "uncalibrated", (source, shrunk)
     assert plans[1]["predicted_step_s"] == pytest.approx(
-        plans[1]["model_step_s"] * g1["factor"], rel=1e-3
+        plans[1]["model_step_s"] * (g1["factor"] if passed else 1.0), rel=1e-3
     )
     assert any(c["gen"] == 2 for c in calibrated), "the re-plan measured before the grow"
     # The grow weighed on calibrated figures: taken only when faster by the margin (5 %).
@@ -171,7 +178,12 @@ def test_a_lost_host_replans_dp_x_pp_and_a_grow_back_is_weighed_on_measured_step
         # Generation 1's plan is predicted at its own measurement; another 4-rank plan (a near
         # tie of another schedule) at the factor of the plans measured with its schedule first
         # (docs/planner.md, Transfer), which may rank it ahead.
-        assert source == "measured" if grown == first else source.startswith("from "), source
+        # (or none, when every plan measured holds more virtual stages a rank than it does).
+        below = grown["stages_per_rank"] < min(first["stages_per_rank"], shrunk["stages_per_rank"])
+        if grown == first:
+            assert source == "measured", source
+        else:
+            assert source == "uncalibrated" if below else source.startswith("from "), source
         assert plans[2]["why"].startswith("grow")
 
     # status shows the plan running last; inspect each generation's, predicted and measured.
