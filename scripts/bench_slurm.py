@@ -3,6 +3,10 @@ in one run: submit → first step; a node lost → first step again (with a spar
 a preemption notice → the requeued job's first step, and the steps lost to it.
 
     python scripts/bench_slurm.py [--trials N] [--json FILE]
+    python scripts/bench_slurm.py --only batch-node [--trials N] [--json FILE]
+
+`--only batch-node`: the batch node's power loss, ftrun 3+1 against plain torchrun on 3 nodes, on
+a 5-node bed (scripts/bench_slurm_batch.py says what it measures).
 
 Both jobs run tests/bin/ckpt_train.py on 2 nodes × 1 rank (gloo, CPU). The plain job is the batch
 script people write: `srun --unbuffered --ntasks-per-node=1 torchrun --nnodes 2 --rdzv-backend
@@ -18,133 +22,21 @@ Times are wall clock on this (shared, 2-core) machine: read the ratios.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import os
-import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import bench_slurm_batch
 import benchlib
 from benchlib import Column, Table
+from slurm_bench_bed import ROOT, Bed, Follower, free_port, made
 
-ROOT = Path(__file__).resolve().parent.parent
-BED = ["bash", str(ROOT / "scripts" / "slurm_testbed.sh")]
 TRAIN = str(ROOT / "tests" / "bin" / "ckpt_train.py")
-STEP = re.compile(r"LOSS rank=0 step=(\d+) |RESTORED rank=0 step=(\d+) ")
 ARGS = ["--steps", "150", "--step-time", "0.1"]
-
-
-class Bed:
-    """The testbed in its own directory and ports, up for the whole run."""
-
-    def __init__(self, state_dir: str, scratch: str) -> None:
-        self.env = {
-            **os.environ,
-            # The jobs inherit it (sbatch --export=ALL): torchrun's and the agents' temp dirs
-            # go where the bench's temp dir goes away.
-            "TMPDIR": scratch,
-            "FTRUN_SLURMBED_DIR": state_dir,
-            "FTRUN_SLURMBED_CTLD_PORT": "16917",
-            "FTRUN_SLURMBED_SLURMD_PORT": "17101",
-        }
-
-    def __enter__(self) -> Bed:
-        subprocess.run([*BED, "up"], env=self.env, check=True, capture_output=True, timeout=600)
-        for line in subprocess.run(
-            [*BED, "env"], env=self.env, check=True, capture_output=True, text=True
-        ).stdout.splitlines():
-            name, _, value = line.removeprefix("export ").partition("=")
-            self.env[name] = value.strip("'\"")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        subprocess.run([*BED, "down"], env=self.env, capture_output=True, timeout=120)
-
-    def run(self, *argv: str) -> str:
-        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
-        return done.stdout
-
-    def state(self, job_id: str) -> str:
-        """JobState, and how many times Slurm requeued the job when it did."""
-        out = self.run("scontrol", "show", "job", "-o", job_id)
-        match = re.search(r"JobState=(\S+)", out)
-        restarts = re.search(r"Restarts=(\d+)", out)
-        state = match.group(1) if match else "?"
-        if restarts and restarts.group(1) != "0":
-            state += f" (requeued x{restarts.group(1)})"
-        return state
-
-    def power_off(self, node: str) -> None:
-        subprocess.run([*BED, "kill", node], env=self.env, check=True, capture_output=True)
-
-    def power_on(self, node: str) -> None:
-        subprocess.run([*BED, "start", node], env=self.env, check=True, capture_output=True)
-
-    def cancel_all(self) -> None:
-        user = getpass.getuser()
-        subprocess.run(["scancel", f"--user={user}"], env=self.env, capture_output=True)
-        deadline = time.monotonic() + 30
-        while self.run("squeue", "-h").strip() and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
-class Follower:
-    """Follows Slurm's output file of a job: when each of rank 0's steps first appeared."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.seen: dict[int, float] = {}
-        self.marks: list[tuple[float, int]] = []  # (time seen, step) of each step line
-        # (time seen, is a RESTORED line: a run's start) of every line, in the file's order
-        self.lines: list[tuple[float, bool]] = []
-        self._offset: dict[Path, int] = {}
-
-    def poll(self) -> None:
-        for path in sorted(self.directory.glob("slurm-*.out")):
-            with open(path, errors="replace") as f:
-                f.seek(self._offset.get(path, 0))
-                text = f.read()
-                self._offset[path] = f.tell()
-            now = time.monotonic()
-            for match in STEP.finditer(text):
-                if match.group(1) is not None:
-                    self.marks.append((now, int(match.group(1))))
-                self.lines.append((now, match.group(1) is None))
-
-    def step_after(self, t: float, timeout_s: float) -> float | None:
-        """Seconds from `t` to the first step of a run that started after it: the first step
-        line after a RESTORED line seen after `t` (a rank of the old run may still print a step
-        or two). None: none within the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.poll()
-            start = next(
-                (i for i, (when, restored) in enumerate(self.lines) if restored and when > t), None
-            )
-            if start is not None:
-                steps = [when for when, restored in self.lines[start:] if not restored]
-                if steps:
-                    return steps[0] - t
-            time.sleep(0.05)
-        return None
-
-    def reached(self, step: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.poll()
-            if any(s >= step for _, s in self.marks):
-                return True
-            time.sleep(0.05)
-        return False
 
 
 def ftrun_trial(bed: Bed, run_dir: Path, *, spares: int, wait_s: float) -> dict[str, Any]:
@@ -228,12 +120,6 @@ def plain_trial(bed: Bed, out: Path, *, wait_s: float) -> dict[str, Any]:
     return row
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 TABLE = Table(
     [
         Column(key="launcher", header="launcher", align="<"),
@@ -255,19 +141,25 @@ def one(name: str, bed: Bed, tmp: Path, trial: int, wait_s: float) -> dict[str, 
     return ftrun_trial(bed, tmp / "runs", spares=spares, wait_s=wait_s)
 
 
-def _made(path: str) -> str:
-    os.makedirs(path)
-    return path
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for each phase")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument(
+        "--only",
+        choices=["batch-node"],
+        help="batch-node: the batch node's power loss alone, 3+1 nodes on a 5-node bed "
+        "(scripts/bench_slurm_batch.py)",
+    )
+    p.add_argument("--persist-every", type=int, default=5, help="batch-node: steps per persist")
+    p.add_argument("--keep-output", help="batch-node: keep each job's Slurm output in this folder")
     args = p.parse_args()
     # SIGTERM unwinds like Ctrl-C, so that the testbed and the temp dir are taken down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.only == "batch-node":
+        bench_slurm_batch.main(args)
+        return
     rows: dict[str, list[dict[str, Any]]] = {
         "srun torchrun": [],
         "ftrun spare": [],
@@ -275,7 +167,7 @@ def main() -> None:
     }
     with (
         tempfile.TemporaryDirectory(prefix="ftrun-bench-slurm-") as tmp,
-        Bed(f"{tmp}/bed", scratch=_made(f"{tmp}/scratch")) as bed,
+        Bed(f"{tmp}/bed", scratch=made(f"{tmp}/scratch")) as bed,
     ):
         for trial in range(args.trials):
             for name in rows:
