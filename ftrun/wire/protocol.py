@@ -37,7 +37,7 @@ from ftrun.errors import ProtocolError
 from ftrun.tls import client_context
 from ftrun.wire.messages import Role, validate
 
-VERSION = 2
+VERSION = 3  # 3: numbered output (oseq) and its acknowledgement (acked)
 MAX_FRAME_BYTES = 1 << 20
 # A hello is a few hundred bytes; until a peer has said one, this is all it may send in a frame.
 PREAUTH_MAX_FRAME_BYTES = 4096

@@ -10,6 +10,7 @@ import pytest
 from ftrun.wire import inbound
 from ftrun.wire.inbound import CLASSES, CheckpointTier, Hello, Progress, Stopped, typed, wire_name
 from ftrun.wire.messages import SCHEMAS, Role, validate
+from ftrun.wire.protocol import VERSION
 from ftrun.wire.schema import Bool, ByRank, Field, Int, Json, ListOf, Num, Str
 from tests.unit.test_messages import HONEST
 
@@ -78,7 +79,7 @@ def test_every_honest_message_decodes_to_its_class_with_every_field(role, body):
 
 
 def test_absent_fields_read_as_none_and_python_names_map_back_to_the_wire():
-    hello = typed(Role.AGENT, {"v": 2, "kind": "hello", "seq": 1, "agent_id": "a#0"})
+    hello = typed(Role.AGENT, {"v": VERSION, "kind": "hello", "seq": 1, "agent_id": "a#0"})
     assert hello == Hello(agent_id="a#0") and hello.port is None and hello.gen is None
     tier = {"kind": "checkpoint_tier", "gen": 1, "rank": 0, "tier": "storage", "from": "live"}
     assert typed(Role.AGENT, tier) == CheckpointTier(gen=1, rank=0, tier="storage", from_="live")
@@ -123,7 +124,7 @@ def test_the_link_checks_report_lives_beside_the_health_checks_and_decodes_like_
     from ftrun.wire.inbound_checks import LinkProbed
 
     body = {
-        "v": 2,
+        "v": VERSION,
         "kind": "link_probed",
         "seq": 1,
         "gen": None,

@@ -7,10 +7,11 @@ import pytest
 
 from ftrun.errors import ProtocolError
 from ftrun.wire.messages import MAX_LINE, SCHEMAS, Role, validate
+from ftrun.wire.protocol import VERSION
 
 
 def body(kind: str, **fields):
-    return {"v": 2, "kind": kind, "seq": 1, **fields}
+    return {"v": VERSION, "kind": kind, "seq": 1, **fields}
 
 
 HONEST = [
