@@ -553,6 +553,10 @@ def main() -> int:
     unknown = [f for f in args.faults.split(",") if f not in ALL_FAULTS]
     if unknown:
         p.error(f"--faults: unknown {', '.join(unknown)}; choose among {', '.join(ALL_FAULTS)}")
+    if {"controller-kill", "controller-power"} <= set(args.faults.split(",")):
+        # controller-power needs the standby, and with one a killed controller is taken over by
+        # it, not resumed by hand (`ftrun resume` then points to the standby and starts nothing)
+        p.error("--faults: controller-kill and controller-power cannot be combined")
     reason = unavailable_reason()
     if reason:
         print(f"soak: {reason}", file=sys.stderr)
