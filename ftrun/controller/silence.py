@@ -3,9 +3,11 @@ the silence check, and the lateness figures (docs/timeouts.md).
 
 An agent silent for host_lost_timeout_s is lost (`lose`, the server's). Silence alone is weak
 evidence on a busy machine, so two things keep it honest:
-- an agent whose process the transport knows to be alive (a local agent) is *slow*, not lost:
-  an `agent_slow` event, then `agent_recovered` when it speaks again; it is lost when its
-  process exits, or after local_stall_timeout_s of silence (0: never);
+- an agent known to be there is *slow*, not lost: a local agent whose process the transport
+  knows to be alive, or a remote one whose machine still acknowledges our heartbeats
+  (fleet.agent_alive, peer_kernel.py): an `agent_slow` event, then `agent_recovered` when it
+  speaks again; it is lost when its process exits or its machine stops answering, or after
+  local_stall_timeout_s of silence (0: never);
 - when our own loop wakes up late (we were stalled, not the agents), the silence check waits one
   tick, so that the heartbeats waiting in our socket buffers are read before anyone is judged.
 Heartbeat lateness and our loop's lag are journaled every STATS_INTERVAL_S (`heartbeat_stats`).
@@ -147,7 +149,8 @@ class SilenceWatch:
                 del self._by_last_seen[link.agent_id]
                 self._slow[link.agent_id] = link
                 log.warning(
-                    "%s silent for %.2f s but its process is alive: slow, not lost",
+                    "%s silent for %.2f s but alive (its process runs, or its machine "
+                    "acknowledges us): slow, not lost",
                     link.agent_id,
                     silent,
                 )
