@@ -86,10 +86,16 @@ class JobSignals:
         took it over while we were cut off (docs/standby.md). This controller stops; the job
         goes on there."""
         self.journal.record("superseded", host=host)
+        cfg = self.config
+        where = (
+            f"on {cfg.standby}: `ftrun status {cfg.job_id} --run-dir "
+            f"{cfg.job_dir.parent / '.standby' / cfg.standby}`"
+            if cfg.standby
+            else "`ftrun status` on the standby host"
+        )
         self.reporter.notice(
             f"{host} refused this controller: a standby controller took the job over while "
-            "this machine was cut off; stopping here (the job goes on there: `ftrun status` "
-            "on the standby host)",
+            f"this machine was cut off; stopping here (the job goes on there, {where})",
             level="warning",
         )
         self.count += 1
