@@ -153,7 +153,10 @@ def main() -> None:
         "(scripts/bench_slurm_batch.py)",
     )
     p.add_argument("--persist-every", type=int, default=5, help="batch-node: steps per persist")
-    p.add_argument("--keep-output", help="batch-node: keep each job's Slurm output in this folder")
+    p.add_argument(
+        "--keep-output",
+        help="batch-node: keep each job's Slurm output (and ftrun's job directory) in this folder",
+    )
     args = p.parse_args()
     # SIGTERM unwinds like Ctrl-C, so that the testbed and the temp dir are taken down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

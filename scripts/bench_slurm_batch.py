@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,7 @@ def ftrun_trial(bed: Bed, run_dir: Path, *, persist_every: int, wait_s: float) -
     submitted = json.loads(bed.run(*argv, *train_args(persist_every)))
     job_dir, job_id = Path(submitted["job_dir"]), submitted["slurm_job_id"]
     row = lose_batch_node(bed, Follower(job_dir), job_id, t0, wait_s)
+    row["job_dir"] = str(job_dir)
     if row["again"] == "yes":
         row["end"] = bed.wait_end(job_id, wait_s * 2)
         row.update(journal_phases(bed, run_dir, submitted["job_id"], row["lost_wall"]))
@@ -210,6 +212,17 @@ TABLE = Table(
 FIGURES = ("again_s", "detected_s", "requeued_s", "running_s", "relaunched_s", "steps_lost")
 
 
+def keep(folder: str, name: str, text: str, row: dict[str, Any]) -> None:
+    """A trial's Slurm output, and ftrun's job directory (its journal and agents' logs, to tell
+    why the trial went as it did) without the checkpoints and the job's secrets."""
+    kept = Path(folder, f"{name}.out")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(text)
+    if "job_dir" in row:
+        skip = shutil.ignore_patterns("checkpoints", "*.key", "*.tls")
+        shutil.copytree(row["job_dir"], kept.with_suffix(""), ignore=skip, symlinks=True)
+
+
 def one(name: str, bed: Bed, tmp: Path, trial: int, args: argparse.Namespace) -> dict:
     every, wait_s = args.persist_every, args.wait
     if name == "srun torchrun":
@@ -242,9 +255,7 @@ def main(args: argparse.Namespace) -> None:
                         bed.power_on(node, check=False)
                 text = row.pop("output")
                 if args.keep_output:
-                    kept = Path(args.keep_output, f"{name.split()[0]}-{trial + 1}.out")
-                    kept.parent.mkdir(parents=True, exist_ok=True)
-                    kept.write_text(text)
+                    keep(args.keep_output, f"{name.split()[0]}-{trial + 1}", text, row)
                 row["steps_lost"] = steps_lost(text)
                 row["losses"] = compare_losses(text, reference) if row["again"] == "yes" else "-"
                 trials.append(row)
