@@ -16,7 +16,11 @@ batch node (node1: the batch script, and ftrun's controller) is powered off
   the persist interval;
 - losses: whether every rank's loss at every step equals that of an uninterrupted run
   (`ftrun launch` of the same script on 3 local ranks, once per bench run). With 3 ranks a
-  restore is not bit-exact today, under either launcher and without Slurm too (docs/slurm.md).
+  resumed run is not bit-exact today, under either launcher and without Slurm too: a DDP made
+  afresh sums its first all-reduce in another order (docs/slurm.md).
+
+--keep-output DIR keeps each trial's Slurm output, and ftrun's job directory (its journal and
+agents' logs, without checkpoints or secrets), to tell why a trial went as it did.
 
 The plain script has no `--no-kill` (people do not write it), so Slurm itself requeues it once it
 marks the node DOWN (JobRequeue=1, Slurm's default and this bed's); the script restores the
