@@ -141,6 +141,11 @@ def journal_recovery(run_dir: Path) -> tuple[float, int | None, int | None] | No
     return first["t"], first.get("step"), restored.get("step")
 
 
+def loss_step(lines: list[str]) -> int:
+    """The newest step tests/bin/ckpt_train.py printed a loss for (0: none yet)."""
+    return max((int(m.group(1)) for m in map(LOSS.search, lines[-200:]) if m), default=0)
+
+
 def last_step(lines: list[str]) -> int | None:
     steps = [int(m.group(2)) for m in map(STEP.search, lines) if m]
     return steps[-1] if steps else None
@@ -264,14 +269,14 @@ class Bench:
         a = self.args
         time.sleep(a.quiet_s)  # the window watched: the job trains, nothing is injected
         quiet = self.standby_counts(run_dir)
-        steps_before = last_step(run.lines) or 0
+        steps_before = loss_step(run.lines)
         os.kill(run.proc.pid, signal.SIGSTOP)
         try:
             time.sleep(a.stopped_s)  # the fault: how long the primary stays stopped
         finally:
             os.kill(run.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 15.0  # the primary reads what waited for it
-        while (last_step(run.lines) or 0) <= steps_before and time.monotonic() < deadline:
+        while loss_step(run.lines) <= steps_before and time.monotonic() < deadline:
             time.sleep(0.1)
         stopped = self.standby_counts(run_dir)
         return {
@@ -279,7 +284,7 @@ class Bench:
             "quiet": quiet,
             "stopped_s": a.stopped_s,
             "after_stop": stopped,
-            "stepped_across_stop": (last_step(run.lines) or 0) > steps_before,
+            "stepped_across_stop": loss_step(run.lines) > steps_before,
         }
 
     @staticmethod
@@ -493,6 +498,8 @@ class Bench:
         finally:
             run.close()
             result["tail"] = run.lines[-a.keep_lines :]
+            if a.keep:  # the journals and logs (the standby's replica too), for a post-mortem
+                shutil.copytree(run_dir, Path(a.keep) / f"{mode}-{i}", dirs_exist_ok=True)
             self.clean_hosts()
             self.restore_victim()
 
@@ -806,6 +813,7 @@ def main() -> int:
         default=0,
         help="run `stress-ng --cpu N` beside every trial (a busy machine) [0: none]",
     )
+    p.add_argument("--keep", default=None, help="copy each ftrun trial's run dir here")
     p.add_argument("--json", default=None, help="also write every trial to this file")
     args = p.parse_args()
     modes = args.only.split(",")

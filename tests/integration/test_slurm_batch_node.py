@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import BIN, Ftrun, wait_for
 from tests.integration.test_slurm import evidence, kinds, losses, output, reached, submit
 from tests.slurmbed import SlurmBed
@@ -17,6 +19,9 @@ TRAIN = str(BIN / "ckpt_train.py")
 PERSIST_EVERY = 5
 
 
+# Slurm's own waits (about 15 s to mark the node down) come on top of two jobs: 57 s once under
+# load, and once past the suite's 120 s; the test's own waits allow 180 s.
+@pytest.mark.timeout(240)
 def test_the_batch_nodes_power_loss_requeues_the_job_which_resumes_and_finishes(
     ftrun: Ftrun, slurm: SlurmBed
 ) -> None:
