@@ -68,10 +68,13 @@ def missing_lines(steps: int, *job_dirs: Path) -> dict[int, list[int]]:
     return {r: s for r, s in lost.items() if s}
 
 
-def launch_on_node1(ftrun: Ftrun, bed: Testbed, record: Path) -> subprocess.Popen[str]:
-    """`ftrun launch` typed on testbed host node1: the controller runs in its namespace."""
+def launch_on_node1(
+    ftrun: Ftrun, bed: Testbed, record: Path, standby: tuple[str, ...] = ("--standby", "node4")
+) -> subprocess.Popen[str]:
+    """`ftrun launch` typed on testbed host node1: the controller runs in its namespace.
+    `standby`: the flags that choose it (none: the default, the spare)."""
     argv = [sys.executable, "-m", "ftrun", "launch", "--ssh-config", str(bed.ssh_config)]
-    argv += ["--hosts", "node2,node3", "--spares", "node4", "--standby", "node4"]
+    argv += ["--hosts", "node2,node3", "--spares", "node4", *standby]
     argv += [CKPT_TRAIN, "--steps", str(STEPS), "--step-time", "0.05", "--record", str(record)]
     return subprocess.Popen(
         ["ip", "netns", "exec", bed.host("node1").namespace, *argv],

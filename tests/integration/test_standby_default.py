@@ -19,26 +19,16 @@ from pathlib import Path
 
 from tests.conftest import Ftrun, wait_for
 from tests.integration.ckpt_helpers import recorded_steps
-from tests.integration.test_standby import CKPT_TRAIN, agent_logs, kinds, training_with_a_standby
+from tests.integration.test_standby import STEPS, agent_logs, kinds, training_with_a_standby
+from tests.integration.test_standby import launch_on_node1 as launch_standby_on_node1
 from tests.testbed import Testbed
 
-STEPS = 200  # 10 s at 0.05 s a step
 STOPPED_S = 6.0  # twice --fence-timeout
 
 
 def launch_on_node1(ftrun: Ftrun, bed: Testbed, record: Path) -> subprocess.Popen[str]:
     """`ftrun launch` typed on testbed host node1, with a spare and no --standby."""
-    argv = [sys.executable, "-m", "ftrun", "launch", "--ssh-config", str(bed.ssh_config)]
-    argv += ["--hosts", "node2,node3", "--spares", "node4"]
-    argv += [CKPT_TRAIN, "--steps", str(STEPS), "--step-time", "0.05", "--record", str(record)]
-    return subprocess.Popen(
-        ["ip", "netns", "exec", bed.host("node1").namespace, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=ftrun.env,
-        start_new_session=True,
-    )
+    return launch_standby_on_node1(ftrun, bed, record, standby=())
 
 
 def test_a_stopped_primary_keeps_its_job_the_standby_does_not_take_it(
