@@ -2,7 +2,8 @@
 what happens when the controller is gone.
 
 The controller is gone when its connection closes, or (for a remote agent) when it has been
-silent for fence_timeout_s. Then, with a `controller_grace_s` (the default under `ftrun launch`),
+silent for fence_timeout_s and its machine no longer acknowledges what we send (peer_kernel.py;
+one that still does is slow, and waited for). Then, with a `controller_grace_s` (the default under `ftrun launch`),
 the agent keeps its ranks training and reconnects, with back-off, to the same address: a new
 controller started by `ftrun resume` adopts the running generation there. It fences (kills
 everything it started and exits) when the grace runs out, or at once when a controller says
