@@ -83,9 +83,12 @@ def test_a_dead_controller_is_resumed_from_the_freshest_checkpoint(ftrun, test_i
 
 
 def test_a_resume_within_the_grace_adopts_the_running_generation(ftrun, test_id, tmp_path):
-    # 60 steps: the controller is killed at step 8 and the ranks must be seen training on
-    # without it (3 s of steps left on a loaded machine; 40 was once too few in CI).
-    steps = ("--steps", "60")
+    # 120 steps: the controller is killed at step 8 and the ranks must still be training when
+    # the resume adopts them, for its first step again: after the kill the test waits for 3
+    # steps, the resume starts (1-2 s), and the agent dials it at its next back-off try (0.25,
+    # 0.5, 1, 2 s apart), ~4 s in all on a busy machine. 60 (2.6 s left) failed a clean-clone
+    # CI on 3 workers: the ranks had finished when it adopted them.
+    steps = ("--steps", "120")
     clean = ftrun.run("launch", *ARGS, *steps, timeout=120)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
     [clean_job] = [j["job_id"] for j in ftrun.status_json()]
@@ -96,7 +99,7 @@ def test_a_resume_within_the_grace_adopts_the_running_generation(ftrun, test_id,
     out.wait_for("[rank1]: LOSS rank=1 step=2 ", 120)
     [job] = [j["job_id"] for j in ftrun.status_json() if j["job_id"] != clean_job]
     out.wait_for("[rank1]: LOSS rank=1 step=8 ", 120)  # then killed at once
-    resumed = kill_and_adopt(ftrun, proc, job, tmp_path, hosts="localhost", steps=60)
+    resumed = kill_and_adopt(ftrun, proc, job, tmp_path, hosts="localhost", steps=120)
     events = ftrun.events(job)
     [adopted] = [e for e in events if e["kind"] == "adopted"]
     assert adopted["gen"] == 1 and adopted["hosts"] == ["localhost"]
