@@ -36,10 +36,9 @@ fi
 if [ "$fast" = 1 ]; then
     exec .venv/bin/python -m pytest -q -m "not ranks and not testbed" "${args[@]}"
 fi
-# On $FTRUN_TEST_WORKERS workers (default 3; 0: in this process). Mostly CPU (torch imports and
+# On $FTRUN_TEST_WORKERS workers (default 2; 0: in this process). Mostly CPU (torch imports and
 # the ranks' steps, counting the testbed hosts' processes, which `time` does not see), not all:
-# vmstat over a clean-clone run on 2 workers, 23 % idle, in tests that wait for a fault's
-# detection or a trace's schedule; a third worker fills that (860 s of pytest against ~950 s on 2,
-# 2026-11-28). Each worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
+# vmstat over a clean-clone run, 23 % idle, in tests that wait for a fault's detection or a
+# trace's schedule. Each worker has its own testbeds, shared by its testbed tests (tests/conftest.py).
 # --durations: the slowest tests, in every CI log: where the suite's 15 minutes go.
-exec .venv/bin/python -m pytest -q --durations=25 -n "${FTRUN_TEST_WORKERS:-3}" "${args[@]}"
+exec .venv/bin/python -m pytest -q --durations=25 -n "${FTRUN_TEST_WORKERS:-2}" "${args[@]}"
