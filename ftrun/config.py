@@ -35,6 +35,12 @@ def resolve_run_dir(
     return Path(chosen).expanduser().resolve()
 
 
+def standby_run_dir(run_dir: Path, host: str) -> Path:
+    """Where the standby on `host` keeps its replica of a job directory: a run directory of
+    its own, on that host (docs/standby.md)."""
+    return run_dir / ".standby" / host
+
+
 def signal_name(text: str) -> str:
     """USR1, usr1, SIGUSR1 → SIGUSR1 (validated by LaunchConfig)."""
     name = text.strip().upper()

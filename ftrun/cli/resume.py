@@ -29,7 +29,7 @@ import typer
 
 from ftrun import envcontract, jobfiles
 from ftrun.cli import job_options, launch, saved_launch
-from ftrun.config import LaunchConfig, resolve_run_dir
+from ftrun.config import LaunchConfig, resolve_run_dir, standby_run_dir
 from ftrun.controller.adoption import adoption_of
 from ftrun.controller.policy_file import policy_from_dict
 from ftrun.controller.resumption import StoodDown
@@ -89,11 +89,11 @@ def resume(
             f"checkpoints (--ckpt-dir {job_dir / 'checkpoints'}, as your script takes it)",
         )
     if takeover_port is None and (leader := standby_leads(point)) is not None:
-        host, run_dir_there = leader, job_dir.parent / ".standby" / leader
         raise UsageError(
-            f"job {job_dir.name} was taken over by its standby controller on {host}: it runs "
+            f"job {job_dir.name} was taken over by its standby controller on {leader}: it runs "
             "there, and a second controller would compete with it for the same ranks",
-            hint=f"on {host}: `ftrun status {job_dir.name} --run-dir {run_dir_there}`",
+            hint=f"on {leader}: `ftrun status {job_dir.name} --run-dir "
+            f"{standby_run_dir(job_dir.parent, leader)}`",
         )
     config = config_from_saved(saved, job_dir, os.environ)
     if (problem := backend(config.transport).resume_problem(job_dir.name)) is not None:

@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from ftrun.config import LaunchConfig
+from ftrun.config import LaunchConfig, standby_run_dir
 from ftrun.controller.reporting import Reporter
 from ftrun.controller.server import ControlServer
 from ftrun.journal import Journal
@@ -89,7 +89,7 @@ class JobSignals:
         cfg = self.config
         where = (
             f"on {cfg.standby}: `ftrun status {cfg.job_id} --run-dir "
-            f"{cfg.job_dir.parent / '.standby' / cfg.standby}`"
+            f"{standby_run_dir(cfg.job_dir.parent, cfg.standby)}`"
             if cfg.standby
             else "`ftrun status` on the standby host"
         )

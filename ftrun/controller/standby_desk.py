@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftrun.config import LaunchConfig
+from ftrun.config import LaunchConfig, standby_run_dir
 from ftrun.controller.server import ControlServer
 from ftrun.journal import EVENTS_FILE, Journal
 from ftrun.wire.inbound import Hello
@@ -25,7 +25,7 @@ REPLICA_LIMIT = 1 << 30  # bytes of the journal sent whole to a standby that com
 
 def replica_dir(config: LaunchConfig, host: str) -> Path:
     """Where the standby keeps its replica of the job directory (a run directory of its own)."""
-    return config.job_dir.parent / ".standby" / host
+    return standby_run_dir(config.job_dir.parent, host)
 
 
 class StandbyDesk:
